@@ -1,0 +1,311 @@
+"""The OpenAI-compatible proxy app (Starlette).
+
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST
+/completion`` (llama.cpp's native endpoint), ``GET /v1/models``, ``GET /health``
+(liveness) and ``GET /ready`` (upstream ready). Bodies are validated just
+enough for a clear 400, the ``model`` field is pointed at the served model,
+unknown fields pass through, and responses go back byte for byte; streams are
+relayed chunk by chunk. Each request leaves a ``RequestRecord`` (with
+llama-server's ``timings``) in the ``RecordStore``; recording never waits on
+disk.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import anyio
+import httpx
+import structlog
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from tuner.errors import RequestError, TunerError
+from tuner.logs import get_logger
+from tuner.proxy.openai_errors import (
+    OpenAIError,
+    error_for_exception,
+    sse_error_event,
+    translate_upstream_error,
+)
+from tuner.proxy.sse import TimingsSniffer, extract_timings
+from tuner.proxy.validation import CHAT, COMPLETIONS, NATIVE, parse_body, validate
+from tuner.records import RecordStore, RequestRecord, Timings
+from tuner.upstream.client import UpstreamClient
+
+__all__ = ["Service", "create_app"]
+
+log = get_logger(__name__)
+
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+class Service(Protocol):
+    """Something started and stopped with the app (supervisor, record writer, ...)."""
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+
+def _error_response(error: OpenAIError, request_id: str | None = None) -> JSONResponse:
+    headers = error.headers()
+    if request_id:
+        headers["x-request-id"] = request_id
+    return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+
+@dataclass(slots=True)
+class _Trace:
+    """What one request has done so far; becomes its ``RequestRecord``."""
+
+    records: RecordStore
+    endpoint: str
+    request_id: str
+    ts: float = field(default_factory=time.time)
+    t0: float = field(default_factory=time.perf_counter)
+    stream: bool = False
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    t_send: float | None = None
+    t_headers: float | None = None
+
+    def note_body(self, body: dict[str, Any]) -> None:
+        self.stream = body.get("stream") is True
+        model, temp = body.get("model"), body.get("temperature")
+        self.model = model if isinstance(model, str) else None
+        tokens = body.get("max_tokens", body.get("max_completion_tokens", body.get("n_predict")))
+        self.max_tokens = tokens if isinstance(tokens, int) else None
+        self.temperature = float(temp) if isinstance(temp, int | float) else None
+
+    def finish(
+        self, status: int, *, error: str | None = None, timings: dict[str, Any] | None = None
+    ) -> None:
+        now = time.perf_counter()
+        parsed: Timings | None = None
+        if timings is not None:
+            try:
+                parsed = Timings.model_validate(timings)
+            except ValueError:
+                parsed = None
+        record = RequestRecord(
+            id=self.request_id,
+            ts=self.ts,
+            endpoint=self.endpoint,
+            stream=self.stream,
+            status=status,
+            error=error,
+            model=self.model,
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            proxy_ms=(now - self.t0) * 1000,
+            upstream_ms=None if self.t_send is None else (now - self.t_send) * 1000,
+            ttfb_ms=None
+            if self.t_send is None or self.t_headers is None
+            else (self.t_headers - self.t_send) * 1000,
+            timings=parsed,
+        )
+        self.records.submit(record)
+        log.info(
+            "request",
+            endpoint=self.endpoint,
+            status=status,
+            stream=self.stream,
+            ms=round(record.proxy_ms, 2),
+            predicted_n=parsed.predicted_n if parsed else None,
+            tok_s=parsed.predicted_per_second if parsed else None,
+            error=error,
+        )
+
+
+class _Handlers:
+    """The route handlers, sharing one upstream client and one record store."""
+
+    def __init__(self, upstream: UpstreamClient, records: RecordStore, max_body_bytes: int):
+        self.upstream = upstream
+        self.records = records
+        self.max_body_bytes = max_body_bytes
+
+    async def read_body(self, request: Request) -> bytes:
+        too_large = RequestError(
+            f"the request body is larger than {self.max_body_bytes} bytes", status=413
+        )
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > self.max_body_bytes:
+            raise too_large
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise too_large
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def generation(self, endpoint: str) -> Callable[[Request], Awaitable[Response]]:
+        async def handler(request: Request) -> Response:
+            header_id = request.headers.get("x-request-id", "")
+            request_id = header_id if _REQUEST_ID.match(header_id) else f"req_{uuid.uuid4().hex}"
+            structlog.contextvars.bind_contextvars(request_id=request_id)
+            trace = _Trace(self.records, endpoint, request_id)
+            try:
+                raw = await self.read_body(request)
+                body = parse_body(raw)
+                trace.note_body(body)
+                validate(endpoint, body)
+                return await _forward(self.upstream, trace, body, raw)
+            except TunerError as exc:
+                error = error_for_exception(exc)
+                trace.finish(error.status, error=error.message)
+                return _error_response(error, request_id)
+            finally:
+                structlog.contextvars.unbind_contextvars("request_id")
+
+        return handler
+
+    async def models(self, request: Request) -> Response:
+        try:
+            response = await self.upstream.open("GET", "/v1/models")
+            raw = await response.aread()
+            await response.aclose()
+        except TunerError as exc:
+            return _error_response(error_for_exception(exc))
+        if response.status_code >= 400:
+            return _error_response(translate_upstream_error(response.status_code, raw))
+        return Response(raw, media_type="application/json")
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def ready(self, request: Request) -> Response:
+        if self.upstream.ready:
+            return JSONResponse({"status": "ready", "models": list(self.upstream.model_ids)})
+        return JSONResponse(
+            {"status": "starting", "restarts": self.upstream.restarts},
+            status_code=503,
+            headers={"retry-after": "2"},
+        )
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    code = "not_found" if exc.status_code == 404 else None
+    message = f"{request.method} {request.url.path}: {exc.detail}"
+    return _error_response(OpenAIError(exc.status_code, message, code=code))
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    log.exception("internal_error", path=request.url.path)
+    return _error_response(OpenAIError(500, "internal error in spec-tuner", "server_error"))
+
+
+def create_app(
+    upstream: UpstreamClient,
+    records: RecordStore,
+    *,
+    services: Sequence[Service] = (),
+    max_body_bytes: int = 16 * 1024 * 1024,
+) -> Starlette:
+    """Build the proxy app around one upstream client and one record store."""
+    handlers = _Handlers(upstream, records, max_body_bytes)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await records.start()
+        for service in services:
+            await service.start()
+        try:
+            yield
+        finally:
+            for service in reversed(services):
+                await service.stop()
+            await records.stop()
+            await upstream.aclose()
+
+    routes = [
+        Route(CHAT, handlers.generation(CHAT), methods=["POST"]),
+        Route(COMPLETIONS, handlers.generation(COMPLETIONS), methods=["POST"]),
+        Route(NATIVE, handlers.generation(NATIVE), methods=["POST"]),
+        Route("/v1/models", handlers.models, methods=["GET"]),
+        Route("/health", handlers.health, methods=["GET"]),
+        Route("/ready", handlers.ready, methods=["GET"]),
+    ]
+    return Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={HTTPException: _http_error, Exception: _internal_error},
+    )
+
+
+async def _forward(
+    upstream: UpstreamClient, trace: _Trace, body: dict[str, Any], raw: bytes
+) -> Response:
+    """Send the request upstream and hand back its answer, streamed or whole."""
+    model = upstream.resolve_model(body.get("model"))
+    if model is not None and body.get("model") != model:
+        body["model"] = model
+        raw = json.dumps(body, ensure_ascii=False).encode()
+    trace.t_send = time.perf_counter()
+    response = await upstream.open("POST", trace.endpoint, content=raw)
+    trace.t_headers = time.perf_counter()
+    headers = {"x-request-id": trace.request_id}
+
+    if response.status_code >= 400:
+        data = await response.aread()
+        await response.aclose()
+        error = translate_upstream_error(response.status_code, data)
+        trace.finish(error.status, error=error.message)
+        return _error_response(error, trace.request_id)
+
+    content_type = response.headers.get("content-type", "application/json")
+    if not content_type.startswith("text/event-stream"):
+        data = await response.aread()
+        await response.aclose()
+        timings = None
+        with suppress(ValueError):
+            timings = extract_timings(json.loads(data))
+        trace.finish(response.status_code, timings=timings)
+        return Response(data, status_code=response.status_code, media_type=content_type,
+                        headers=headers)  # fmt: skip
+
+    headers.update({"cache-control": "no-cache", "x-accel-buffering": "no"})
+    return StreamingResponse(
+        _relay(response, trace),
+        status_code=response.status_code,
+        media_type="text/event-stream",
+        headers=headers,
+    )
+
+
+async def _relay(response: httpx.Response, trace: _Trace) -> AsyncIterator[bytes]:
+    """Pass SSE bytes through unchanged; end with an error event if upstream dies."""
+    sniffer = TimingsSniffer()
+    error: str | None = "client disconnected"
+    try:
+        async for chunk in response.aiter_raw():
+            sniffer.feed(chunk)
+            yield chunk
+        error = None
+    except httpx.HTTPError as exc:
+        failure = OpenAIError(
+            502,
+            f"the model server stopped in the middle of the answer: {type(exc).__name__}",
+            "server_error",
+            code="upstream_disconnected",
+        )
+        error = failure.message
+        yield sse_error_event(failure)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await response.aclose()
+        sniffer.close()
+        trace.finish(response.status_code, error=error or sniffer.error, timings=sniffer.timings)

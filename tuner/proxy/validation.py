@@ -1,0 +1,129 @@
+"""Check request bodies just enough to give a clear 400 before llama-server sees them.
+
+Fields we do not know (llama.cpp extensions such as ``cache_prompt``,
+``n_probs``, ``grammar``) pass through untouched; we only check the shape of
+the fields every OpenAI client sends.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tuner.errors import RequestError
+
+__all__ = ["ENDPOINTS", "Endpoint", "parse_body", "validate"]
+
+Endpoint = str
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+NATIVE = "/completion"
+ENDPOINTS: tuple[Endpoint, ...] = (CHAT, COMPLETIONS, NATIVE)
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    """Decode a JSON object body or raise ``RequestError`` saying what is wrong."""
+    if not raw.strip():
+        raise RequestError("the request body is empty; send a JSON object")
+    try:
+        body = json.loads(raw)
+    except UnicodeDecodeError as exc:
+        raise RequestError(f"the request body is not UTF-8: {exc.reason}") from exc
+    except json.JSONDecodeError as exc:
+        raise RequestError(
+            f"the request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from exc
+    if not isinstance(body, dict):
+        raise RequestError(f"the request body must be a JSON object, not {_kind(body)}")
+    return body
+
+
+def _kind(value: object) -> str:
+    return {
+        dict: "an object", list: "an array", str: "a string", bool: "a boolean",
+        int: "a number", float: "a number", type(None): "null",
+    }.get(type(value), type(value).__name__)  # fmt: skip
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _check_messages(messages: object) -> None:
+    if messages is None:
+        raise RequestError("'messages' is required", param="messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("'messages' must be a non-empty array of messages", param="messages")
+    for index, message in enumerate(messages):
+        where = f"messages[{index}]"
+        if not isinstance(message, dict):
+            raise RequestError(f"'{where}' must be an object, not {_kind(message)}", param=where)
+        if not isinstance(message.get("role"), str):
+            raise RequestError(f"'{where}.role' is required and must be a string", param=where)
+        content = message.get("content")
+        if content is not None and not isinstance(content, str | list):
+            raise RequestError(
+                f"'{where}.content' must be a string or an array of parts", param=where
+            )
+
+
+def _check_prompt(prompt: object, endpoint: Endpoint) -> None:
+    if prompt is None:
+        raise RequestError("'prompt' is required", param="prompt")
+    if endpoint == NATIVE:
+        return  # the native endpoint also takes token arrays and multimodal objects
+    if isinstance(prompt, str):
+        return
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(
+            isinstance(p, str) or _is_int(p) or (isinstance(p, list) and all(map(_is_int, p)))
+            for p in prompt
+        )
+    ):
+        return
+    raise RequestError(
+        "'prompt' must be a string, an array of strings, or an array of token ids",
+        param="prompt",
+    )
+
+
+# field -> (check, what it must be)
+_COMMON: dict[str, tuple[Any, str]] = {
+    "stream": (lambda v: isinstance(v, bool), "a boolean"),
+    "max_tokens": (lambda v: _is_int(v) and v >= -1, "an integer >= -1"),
+    "max_completion_tokens": (lambda v: _is_int(v) and v >= -1, "an integer >= -1"),
+    "n_predict": (lambda v: _is_int(v) and v >= -1, "an integer >= -1"),
+    "temperature": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
+    "top_p": (lambda v: _is_number(v) and 0 <= v <= 1, "a number between 0 and 1"),
+    "n": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+    "seed": (_is_int, "an integer"),
+    "stop": (
+        lambda v: (
+            isinstance(v, str) or (isinstance(v, list) and all(isinstance(s, str) for s in v))
+        ),
+        "a string or an array of strings",
+    ),
+    "stream_options": (lambda v: isinstance(v, dict), "an object"),
+    "model": (lambda v: isinstance(v, str), "a string"),
+}
+
+
+def validate(endpoint: Endpoint, body: dict[str, Any]) -> None:
+    """Raise ``RequestError`` for the first thing wrong with ``body``."""
+    if endpoint == CHAT:
+        _check_messages(body.get("messages"))
+    else:
+        _check_prompt(body.get("prompt"), endpoint)
+    for field, (check, expected) in _COMMON.items():
+        if field in body and body[field] is not None and not check(body[field]):
+            raise RequestError(
+                f"'{field}' must be {expected}, not {_kind(body[field])} "
+                f"{json.dumps(body[field])[:40]}",
+                param=field,
+            )

@@ -1,0 +1,172 @@
+"""Per-request records: what the tuner learns from.
+
+Every proxied request yields one ``RequestRecord`` (ids, endpoint, proxy timing,
+llama-server's ``timings``, and the class/variant/trial that the classifier and
+tuner fill in). ``RecordStore`` takes records without blocking the request path
+(an in-memory queue), and a background task appends them as JSON lines to
+rotating files in ``<state>/records/``, bounded in size and count, with fsync
+per batch. A crash can at most tear the last line, which readers skip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections import deque
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from tuner.logs import get_logger
+
+__all__ = ["RecordStore", "RequestRecord", "Timings", "read_records"]
+
+log = get_logger(__name__)
+
+
+class Timings(BaseModel):
+    """llama-server's ``timings`` object. Missing draft keys mean nothing was drafted."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    cache_n: int | None = None
+    prompt_n: int | None = None
+    prompt_ms: float | None = None
+    prompt_per_second: float | None = None
+    predicted_n: int | None = None
+    predicted_ms: float | None = None
+    predicted_per_second: float | None = None
+    draft_n: int | None = None
+    draft_n_accepted: int | None = None
+
+
+class RequestRecord(BaseModel):
+    """One request as the proxy saw it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    ts: float  # unix time the request arrived
+    endpoint: str
+    stream: bool
+    status: int
+    error: str | None = None
+    model: str | None = None  # as the client asked
+    max_tokens: int | None = None
+    temperature: float | None = None
+    proxy_ms: float  # arrival to last byte handed back
+    upstream_ms: float | None = None  # request sent upstream to last byte received
+    ttfb_ms: float | None = None  # request sent upstream to response headers
+    timings: Timings | None = None
+    # Filled in by the classifier and the tuner.
+    class_key: str | None = None
+    features: dict[str, Any] | None = None
+    variant: str | None = None
+    trial: int | None = None
+
+    @property
+    def overhead_ms(self) -> float | None:
+        """Time the proxy itself added: everything not spent waiting on upstream."""
+        return None if self.upstream_ms is None else self.proxy_ms - self.upstream_ms
+
+
+class RecordStore:
+    """Queue records in memory; a background task appends them to rotating JSONL files."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        max_file_bytes: int = 32 * 1024 * 1024,
+        max_files: int = 8,
+        recent: int = 4096,
+        queue_size: int = 10_000,
+    ) -> None:
+        self.directory = directory
+        self.max_file_bytes = max_file_bytes
+        self.max_files = max_files
+        self.recent: deque[RequestRecord] = deque(maxlen=recent)
+        self.dropped = 0
+        self.write_errors = 0
+        self._queue: asyncio.Queue[RequestRecord] = asyncio.Queue(maxsize=queue_size)
+        self._task: asyncio.Task[None] | None = None
+
+    def submit(self, record: RequestRecord) -> None:
+        """Take a record; never blocks. Drops (and counts) when the queue is full."""
+        self.recent.append(record)
+        try:
+            self._queue.put_nowait(record)
+        except asyncio.QueueFull:
+            self.dropped += 1
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._drain(), name="record-writer")
+
+    async def stop(self) -> None:
+        """Write what is queued, then stop."""
+        if self._task is None:
+            return
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        self._task = None
+        batch = self._take_all()
+        if batch:
+            await asyncio.to_thread(self._write, batch)
+
+    def _take_all(self) -> list[RequestRecord]:
+        batch: list[RequestRecord] = []
+        while not self._queue.empty():
+            batch.append(self._queue.get_nowait())
+        return batch
+
+    async def _drain(self) -> None:
+        while True:
+            batch = [await self._queue.get()]
+            batch.extend(self._take_all())
+            await asyncio.to_thread(self._write, batch)
+
+    def _write(self, batch: list[RequestRecord]) -> None:
+        data = "".join(r.model_dump_json(exclude_none=True) + "\n" for r in batch).encode()
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            path = self._current_file(len(data))
+            with path.open("ab") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+        except OSError as exc:
+            self.write_errors += 1
+            log.error("record_write_failed", error=str(exc), records=len(batch))
+
+    def _files(self) -> list[Path]:
+        return sorted(self.directory.glob("records-*.jsonl"), key=_file_number)
+
+    def _current_file(self, incoming: int) -> Path:
+        files = self._files()
+        if files and files[-1].stat().st_size + incoming <= self.max_file_bytes:
+            return files[-1]
+        number = _file_number(files[-1]) + 1 if files else 0
+        for old in files[: max(0, len(files) + 1 - self.max_files)]:
+            old.unlink(missing_ok=True)
+        return self.directory / f"records-{number:06d}.jsonl"
+
+
+def _file_number(path: Path) -> int:
+    try:
+        return int(path.stem.split("-", 1)[1])
+    except (IndexError, ValueError):
+        return -1
+
+
+def read_records(directory: Path) -> Iterator[RequestRecord]:
+    """Every stored record, oldest first; torn or foreign lines are skipped."""
+    for path in sorted(directory.glob("records-*.jsonl"), key=_file_number):
+        with path.open("rb") as handle:
+            for line in handle:
+                with contextlib.suppress(ValidationError, ValueError):
+                    yield RequestRecord.model_validate_json(line)

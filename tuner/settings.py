@@ -1,0 +1,115 @@
+"""One typed settings object, built once in the entry point and passed down.
+
+Sources, highest priority first: keyword arguments (the CLI), environment
+variables prefixed ``TUNER_``, an optional TOML file (``--config`` or
+``TUNER_CONFIG``), then the defaults below. Nothing else in the package reads
+``os.environ``.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import platformdirs
+from pydantic import Field, HttpUrl, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from tuner.errors import ConfigError
+
+__all__ = ["Settings", "load_settings"]
+
+APP_NAME = "spec-tuner"
+
+
+def _split_args(value: Any) -> Any:
+    """Accept extra server args as a shell-quoted string or as a list."""
+    if isinstance(value, str):
+        return shlex.split(value)
+    return value
+
+
+class Settings(BaseSettings):
+    """Everything the daemon can be told, with its defaults."""
+
+    model_config = SettingsConfigDict(env_prefix="TUNER_", extra="forbid", frozen=True)
+
+    # The proxy.
+    host: str = Field("127.0.0.1", description="address the proxy listens on")
+    port: int = Field(8088, ge=0, le=65535, description="port the proxy listens on")
+
+    # The upstream llama-server.
+    upstream_url: HttpUrl | None = Field(
+        None, description="use a llama-server you run yourself at this URL (external mode)"
+    )
+    llama_server: Path | None = Field(
+        None, description="llama-server binary; default: PATH, then a cached build"
+    )
+    model: Path | None = Field(None, description="target GGUF; default: Gemma 3 270M Q4_K_M")
+    draft_model: Path | None = Field(None, description="draft GGUF for draft-model speculation")
+    model_alias: str | None = Field(None, description="model id served; default: file stem")
+    server_args: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="extra llama-server flags, shell-quoted"
+    )
+    ctx_size: int = Field(4096, ge=256, description="llama-server context size")
+    threads: int | None = Field(None, ge=1, description="llama-server threads; default: its own")
+    startup_timeout_s: float = Field(600.0, gt=0, description="wait this long for /health")
+    request_timeout_s: float = Field(600.0, gt=0, description="upstream read timeout")
+    max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="largest request body")
+
+    # Where things live.
+    state_dir: Path = Field(
+        default_factory=lambda: Path(platformdirs.user_state_dir(APP_NAME)),
+        description="request records, studies, policies",
+    )
+    cache_dir: Path = Field(
+        default_factory=lambda: Path(platformdirs.user_cache_dir(APP_NAME)),
+        description="llama-server builds and downloads",
+    )
+
+    # Logs.
+    log_format: Literal["auto", "json", "console"] = "auto"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    _split_server_args = field_validator("server_args", mode="before")(_split_args)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))
+
+    @property
+    def external(self) -> bool:
+        """True when the user runs llama-server and gives its URL."""
+        return self.upstream_url is not None
+
+    @property
+    def records_dir(self) -> Path:
+        return self.state_dir / "records"
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
+    """Build the settings from overrides, environment and an optional TOML file."""
+    if config_file is not None and not config_file.is_file():
+        raise ConfigError(f"config file not found: {config_file}")
+
+    class _FromFile(Settings):
+        model_config = SettingsConfigDict(toml_file=config_file)
+
+    try:
+        return _FromFile(**{k: v for k, v in overrides.items() if v is not None})
+    except ValueError as exc:  # pydantic.ValidationError is a ValueError
+        raise ConfigError(str(exc)) from exc

@@ -1,0 +1,98 @@
+"""What an installed llama-server supports, read from ``--version`` and ``--help``.
+
+``parse_capabilities`` is pure (text in, value out) so it is tested on saved
+help texts of old and new builds; ``probe_capabilities`` runs the binary.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from tuner.errors import ProvisionError
+
+__all__ = ["Capabilities", "parse_capabilities", "probe_capabilities"]
+
+_SPEC_TYPE = re.compile(r"--spec-type\s+\[?([a-z0-9,|\-]+)\]?")
+_VERSION = re.compile(r"version:\s*(\d+)\s*\(([0-9a-f]+)\)")
+_FLAG_LINE = re.compile(r"^\s*(-[^\s].*?)(?:\s{2,}|$)(.*)$")
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """One typed view of a llama-server build's features."""
+
+    build: int | None
+    commit: str | None
+    spec_types: frozenset[str]
+    new_spec_flags: bool  # --spec-draft-n-max, --spec-ngram-* ...
+    old_draft_flags: bool  # --draft-max, --draft-min, --draft-p-min still work
+    router: bool  # --models-preset
+    metrics: bool  # --metrics
+    flags: frozenset[str]
+
+    def supports_spec_type(self, name: str) -> bool:
+        return name in self.spec_types
+
+    def has_flag(self, flag: str) -> bool:
+        return flag in self.flags
+
+
+def _flags_with_descriptions(help_text: str) -> dict[str, str]:
+    """Map every flag spelled in the help to the rest of its line."""
+    found: dict[str, str] = {}
+    for line in help_text.splitlines():
+        match = _FLAG_LINE.match(line)
+        if not match:
+            continue
+        head, description = match.groups()
+        for token in re.split(r"[,\s]+", head):
+            if token.startswith("-") and len(token) > 1:
+                found.setdefault(token, description)
+    return found
+
+
+def parse_capabilities(help_text: str, version_text: str = "") -> Capabilities:
+    """Read a build's capabilities from its ``--help`` and ``--version`` output."""
+    flags = _flags_with_descriptions(help_text)
+    spec_match = _SPEC_TYPE.search(help_text)
+    spec_types = (
+        frozenset(t for t in re.split(r"[,|]", spec_match.group(1)) if t) if spec_match else None
+    )
+    new_flags = "--spec-draft-n-max" in flags
+    old_flags = "--draft-max" in flags and "removed" not in flags["--draft-max"]
+    if spec_types is None:
+        # Builds before --spec-type: a draft model (-md) was the only kind, plus lookup decoding.
+        spec_types = (
+            frozenset({"none", "draft-simple"}) if "--model-draft" in flags else frozenset()
+        )
+    version = _VERSION.search(version_text + "\n" + help_text)
+    return Capabilities(
+        build=int(version.group(1)) if version else None,
+        commit=version.group(2) if version else None,
+        spec_types=spec_types,
+        new_spec_flags=new_flags,
+        old_draft_flags=old_flags,
+        router="--models-preset" in flags,
+        metrics="--metrics" in flags,
+        flags=frozenset(flags),
+    )
+
+
+def probe_capabilities(binary: Path, timeout_s: float = 60.0) -> Capabilities:
+    """Run ``binary --version`` and ``--help`` and parse them."""
+    outputs: list[str] = []
+    for arg in ("--version", "--help"):
+        try:
+            result = subprocess.run(
+                [str(binary), arg], capture_output=True, text=True, timeout=timeout_s, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise ProvisionError(f"could not run {binary} {arg}: {exc}") from exc
+        outputs.append(result.stdout + result.stderr)
+    caps = parse_capabilities(outputs[1], outputs[0])
+    if not caps.flags:
+        raise ProvisionError(f"{binary} --help printed no flags; is it a llama-server?")
+    return caps

@@ -1,0 +1,108 @@
+"""The async client the proxy talks to llama-server through.
+
+``UpstreamClient`` is the one seam between the HTTP edge and the model server:
+the proxy asks it whether the server is ready, which model id to send, and to
+open a (streamed) response. Tests build it over ``httpx.MockTransport``; the
+daemon over a real connection to a managed or external llama-server. Whoever
+supervises the server (``ManagedServer`` or ``ExternalMonitor``) flips
+``ready``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from tuner.errors import UpstreamNotReady, UpstreamTimeout
+from tuner.logs import get_logger
+
+__all__ = ["UpstreamClient"]
+
+log = get_logger(__name__)
+
+
+class UpstreamClient:
+    """An httpx client bound to one llama-server, plus what we know of its state."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+        read_timeout_s: float = 600.0,
+        default_model: str | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.http = httpx.AsyncClient(
+            base_url=self.base_url,
+            transport=transport,
+            timeout=httpx.Timeout(
+                connect=5.0, read=read_timeout_s, write=60.0, pool=read_timeout_s
+            ),
+            limits=httpx.Limits(max_connections=512, max_keepalive_connections=64),
+        )
+        self._ready = False
+        self.model_ids: tuple[str, ...] = (default_model,) if default_model else ()
+        self.restarts = 0
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    def mark_ready(self, ready: bool) -> None:
+        if ready != self._ready:
+            log.info("upstream_ready" if ready else "upstream_not_ready", url=self.base_url)
+        self._ready = ready
+
+    def resolve_model(self, requested: object) -> str | None:
+        """The model id to send upstream: the client's when the server has it, else ours."""
+        if isinstance(requested, str) and requested in self.model_ids:
+            return requested
+        return self.model_ids[0] if self.model_ids else None
+
+    async def check_health(self) -> bool:
+        """One ``GET /health``: True on 200, False on anything else."""
+        try:
+            response = await self.http.get("/health", timeout=5.0)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    async def refresh_models(self) -> None:
+        """Learn the served model ids from ``GET /v1/models``."""
+        try:
+            response = await self.http.get("/v1/models", timeout=5.0)
+            data: Any = response.json().get("data") or []
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return
+        ids = tuple(m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str))
+        if ids:
+            self.model_ids = ids
+
+    async def open(
+        self,
+        method: str,
+        path: str,
+        *,
+        content: bytes | None = None,
+        params: dict[str, str] | None = None,
+    ) -> httpx.Response:
+        """Send a request and return the response with its body still streaming."""
+        if not self._ready:
+            raise UpstreamNotReady()
+        headers = {"accept-encoding": "identity"}
+        if content is not None:
+            headers["content-type"] = "application/json"
+        request = self.http.build_request(
+            method, path, content=content, params=params, headers=headers
+        )
+        try:
+            return await self.http.send(request, stream=True)
+        except httpx.TimeoutException as exc:
+            raise UpstreamTimeout(f"the model server did not answer in time: {exc!r}") from exc
+        except httpx.TransportError as exc:
+            raise UpstreamNotReady(f"the model server is unreachable: {exc!r}") from exc
+
+    async def aclose(self) -> None:
+        await self.http.aclose()

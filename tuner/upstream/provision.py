@@ -1,0 +1,203 @@
+"""Locate a llama-server binary, or build the pinned one once and cache it.
+
+Order: the binary the user names, one on PATH, a cached build, a fresh build.
+The build downloads the PyPI sdist ``llama-cpp-python==0.3.36`` (its
+``vendor/llama.cpp`` is llama.cpp commit 0c1e570), builds only the
+``llama-server`` target with CMake (CUDA when ``nvcc`` exists) as one static
+binary, and stores it under ``<cache>/llama-server/<key>/``. A file lock keeps
+two processes from building at once.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from tuner.errors import ProvisionError
+
+__all__ = [
+    "LLAMA_CPP_COMMIT",
+    "SDIST_VERSION",
+    "build_key",
+    "build_llama_server",
+    "cached_binary",
+    "locate_llama_server",
+    "stderr_progress",
+]
+
+SDIST_NAME = "llama-cpp-python"
+SDIST_VERSION = "0.3.36"
+LLAMA_CPP_COMMIT = "0c1e570"
+VENDOR_DIR = "vendor/llama.cpp"
+
+Progress = Callable[[str], None]
+
+
+def stderr_progress(message: str) -> None:
+    print(f"[spec-tuner] {message}", file=sys.stderr, flush=True)
+
+
+def build_key(cuda: bool | None = None) -> str:
+    """Cache key: sdist version, backend and machine architecture."""
+    if cuda is None:
+        cuda = shutil.which("nvcc") is not None
+    return f"{SDIST_VERSION}-{'cuda' if cuda else 'cpu'}-{platform.machine()}"
+
+
+def cached_binary(cache_dir: Path, key: str | None = None) -> Path:
+    return cache_dir / "llama-server" / (key or build_key()) / "llama-server"
+
+
+def _check_executable(path: Path, what: str) -> Path:
+    if not path.is_file():
+        raise ProvisionError(f"{what} not found: {path}")
+    if not os.access(path, os.X_OK):
+        raise ProvisionError(f"{what} is not executable: {path}")
+    return path
+
+
+def locate_llama_server(
+    explicit: Path | None,
+    cache_dir: Path,
+    *,
+    build: bool = True,
+    progress: Progress = stderr_progress,
+) -> Path:
+    """Return a usable llama-server binary, building it when nothing else is there."""
+    if explicit is not None:
+        return _check_executable(explicit.expanduser(), "llama-server")
+    on_path = shutil.which("llama-server")
+    if on_path:
+        return Path(on_path)
+    cached = cached_binary(cache_dir)
+    if cached.is_file():
+        return cached
+    if not build:
+        raise ProvisionError(
+            "no llama-server found: set TUNER_LLAMA_SERVER, put one on PATH, "
+            "or run `tuner provision` to build it"
+        )
+    return build_llama_server(cache_dir, progress=progress)
+
+
+@contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def build_llama_server(cache_dir: Path, *, progress: Progress = stderr_progress) -> Path:
+    """Download the pinned sdist and build llama-server into the cache (once)."""
+    cuda = shutil.which("nvcc") is not None
+    target = cached_binary(cache_dir, build_key(cuda))
+    with _file_lock(cache_dir / "llama-server" / ".build.lock"):
+        if target.is_file():  # another process built it while we waited
+            return target
+        sdist = _download_sdist(cache_dir / "downloads", progress)
+        work = Path(tempfile.mkdtemp(prefix="build-", dir=cache_dir))
+        try:
+            source = _extract_vendor(sdist, work, progress)
+            binary = _cmake_build(source, work / "build", cuda, progress)
+            _install(binary, target, cuda)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    progress(f"llama-server ready: {target}")
+    return target
+
+
+def _download_sdist(dest: Path, progress: Progress) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    name = f"llama_cpp_python-{SDIST_VERSION}.tar.gz"
+    if (dest / name).is_file():
+        return dest / name
+    progress(f"downloading {SDIST_NAME}=={SDIST_VERSION} sources (77 MB, once)")
+    cmd = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+        "--quiet", "-d", str(dest), f"{SDIST_NAME}=={SDIST_VERSION}",
+    ]  # fmt: skip
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if result.returncode != 0 or not (dest / name).is_file():
+        raise ProvisionError(f"could not download {SDIST_NAME}=={SDIST_VERSION}: {result.stderr}")
+    return dest / name
+
+
+def _extract_vendor(sdist: Path, work: Path, progress: Progress) -> Path:
+    progress("unpacking llama.cpp sources")
+    prefix = f"llama_cpp_python-{SDIST_VERSION}/{VENDOR_DIR}/"
+    with tarfile.open(sdist) as archive:
+        members = [m for m in archive.getmembers() if m.name.startswith(prefix)]
+        if not members:
+            raise ProvisionError(f"{sdist.name} has no {VENDOR_DIR}")
+        archive.extractall(work / "src", members=members, filter="data")
+    return work / "src" / prefix
+
+
+_PERCENT = re.compile(rb"^\[\s*(\d+)%\]")
+
+
+def _cmake_build(source: Path, build_dir: Path, cuda: bool, progress: Progress) -> Path:
+    configure = [
+        "cmake", "-S", str(source), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
+        "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+        "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=ON", "-DBUILD_SHARED_LIBS=OFF",
+        f"-DGGML_CUDA={'ON' if cuda else 'OFF'}",
+    ]  # fmt: skip
+    if shutil.which("cmake") is None:
+        raise ProvisionError("cmake is needed to build llama-server (apt-get install cmake g++)")
+    progress(f"configuring llama.cpp {LLAMA_CPP_COMMIT} ({'CUDA' if cuda else 'CPU'})")
+    _run_logged(configure, build_dir.parent / "configure.log", progress=None)
+    jobs = str(os.cpu_count() or 2)
+    progress(f"building llama-server with {jobs} jobs (about 7 min on 2 cores, once)")
+    build = ["cmake", "--build", str(build_dir), "--target", "llama-server", "-j", jobs]
+    _run_logged(build, build_dir.parent / "build.log", progress=progress)
+    binary = build_dir / "bin" / "llama-server"
+    if not binary.is_file():
+        raise ProvisionError(f"the build finished without {binary}")
+    return binary
+
+
+def _run_logged(cmd: list[str], log: Path, progress: Progress | None) -> None:
+    """Run a build step, keep its log, report percent steps as they pass."""
+    started, last = time.monotonic(), -1
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sink.write(line)
+            match = _PERCENT.match(line)
+            if progress and match and int(match.group(1)) >= last + 5:
+                last = int(match.group(1))
+                progress(f"  {last:3d}% built, {time.monotonic() - started:4.0f} s")
+        code = proc.wait()
+    if code != 0:
+        tail = log.read_bytes()[-3000:].decode(errors="replace")
+        raise ProvisionError(f"{cmd[0]} failed (exit {code}); log {log}:\n{tail}")
+
+
+def _install(binary: Path, target: Path, cuda: bool) -> None:
+    """Copy the binary into place atomically, with a note of what it is."""
+    staging = target.parent.with_name(target.parent.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    shutil.copy2(binary, staging / "llama-server")
+    info = {"sdist": f"{SDIST_NAME}=={SDIST_VERSION}", "commit": LLAMA_CPP_COMMIT, "cuda": cuda}
+    (staging / "build-info.json").write_text(json.dumps(info, indent=2) + "\n")
+    shutil.rmtree(target.parent, ignore_errors=True)
+    os.replace(staging, target.parent)
