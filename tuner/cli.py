@@ -48,7 +48,9 @@ def cmd_provision(args: argparse.Namespace) -> int:
     from tuner.upstream.provision import locate_llama_server
 
     settings = _settings(args)
-    binary = locate_llama_server(settings.llama_server, settings.cache_dir)
+    binary = locate_llama_server(
+        settings.llama_server, settings.cache_dir, cuda=settings.llama_cuda
+    )
     caps = probe_capabilities(binary)
     model, draft = resolve_model(settings)
     info = {

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import uvicorn
@@ -41,7 +45,10 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
         supervisor = ExternalMonitor(client)
     else:
         binary = locate_llama_server(
-            settings.llama_server, settings.cache_dir, progress=progress or stderr_progress
+            settings.llama_server,
+            settings.cache_dir,
+            cuda=settings.llama_cuda,
+            progress=progress or stderr_progress,
         )
         caps = probe_capabilities(binary)
         model, draft = resolve_model(settings)
@@ -63,6 +70,29 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
     return Daemon(settings, app, client, supervisor, records, caps)
 
 
+class _Server(uvicorn.Server):
+    """uvicorn, with signal handlers that only set the exit flag.
+
+    Stock uvicorn re-raises the captured signal after its graceful shutdown, so
+    a SIGTERM stop ends with status -15. A drained, clean stop should exit 0.
+    """
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in _STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 def serve(settings: Settings) -> int:
     """Run the daemon until SIGINT/SIGTERM; uvicorn drains in-flight requests."""
     daemon = build_daemon(settings)
@@ -75,5 +105,5 @@ def serve(settings: Settings) -> int:
         lifespan="on",
         timeout_graceful_shutdown=30,
     )
-    uvicorn.Server(config).run()
+    _Server(config).run()
     return 0

@@ -52,6 +52,9 @@ class Settings(BaseSettings):
     llama_server: Path | None = Field(
         None, description="llama-server binary; default: PATH, then a cached build"
     )
+    llama_cuda: Literal["auto", "on", "off"] = Field(
+        "auto", description="build llama-server for CUDA: auto = nvcc and a GPU present"
+    )
     model: Path | None = Field(None, description="target GGUF; default: Gemma 3 270M Q4_K_M")
     draft_model: Path | None = Field(None, description="draft GGUF for draft-model speculation")
     model_alias: str | None = Field(None, description="model id served; default: file stem")

@@ -161,7 +161,7 @@ class _Handlers:
                 raw = await self.read_body(request)
                 body = parse_body(raw)
                 trace.note_body(body)
-                validate(endpoint, body)
+                validate(endpoint, body, self.upstream.modalities)
                 return await _forward(self.upstream, trace, body, raw)
             except TunerError as exc:
                 error = error_for_exception(exc)

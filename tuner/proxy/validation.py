@@ -53,7 +53,26 @@ def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _check_messages(messages: object) -> None:
+# content part type -> the modality llama-server needs for it (``/props`` modalities)
+_PART_MODALITY = {"image_url": "vision", "input_audio": "audio", "video_url": "video"}
+
+
+def _check_parts(parts: list[Any], where: str, modalities: frozenset[str] | None) -> None:
+    for index, part in enumerate(parts):
+        here = f"{where}.content[{index}]"
+        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+            raise RequestError(f"'{here}' must be an object with a string 'type'", param=here)
+        needed = _PART_MODALITY.get(part["type"])
+        if needed and modalities is not None and needed not in modalities:
+            raise RequestError(
+                f"'{here}' is {part['type']} input, but the served model takes no {needed} "
+                "input (llama-server needs a multimodal projector, --mmproj, for it)",
+                param=here,
+                code="unsupported_modality",
+            )
+
+
+def _check_messages(messages: object, modalities: frozenset[str] | None) -> None:
     if messages is None:
         raise RequestError("'messages' is required", param="messages")
     if not isinstance(messages, list) or not messages:
@@ -69,6 +88,8 @@ def _check_messages(messages: object) -> None:
             raise RequestError(
                 f"'{where}.content' must be a string or an array of parts", param=where
             )
+        if isinstance(content, list):
+            _check_parts(content, where, modalities)
 
 
 def _check_prompt(prompt: object, endpoint: Endpoint) -> None:
@@ -114,10 +135,16 @@ _COMMON: dict[str, tuple[Any, str]] = {
 }
 
 
-def validate(endpoint: Endpoint, body: dict[str, Any]) -> None:
-    """Raise ``RequestError`` for the first thing wrong with ``body``."""
+def validate(
+    endpoint: Endpoint, body: dict[str, Any], modalities: frozenset[str] | None = None
+) -> None:
+    """Raise ``RequestError`` for the first thing wrong with ``body``.
+
+    ``modalities`` are the non-text inputs the served model accepts (None: unknown,
+    so media parts are left for llama-server to judge).
+    """
     if endpoint == CHAT:
-        _check_messages(body.get("messages"))
+        _check_messages(body.get("messages"), modalities)
     else:
         _check_prompt(body.get("prompt"), endpoint)
     for field, (check, expected) in _COMMON.items():

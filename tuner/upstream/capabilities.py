@@ -16,14 +16,18 @@ from tuner.errors import ProvisionError
 __all__ = ["Capabilities", "parse_capabilities", "probe_capabilities"]
 
 _SPEC_TYPE = re.compile(r"--spec-type\s+\[?([a-z0-9,|\-]+)\]?")
-_VERSION = re.compile(r"version:\s*(\d+)\s*\(([0-9a-f]+)\)")
-_FLAG_LINE = re.compile(r"^\s*(-[^\s].*?)(?:\s{2,}|$)(.*)$")
+# "version: 0.5.0-dev (build 1, commit 0c1e570)" (2026) or "version: 4567 (abc1234)" (older)
+_VERSION = re.compile(
+    r"version:\s*(?P<version>\S+)\s*\((?:build\s+(?P<build>\d+),\s*commit\s+)?(?P<commit>[0-9a-f]+)\)"
+)
+_HINT = re.compile(r"^[A-Z0-9_<>\[\]|{}.,:=-]+$|^[a-z0-9-]+(?:[,|][a-z0-9-]+)+$")
 
 
 @dataclass(frozen=True, slots=True)
 class Capabilities:
     """One typed view of a llama-server build's features."""
 
+    version: str | None
     build: int | None
     commit: str | None
     spec_types: frozenset[str]
@@ -41,16 +45,29 @@ class Capabilities:
 
 
 def _flags_with_descriptions(help_text: str) -> dict[str, str]:
-    """Map every flag spelled in the help to the rest of its line."""
+    """Map every flag spelled in the help to the description that follows it.
+
+    A flag line starts with ``-``: flags (``-a,``, ``--alias``), then value
+    hints (``N``, ``FNAME``, ``none,draft-simple,...``), then the description.
+    """
     found: dict[str, str] = {}
     for line in help_text.splitlines():
-        match = _FLAG_LINE.match(line)
-        if not match:
+        tokens = line.split()
+        if not tokens or not tokens[0].startswith("-"):
             continue
-        head, description = match.groups()
-        for token in re.split(r"[,\s]+", head):
-            if token.startswith("-") and len(token) > 1:
-                found.setdefault(token, description)
+        names: list[str] = []
+        rest = 0
+        for rest, token in enumerate(tokens):  # noqa: B007
+            name = token.rstrip(",")
+            if name.startswith("-") and len(name) > 1:
+                names.append(name)
+            elif not _HINT.match(token):
+                break
+        else:
+            rest = len(tokens)
+        description = " ".join(tokens[rest:])
+        for name in names:
+            found.setdefault(name, description)
     return found
 
 
@@ -70,8 +87,11 @@ def parse_capabilities(help_text: str, version_text: str = "") -> Capabilities:
         )
     version = _VERSION.search(version_text + "\n" + help_text)
     return Capabilities(
-        build=int(version.group(1)) if version else None,
-        commit=version.group(2) if version else None,
+        version=version.group("version") if version else None,
+        build=int(version.group("build") or version.group("version"))
+        if version and (version.group("build") or version.group("version").isdigit())
+        else None,
+        commit=version.group("commit") if version else None,
         spec_types=spec_types,
         new_spec_flags=new_flags,
         old_draft_flags=old_flags,

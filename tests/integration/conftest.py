@@ -1,0 +1,85 @@
+"""Fixtures that run the real daemon (``python -m tuner serve``) on the real Gemma model.
+
+These tests need the llama-server build (``tuner provision`` makes and caches it)
+and are marked ``llama``; ``make test`` runs them, ``make unit`` leaves them out.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from tuner.upstream.process import free_port
+
+
+@dataclass
+class RunningDaemon:
+    url: str
+    process: subprocess.Popen[bytes]
+    state_dir: Path
+    log: Path
+
+    @property
+    def v1(self) -> str:
+        return self.url + "/v1"
+
+    def llama_server(self) -> psutil.Process:
+        children = psutil.Process(self.process.pid).children(recursive=True)
+        servers = [c for c in children if "llama-server" in c.name()]
+        assert servers, f"no llama-server child of the daemon: {children}"
+        return servers[0]
+
+    def wait_ready(self, timeout_s: float = 300) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"daemon exited: {self.log.read_text()[-3000:]}")
+            try:
+                if httpx.get(self.url + "/ready", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"daemon not ready in {timeout_s} s: {self.log.read_text()[-3000:]}")
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                return self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        return self.process.wait()
+
+
+def start_daemon(tmp: Path, *args: str, env: dict[str, str] | None = None) -> RunningDaemon:
+    port = free_port()
+    log = tmp / "daemon.log"
+    full_env = {**os.environ, "TUNER_LOG_FORMAT": "json", **(env or {})}
+    with log.open("wb") as sink:  # the child keeps its own descriptor
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tuner", "serve", "--port", str(port), "--state-dir", str(tmp),
+             "--host", "127.0.0.1", *args],
+            stdout=sink, stderr=subprocess.STDOUT, env=full_env,
+        )  # fmt: skip
+    daemon = RunningDaemon(f"http://127.0.0.1:{port}", process, tmp, log)
+    daemon.wait_ready()
+    return daemon
+
+
+@pytest.fixture(scope="session")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]:
+    """One daemon on the default model, shared by the read-only tests."""
+    running = start_daemon(tmp_path_factory.mktemp("daemon"))
+    yield running
+    running.stop()

@@ -1,0 +1,205 @@
+"""The real daemon, the real llama-server and the real Gemma model, with the openai SDK."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.integration.conftest import RunningDaemon, start_daemon
+from tuner.records import RequestRecord, read_records
+
+pytestmark = pytest.mark.llama
+
+CODE_EDIT = (
+    "Rewrite the function below with the variable total renamed to acc. Keep everything else "
+    "identical.\n\ndef summarize(items):\n    total = 0\n    for item in items:\n        "
+    "if item.price > 0:\n            total += item.price * item.quantity\n        else:\n"
+    "            total -= item.discount\n    return total\n\nRewritten:\n\n"
+)
+
+
+def records_with(daemon: RunningDaemon, request_id: str, timeout_s: float = 10) -> RequestRecord:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for record in read_records(daemon.state_dir / "records"):
+            if record.id == request_id:
+                return record
+        time.sleep(0.1)
+    raise AssertionError(f"no record {request_id}")
+
+
+@pytest.fixture
+def client(daemon: RunningDaemon) -> openai.OpenAI:
+    return openai.OpenAI(base_url=daemon.v1, api_key="unused", max_retries=0)
+
+
+def test_models_lists_the_real_model(client: openai.OpenAI) -> None:
+    ids = [m.id for m in client.models.list().data]
+    assert ids == ["gemma-3-270m-q4_k_m"]
+
+
+def test_completion_with_sdk_records_timings(client: openai.OpenAI, daemon: RunningDaemon) -> None:
+    raw = client.completions.with_raw_response.create(
+        model="gpt-3.5-turbo-instruct", prompt="The capital of France is", max_tokens=8,
+        temperature=0,
+    )  # fmt: skip
+    completion = raw.parse()
+    assert completion.choices[0].text.strip()
+    record = records_with(daemon, raw.headers["x-request-id"])
+    assert record.status == 200 and record.timings is not None
+    assert record.timings.predicted_n == completion.usage.completion_tokens  # type: ignore[union-attr]
+    assert record.timings.predicted_per_second and record.timings.predicted_per_second > 0
+    assert record.upstream_ms is not None and 0 <= record.proxy_ms - record.upstream_ms < 50
+
+
+def test_completion_stream_with_sdk(client: openai.OpenAI, daemon: RunningDaemon) -> None:
+    stream = client.completions.create(
+        model="x", prompt="1, 2, 3, 4,", max_tokens=12, temperature=0, stream=True
+    )
+    text = "".join(chunk.choices[0].text for chunk in stream if chunk.choices)
+    assert "5" in text
+
+
+def test_chat_non_streaming_and_streaming(client: openai.OpenAI) -> None:
+    messages = [{"role": "user", "content": "Say hello."}]
+    chat = client.chat.completions.create(
+        model="any",
+        messages=messages,
+        max_tokens=8,
+        temperature=0,  # type: ignore[arg-type]
+    )
+    assert chat.choices[0].message.content
+    stream = client.chat.completions.create(
+        model="any", messages=messages, max_tokens=8, temperature=0, stream=True,  # type: ignore[arg-type]
+        stream_options={"include_usage": True},
+    )  # fmt: skip
+    chunks = list(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+
+
+def test_streamed_timings_are_recorded(daemon: RunningDaemon) -> None:
+    body = {"prompt": "Once upon a time", "max_tokens": 10, "temperature": 0, "stream": True}
+    with httpx.stream("POST", daemon.v1 + "/completions", json=body, timeout=60) as response:
+        request_id = response.headers["x-request-id"]
+        text = b"".join(response.iter_raw()).decode()
+    assert text.rstrip().endswith("data: [DONE]")
+    record = records_with(daemon, request_id)
+    assert record.stream and record.timings is not None and record.timings.predicted_n == 10
+
+
+def test_native_completion_and_llama_extensions_pass_through(daemon: RunningDaemon) -> None:
+    body = {"prompt": "Hello", "n_predict": 4, "n_probs": 2, "cache_prompt": True,
+            "temperature": 0}  # fmt: skip
+    response = httpx.post(daemon.url + "/completion", json=body, timeout=60)
+    assert response.status_code == 200
+    data = response.json()
+    assert data["timings"]["predicted_n"] == 4
+    assert len(data["completion_probabilities"]) == 4  # n_probs reached llama-server
+
+
+def test_grammar_field_reaches_llama_server(daemon: RunningDaemon) -> None:
+    body = {"prompt": "Answer:", "max_tokens": 5, "grammar": 'root ::= "yes" | "no"'}
+    response = httpx.post(daemon.v1 + "/completions", json=body, timeout=60)
+    assert response.json()["choices"][0]["text"] in {"yes", "no"}
+
+
+def test_context_overflow_is_an_openai_400(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model="x", prompt="word " * 6000, max_tokens=4)
+    error = caught.value.body
+    assert isinstance(error, dict) and error["code"] == "context_length_exceeded"
+
+
+def test_bad_input_to_the_real_stack_is_400(daemon: RunningDaemon) -> None:
+    for body in [b"{", b'{"prompt": 3}', b'{"messages": "hi"}']:
+        for path in ("/v1/completions", "/v1/chat/completions"):
+            response = httpx.post(daemon.v1.removesuffix("/v1") + path, content=body, timeout=30)
+            assert response.status_code == 400, (path, body, response.text)
+            assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_llama_server_rejections_keep_the_openai_shape(daemon: RunningDaemon) -> None:
+    """Inputs only llama-server refuses still come back as OpenAI 4xx errors."""
+    bodies = [
+        {"prompt": "a", "max_tokens": 4, "grammar": "root ::= ("},
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}
+            ]
+        },
+    ]
+    for body in bodies:
+        path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+        response = httpx.post(daemon.v1.removesuffix("/v1") + path, json=body, timeout=30)
+        assert 400 <= response.status_code < 500, (body, response.status_code, response.text)
+        assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_speculative_timings_reach_the_record(tmp_path: Path) -> None:
+    """With n-gram speculation on, draft_n/draft_n_accepted flow from llama-server to records."""
+    running = start_daemon(tmp_path, env={"TUNER_SERVER_ARGS": "--spec-type ngram-simple"})
+    try:
+        body = {"prompt": CODE_EDIT, "max_tokens": 96, "temperature": 0}
+        response = httpx.post(running.v1 + "/completions", json=body, timeout=120)
+        record = records_with(running, response.headers["x-request-id"])
+        assert record.timings is not None
+        assert record.timings.draft_n and record.timings.draft_n > 0
+        assert record.timings.draft_n_accepted is not None
+        assert 0 <= record.timings.draft_n_accepted <= record.timings.draft_n
+    finally:
+        assert running.stop() == 0
+
+
+def test_external_upstream_mode(daemon: RunningDaemon, tmp_path: Path) -> None:
+    """A second daemon in front of the first one's llama-server, as a user's own server."""
+    server = daemon.llama_server()
+    port = server.cmdline()[server.cmdline().index("--port") + 1]
+    external = start_daemon(tmp_path, "--upstream-url", f"http://127.0.0.1:{port}")
+    try:
+        client = openai.OpenAI(base_url=external.v1, api_key="unused", max_retries=0)
+        out = client.completions.create(model="zzz", prompt="Hello", max_tokens=3)
+        assert out.choices[0].text is not None
+        assert [m.id for m in client.models.list().data] == ["gemma-3-270m-q4_k_m"]
+    finally:
+        assert external.stop() == 0
+
+
+def test_llama_server_killed_mid_stream(tmp_path: Path) -> None:
+    """kill -9 of llama-server: an error event ends the stream, then the daemon recovers."""
+    running = start_daemon(tmp_path)
+    try:
+        victim = running.llama_server()
+        body = {"prompt": "Write a long story.", "max_tokens": 2000, "stream": True}
+        events: list[str] = []
+        with httpx.stream("POST", running.v1 + "/completions", json=body, timeout=60) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line)
+                    if len(events) == 3:
+                        victim.kill()
+        last = json.loads(events[-1].removeprefix("data: "))
+        assert last["error"]["code"] == "upstream_disconnected"
+        started = time.monotonic()
+        running.wait_ready(timeout_s=60)
+        recovered_s = time.monotonic() - started
+        response = httpx.post(running.v1 + "/completions",
+                              json={"prompt": "Hi", "max_tokens": 2}, timeout=60)  # fmt: skip
+        assert response.status_code == 200
+        assert recovered_s < 10
+        assert running.llama_server().pid != victim.pid
+    finally:
+        assert running.stop() == 0
+
+
+def test_sigterm_stops_daemon_and_llama_server(tmp_path: Path) -> None:
+    running = start_daemon(tmp_path)
+    server = running.llama_server()
+    assert running.stop() == 0
+    server.wait(10)
+    assert not server.is_running()

@@ -1,0 +1,254 @@
+"""The proxy against a fake llama-server: pass-through, records, and every error path."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.fake_llama import TIMINGS, FakeLlamaServer
+from tuner.records import RecordStore
+from tuner.upstream.client import UpstreamClient
+
+CHAT = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+COMPLETION = {"model": "whatever", "prompt": "Once", "max_tokens": 4, "temperature": 0}
+
+
+def assert_openai_error(response: httpx.Response, status: int) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert isinstance(error["message"], str) and error["message"]
+    assert error["code"] is None or isinstance(error["code"], str)
+    return dict(error)
+
+
+async def next_record(store: RecordStore) -> Any:
+    await asyncio.sleep(0)
+    return store.recent[-1]
+
+
+async def test_chat_passes_through_and_records_timings(
+    proxy: httpx.AsyncClient, fake: FakeLlamaServer, store: RecordStore
+) -> None:
+    response = await proxy.post("/v1/chat/completions", json=CHAT)
+    assert response.status_code == 200
+    assert response.json()["choices"][0]["message"]["content"] == "Hello there"
+    assert response.headers["x-request-id"].startswith("req_")
+    record = await next_record(store)
+    assert record.endpoint == "/v1/chat/completions"
+    assert record.id == response.headers["x-request-id"]
+    assert record.timings.draft_n_accepted == TIMINGS["draft_n_accepted"]
+    assert record.model == "gpt-4o" and record.max_tokens == 4
+    assert record.upstream_ms is not None and record.overhead_ms is not None
+
+
+async def test_any_model_name_is_served_by_the_configured_model(
+    proxy: httpx.AsyncClient, fake: FakeLlamaServer
+) -> None:
+    await proxy.post("/v1/completions", json=COMPLETION)
+    assert fake.requests[-1]["body"]["model"] == "fake-model"
+
+
+async def test_unknown_fields_pass_through_untouched(
+    proxy: httpx.AsyncClient, fake: FakeLlamaServer
+) -> None:
+    extra = {"cache_prompt": True, "n_probs": 3, "grammar": 'root ::= "a"', "x_custom": [1, {}]}
+    await proxy.post("/v1/completions", json={**COMPLETION, **extra})
+    sent = fake.requests[-1]["body"]
+    assert {k: sent[k] for k in extra} == extra
+
+
+async def test_stream_is_relayed_with_comments_and_timings_recorded(
+    proxy: httpx.AsyncClient, store: RecordStore
+) -> None:
+    response = await proxy.post("/v1/completions", json={**COMPLETION, "stream": True})
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/event-stream")
+    text = response.text
+    assert text.startswith(": ping\n\n")
+    assert text.endswith("data: [DONE]\n\n")
+    assert '"timings"' in text
+    record = await next_record(store)
+    assert record.stream and record.error is None
+    assert record.timings.predicted_n == TIMINGS["predicted_n"]
+
+
+async def test_upstream_dying_mid_stream_ends_with_an_error_event(
+    proxy: httpx.AsyncClient, fake: FakeLlamaServer, store: RecordStore
+) -> None:
+    fake.fail_stream_after = 2
+    response = await proxy.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    events = [line for line in response.text.split("\n\n") if line.startswith("data: ")]
+    last = json.loads(events[-1][len("data: ") :])
+    assert last["error"]["code"] == "upstream_disconnected"
+    assert "[DONE]" not in response.text
+    record = await next_record(store)
+    assert record.error and "stopped" in record.error
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (b"{not json", None),
+        (b"", None),
+        (b"[1, 2]", None),
+        (b'"text"', None),
+        (json.dumps({"prompt": 5}).encode(), "prompt"),
+        (json.dumps({"max_tokens": 3}).encode(), "prompt"),
+        (json.dumps({**COMPLETION, "max_tokens": "many"}).encode(), "max_tokens"),
+        (json.dumps({**COMPLETION, "stream": "yes"}).encode(), "stream"),
+        (json.dumps({**COMPLETION, "temperature": -1}).encode(), "temperature"),
+        (json.dumps({**COMPLETION, "stop": [1]}).encode(), "stop"),
+        (b"\xff\xfe", None),
+    ],
+)
+async def test_malformed_completion_requests_get_a_400_that_says_why(
+    proxy: httpx.AsyncClient, fake: FakeLlamaServer, body: bytes, param: str | None
+) -> None:
+    response = await proxy.post(
+        "/v1/completions", content=body, headers={"content-type": "application/json"}
+    )
+    error = assert_openai_error(response, 400)
+    assert error["param"] == param
+    assert fake.requests == []
+
+
+@pytest.mark.parametrize(
+    ("messages", "fragment"),
+    [
+        (None, "'messages' is required"),
+        ([], "non-empty"),
+        (["hi"], "messages[0]"),
+        ([{"content": "hi"}], "messages[0].role"),
+        ([{"role": "user", "content": 5}], "messages[0].content"),
+    ],
+)
+async def test_malformed_chat_requests_say_which_message_is_wrong(
+    proxy: httpx.AsyncClient, messages: Any, fragment: str
+) -> None:
+    body = {"model": "m"} if messages is None else {"model": "m", "messages": messages}
+    response = await proxy.post("/v1/chat/completions", json=body)
+    assert fragment in assert_openai_error(response, 400)["message"]
+
+
+async def test_oversized_body_is_refused_with_413(proxy: httpx.AsyncClient) -> None:
+    response = await proxy.post("/v1/completions", json={**COMPLETION, "prompt": "x" * 70_000})
+    assert_openai_error(response, 413)
+
+
+async def test_not_ready_upstream_gives_503_with_retry_after(
+    proxy: httpx.AsyncClient, upstream: UpstreamClient
+) -> None:
+    upstream.mark_ready(False)
+    response = await proxy.post("/v1/chat/completions", json=CHAT)
+    error = assert_openai_error(response, 503)
+    assert error["code"] == "upstream_not_ready"
+    assert response.headers["retry-after"].isdigit()
+    ready = await proxy.get("/ready")
+    assert ready.status_code == 503 and "retry-after" in ready.headers
+    assert (await proxy.get("/health")).status_code == 200
+
+
+async def test_unreachable_upstream_gives_503_not_500(
+    store: RecordStore,
+) -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused")
+
+    from tuner.proxy.app import create_app
+
+    client = UpstreamClient("http://fake", transport=httpx.MockTransport(refuse))
+    client.mark_ready(True)
+    app = create_app(client, store)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://p") as c:
+        response = await c.post("/v1/completions", json=COMPLETION)
+    assert_openai_error(response, 503)
+
+
+@pytest.mark.parametrize(
+    ("upstream_status", "upstream_type", "status", "code"),
+    [
+        (400, "exceed_context_size_error", 400, "context_length_exceeded"),
+        (400, "invalid_request_error", 400, None),
+        (500, "invalid_request_error", 400, None),
+        (404, "not_found_error", 404, "not_found"),
+        (501, "not_supported_error", 400, "not_supported"),
+        (503, "unavailable_error", 503, "upstream_not_ready"),
+        (500, "server_error", 502, "upstream_error"),
+    ],
+)
+async def test_llama_server_errors_are_translated_to_the_openai_shape(
+    proxy: httpx.AsyncClient,
+    fake: FakeLlamaServer,
+    upstream_status: int,
+    upstream_type: str,
+    status: int,
+    code: str | None,
+) -> None:
+    fake.error = (
+        upstream_status,
+        {"error": {"code": upstream_status, "message": "boom", "type": upstream_type}},
+    )
+    response = await proxy.post("/v1/completions", json=COMPLETION)
+    error = assert_openai_error(response, status)
+    assert error["code"] == code and error["message"] == "boom"
+
+
+async def test_models_lists_the_real_model(proxy: httpx.AsyncClient) -> None:
+    response = await proxy.get("/v1/models")
+    assert [m["id"] for m in response.json()["data"]] == ["fake-model"]
+
+
+async def test_unknown_route_and_wrong_method_are_openai_errors(proxy: httpx.AsyncClient) -> None:
+    assert_openai_error(await proxy.get("/v1/nothing"), 404)
+    assert_openai_error(await proxy.get("/v1/chat/completions"), 405)
+
+
+async def test_client_request_id_is_kept(proxy: httpx.AsyncClient, store: RecordStore) -> None:
+    response = await proxy.post(
+        "/completion", json={"prompt": "a"}, headers={"x-request-id": "abc-1"}
+    )
+    assert response.headers["x-request-id"] == "abc-1"
+    assert (await next_record(store)).id == "abc-1"
+
+
+async def test_many_concurrent_requests_all_pass(
+    proxy: httpx.AsyncClient, store: RecordStore
+) -> None:
+    responses = await asyncio.gather(
+        *(proxy.post("/v1/completions", json=COMPLETION) for _ in range(50))
+    )
+    assert all(r.status_code == 200 for r in responses)
+    assert len({r.headers["x-request-id"] for r in responses}) == 50
+
+
+async def test_openai_sdk_talks_to_the_proxy(proxy: httpx.AsyncClient) -> None:
+    import openai
+
+    client = openai.AsyncOpenAI(api_key="unused", base_url="http://proxy/v1", http_client=proxy)
+    chat = await client.chat.completions.create(
+        model="anything", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+    )
+    assert chat.choices[0].message.content == "Hello there"
+    stream = await client.completions.create(model="x", prompt="a", max_tokens=4, stream=True)
+    text = "".join([chunk.choices[0].text async for chunk in stream if chunk.choices])
+    assert text == "Hello there"
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.chat.completions.create(model="x", messages=[], max_tokens=4)
+    assert "non-empty" in str(caught.value)
+
+
+async def test_modalities_come_from_props_and_guard_media_parts(
+    proxy: httpx.AsyncClient, upstream: UpstreamClient, fake: FakeLlamaServer
+) -> None:
+    await upstream.refresh_models()
+    assert upstream.modalities == frozenset({"vision"})
+    audio = {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}
+    body = {"messages": [{"role": "user", "content": [audio]}]}
+    error = assert_openai_error(await proxy.post("/v1/chat/completions", json=body), 400)
+    assert error["code"] == "unsupported_modality"
+    assert fake.requests == []

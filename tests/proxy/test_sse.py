@@ -1,0 +1,44 @@
+"""The SSE sniffer finds the last timings however the stream is cut into chunks."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tuner.proxy.sse import TimingsSniffer
+
+STREAM = (
+    b": ping\n\n"
+    b'data: {"choices":[{"text":"a"}]}\n\n'
+    b'data: {"choices":[],"timings":{"predicted_n":9,"draft_n":4}}\n\n'
+    b"data: [DONE]\n\n"
+)
+
+
+@given(st.lists(st.integers(min_value=0, max_value=len(STREAM)), max_size=12))
+def test_timings_found_for_any_chunking(cuts: list[int]) -> None:
+    points = sorted(set(cuts))
+    pieces = [STREAM[a:b] for a, b in zip([0, *points], [*points, len(STREAM)], strict=True)]
+    sniffer = TimingsSniffer()
+    for piece in pieces:
+        sniffer.feed(piece)
+    sniffer.close()
+    assert sniffer.timings == {"predicted_n": 9, "draft_n": 4}
+    assert sniffer.events == 3
+    assert sniffer.error is None
+
+
+def test_error_event_is_noticed() -> None:
+    sniffer = TimingsSniffer()
+    sniffer.feed(b"data: " + json.dumps({"error": {"message": "gone"}}).encode())
+    sniffer.close()
+    assert sniffer.error == "gone"
+
+
+@given(st.binary(max_size=300))
+def test_garbage_never_raises(data: bytes) -> None:
+    sniffer = TimingsSniffer()
+    sniffer.feed(data)
+    sniffer.close()

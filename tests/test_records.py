@@ -1,0 +1,63 @@
+"""Records are appended off the request path, bounded, and survive torn writes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tuner.records import RecordStore, RequestRecord, Timings, read_records
+
+
+def record(i: int) -> RequestRecord:
+    return RequestRecord(
+        id=f"r{i}", ts=float(i), endpoint="/v1/completions", stream=False, status=200,
+        proxy_ms=2.0, upstream_ms=1.5, timings=Timings(predicted_n=i, draft_n=4),
+    )  # fmt: skip
+
+
+async def test_records_round_trip(tmp_path: Path) -> None:
+    store = RecordStore(tmp_path)
+    await store.start()
+    for i in range(10):
+        store.submit(record(i))
+    await store.stop()
+    back = list(read_records(tmp_path))
+    assert [r.id for r in back] == [f"r{i}" for i in range(10)]
+    assert back[3].timings == Timings(predicted_n=3, draft_n=4)
+    assert back[0].overhead_ms == 0.5
+
+
+async def test_files_rotate_and_stay_bounded(tmp_path: Path) -> None:
+    store = RecordStore(tmp_path, max_file_bytes=600, max_files=3)
+    for i in range(60):
+        store.submit(record(i))
+        store._write([store._queue.get_nowait()])
+    files = sorted(tmp_path.glob("records-*.jsonl"))
+    assert len(files) == 3
+    ids = [r.id for r in read_records(tmp_path)]
+    assert ids[-1] == "r59" and len(ids) < 60
+    assert ids == sorted(ids, key=lambda x: int(x[1:]))
+
+
+async def test_torn_last_line_is_skipped(tmp_path: Path) -> None:
+    store = RecordStore(tmp_path)
+    store._write([record(1), record(2)])
+    path = next(tmp_path.glob("records-*.jsonl"))
+    with path.open("ab") as handle:
+        handle.write(b'{"id": "r3", "ts": 3.0, "endpo')
+    assert [r.id for r in read_records(tmp_path)] == ["r1", "r2"]
+
+
+async def test_unwritable_directory_is_counted_not_raised(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    store = RecordStore(blocker / "records")
+    store._write([record(1)])
+    assert store.write_errors == 1
+
+
+async def test_full_queue_drops_and_counts(tmp_path: Path) -> None:
+    store = RecordStore(tmp_path, queue_size=2)
+    for i in range(5):
+        store.submit(record(i))
+    assert store.dropped == 3
+    assert len(store.recent) == 5

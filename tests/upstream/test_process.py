@@ -1,0 +1,104 @@
+"""The supervisor against a real child process: readiness, restart, group stop, failure."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from tuner.errors import UpstreamError
+from tuner.upstream.client import UpstreamClient
+from tuner.upstream.process import Backoff, ManagedServer, free_port
+
+CHILD = str(Path(__file__).with_name("child_server.py"))
+FAST = Backoff(initial_s=0.05, max_s=0.2)
+
+
+def make(tmp_path: Path, *extra: str) -> tuple[ManagedServer, UpstreamClient]:
+    port = free_port()
+    client = UpstreamClient(f"http://127.0.0.1:{port}")
+    argv = [sys.executable, CHILD, str(port), *extra]
+    server = ManagedServer(
+        argv, client, log_path=tmp_path / "child.log", startup_timeout_s=20, backoff=FAST
+    )
+    return server, client
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); look at its state.
+    with open(f"/proc/{pid}/stat") as handle:
+        return handle.read().split()[2] != "Z"
+
+
+async def test_ready_only_after_health_answers(tmp_path: Path) -> None:
+    server, client = make(tmp_path, "0.5")
+    await server.start()
+    await asyncio.sleep(0.2)
+    assert not client.ready
+    await server.wait_ready(20)
+    assert client.ready
+    assert client.model_ids == ("child",)
+    await server.stop()
+    assert not client.ready
+
+
+async def test_killed_child_is_restarted(tmp_path: Path) -> None:
+    server, client = make(tmp_path)
+    await server.start()
+    await server.wait_ready(20)
+    first = server.pid
+    assert first is not None
+    os.kill(first, signal.SIGKILL)
+    for _ in range(200):
+        await asyncio.sleep(0.05)
+        if client.ready and server.pid != first:
+            break
+    assert client.ready and server.pid != first
+    assert client.restarts == 1
+    await server.stop()
+
+
+async def test_stop_ends_the_whole_process_group(tmp_path: Path) -> None:
+    pidfile = tmp_path / "grandchild.pid"
+    server, _ = make(tmp_path, "--grandchild", str(pidfile))
+    await server.start()
+    await server.wait_ready(20)
+    grandchild = int(pidfile.read_text())
+    assert alive(grandchild)
+    await server.stop(grace_s=5)
+    for _ in range(100):
+        if not alive(grandchild):
+            break
+        await asyncio.sleep(0.05)
+    assert not alive(grandchild)
+
+
+async def test_child_that_dies_at_start_reports_its_log(tmp_path: Path) -> None:
+    server, client = make(tmp_path, "--exit", "3")
+    await server.start()
+    with pytest.raises(UpstreamError, match="cannot load model"):
+        await server.wait_ready(20)
+    assert not client.ready
+    await server.stop()
+
+
+async def test_missing_binary_fails_fast(tmp_path: Path) -> None:
+    client = UpstreamClient("http://127.0.0.1:1")
+    server = ManagedServer(["/nonexistent/llama-server"], client, log_path=tmp_path / "l.log")
+    await server.start()
+    with pytest.raises(UpstreamError, match="could not start"):
+        await server.wait_ready(5)
+    await server.stop()
+
+
+def test_backoff_grows_and_is_capped() -> None:
+    delays = [Backoff(initial_s=0.5, max_s=4).delay(n) for n in range(6)]
+    assert delays == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
