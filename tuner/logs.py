@@ -1,4 +1,9 @@
-"""structlog set-up: configured once in the entry point, JSON lines when not on a terminal."""
+"""structlog set-up: configured once in the entry point, JSON lines when not on a terminal.
+
+Lines from stdlib loggers (uvicorn) go through the same processors and renderer,
+so a log file or the journal gets one format. httpx's per-request INFO lines are
+silenced: the proxy logs each request itself, once.
+"""
 
 from __future__ import annotations
 
@@ -12,9 +17,11 @@ __all__ = ["configure_logging", "get_logger"]
 
 LogFormat = Literal["auto", "json", "console"]
 
+_QUIET = ("httpx", "httpcore", "uvicorn.access")
+
 
 def configure_logging(fmt: LogFormat = "auto", level: str = "info") -> None:
-    """Configure structlog (and stdlib logging, for uvicorn) once, at start-up."""
+    """Configure structlog and stdlib logging once, at start-up."""
     use_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
     numeric = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
     renderer: structlog.typing.Processor = (
@@ -22,11 +29,14 @@ def configure_logging(fmt: LogFormat = "auto", level: str = "info") -> None:
         if use_json
         else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
     )
+    shared: list[structlog.typing.Processor] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
     structlog.configure(
         processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            *shared,
             structlog.processors.StackInfoRenderer(),
             structlog.processors.format_exc_info,
             renderer,
@@ -35,7 +45,21 @@ def configure_logging(fmt: LogFormat = "auto", level: str = "info") -> None:
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
-    logging.basicConfig(level=numeric, stream=sys.stderr, format="%(name)s %(message)s")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name],
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+        )
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(numeric)
+    for name in ("uvicorn", "uvicorn.error"):
+        logging.getLogger(name).handlers.clear()
+        logging.getLogger(name).propagate = True
+    for name in _QUIET:
+        logging.getLogger(name).setLevel(max(numeric, logging.WARNING))
 
 
 def get_logger(name: str) -> structlog.stdlib.BoundLogger:

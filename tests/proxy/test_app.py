@@ -252,3 +252,17 @@ async def test_modalities_come_from_props_and_guard_media_parts(
     error = assert_openai_error(await proxy.post("/v1/chat/completions", json=body), 400)
     assert error["code"] == "unsupported_modality"
     assert fake.requests == []
+
+
+async def test_each_request_logs_one_line_with_its_id(proxy: httpx.AsyncClient) -> None:
+    from structlog.testing import capture_logs
+
+    with capture_logs() as logs:
+        plain = await proxy.post("/v1/completions", json=COMPLETION)
+        streamed = await proxy.post("/v1/completions", json={**COMPLETION, "stream": True})
+    lines = [entry for entry in logs if entry["event"] == "request"]
+    assert [entry["request_id"] for entry in lines] == [
+        plain.headers["x-request-id"],
+        streamed.headers["x-request-id"],
+    ]
+    assert lines[1]["stream"] is True and lines[1]["predicted_n"] == TIMINGS["predicted_n"]

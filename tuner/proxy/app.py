@@ -118,6 +118,7 @@ class _Trace:
         self.records.submit(record)
         log.info(
             "request",
+            request_id=self.request_id,  # explicit: streams finish after the handler unbinds it
             endpoint=self.endpoint,
             status=status,
             stream=self.stream,

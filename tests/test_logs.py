@@ -1,0 +1,40 @@
+"""Logs are JSON lines when not on a terminal, uvicorn's included; httpx stays quiet."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import structlog
+
+from tuner.logs import configure_logging, get_logger
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging():  # type: ignore[no-untyped-def]
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:], root.level = handlers, level
+    structlog.reset_defaults()
+
+
+def test_json_lines_for_ours_and_stdlib(capsys: pytest.CaptureFixture[str]) -> None:
+    configure_logging("json", "info")
+    structlog.contextvars.bind_contextvars(request_id="req_1")
+    get_logger("tuner.x").info("request", status=200)
+    structlog.contextvars.clear_contextvars()
+    logging.getLogger("uvicorn.error").info("Uvicorn running")
+    logging.getLogger("httpx").info("HTTP Request: GET /health")
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    assert lines[0] == {**lines[0], "event": "request", "status": 200, "request_id": "req_1"}
+    assert lines[1]["event"] == "Uvicorn running" and lines[1]["logger"] == "uvicorn.error"
+    assert len(lines) == 2  # httpx's INFO line was dropped
+
+
+def test_level_filters(capsys: pytest.CaptureFixture[str]) -> None:
+    configure_logging("json", "warning")
+    get_logger("tuner.x").info("hidden")
+    get_logger("tuner.x").warning("shown")
+    assert [json.loads(line)["event"] for line in capsys.readouterr().err.splitlines()] == ["shown"]
