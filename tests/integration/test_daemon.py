@@ -203,3 +203,13 @@ def test_sigterm_stops_daemon_and_llama_server(tmp_path: Path) -> None:
     assert running.stop() == 0
     server.wait(10)
     assert not server.is_running()
+
+
+def test_daemon_killed_hard_takes_llama_server_down(tmp_path: Path) -> None:
+    """kill -9 of the daemon must not leave an orphan llama-server holding memory."""
+    running = start_daemon(tmp_path)
+    server = running.llama_server()
+    running.process.kill()
+    running.process.wait(10)
+    server.wait(10)
+    assert not server.is_running()

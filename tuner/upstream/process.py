@@ -17,6 +17,7 @@ import contextlib
 import os
 import signal
 import socket
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,6 +30,24 @@ from tuner.upstream.client import UpstreamClient
 __all__ = ["Backoff", "ExternalMonitor", "ManagedServer", "free_port"]
 
 log = get_logger(__name__)
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to SIGTERM it when the daemon dies.
+
+    Without this, a daemon killed with SIGKILL (or by a crash, or SIGHUP from a
+    closed terminal) leaves llama-server running in its own session, holding
+    memory and a port. Elsewhere this is a no-op.
+    """
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+_PR_SET_PDEATHSIG = 1
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -134,7 +153,11 @@ class ManagedServer:
         with self.log_path.open("ab") as sink:
             try:
                 self.process = await asyncio.create_subprocess_exec(
-                    *self.argv, stdout=sink, stderr=sink, start_new_session=True
+                    *self.argv,
+                    stdout=sink,
+                    stderr=sink,
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent,
                 )
             except OSError as exc:
                 raise ProvisionError(f"could not start {self.argv[0]}: {exc}") from exc

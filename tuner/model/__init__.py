@@ -1,0 +1,1 @@
+"""Model facts (GGUF introspection) and the speedup maths. No IO beyond reading a file."""
