@@ -68,9 +68,77 @@ def cmd_provision(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_predict(args: argparse.Namespace) -> int:
+    """Leviathan's equation, one keystroke away (with MoE and recurrent-state terms)."""
+    from tuner.model.describe import gamma_table
+    from tuner.model.envelope import cost_model
+    from tuner.model.speedup import speedup
+
+    cost = cost_model(
+        draft_step=args.c,
+        experts=args.experts,
+        active=args.active,
+        expert_fraction=args.expert_fraction,
+        state_ratio=args.state_ratio,
+    )
+    if args.gamma is not None:
+        print(f"{speedup(args.alpha, args.gamma, cost):.2f}")
+    else:
+        print(gamma_table(args.alpha, cost, args.gamma_max))
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    """GGUF facts, draft compatibility, and the predicted speedup envelope."""
+    from tuner.model.describe import envelope_text, facts_dict, facts_text
+    from tuner.model.envelope import cost_model_from_facts, envelope
+    from tuner.model.gguf_facts import draft_compatibility, read_facts
+
+    target = read_facts(Path(args.model))
+    draft = read_facts(Path(args.draft)) if args.draft else None
+    env = envelope(cost_model_from_facts(target, draft))
+    compat = draft_compatibility(target, draft) if draft else None
+    if args.format == "json":
+        out: dict[str, object] = {"target": facts_dict(target)}
+        if draft and compat:
+            out["draft"] = facts_dict(draft)
+            out["draft_compatible"] = compat.compatible
+            out["draft_problems"] = list(compat.problems)
+        out["envelope"] = {
+            "alphas": env.alphas,
+            "gammas": env.gammas,
+            "speedup": [[round(v, 4) for v in row] for row in env.table],
+            "break_even_alpha": env.break_even,
+        }
+        print(json.dumps(out, indent=2))
+        return 0
+    print(facts_text(target))
+    if draft and compat:
+        print("\ndraft:\n" + facts_text(draft))
+        print("\n" + compat.explain())
+    drafting = "draft model" if draft else "n-gram drafting (draft cost ~0)"
+    print(f"\npredicted speedup, {drafting}, memory-bound estimate (tuner calibrate measures):")
+    print(envelope_text(env))
+    return 0 if compat is None or compat.compatible else 1
+
+
 def cmd_version(args: argparse.Namespace) -> int:
     print(f"spec-tuner {__version__}")
     return 0
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,6 +159,29 @@ def build_parser() -> argparse.ArgumentParser:
     provision.add_argument("--model")
     provision.add_argument("--llama-server", dest="llama_server")
     provision.set_defaults(func=cmd_provision)
+
+    predict = sub.add_parser("predict", help="predicted speedup for acceptance, length, cost")
+    predict.add_argument("--alpha", type=_fraction, required=True, help="acceptance, 0..1")
+    predict.add_argument("--gamma", type=int, help="draft length; omit for a table over gamma")
+    predict.add_argument("--c", type=_non_negative, default=0.0, help="draft step / target step")
+    predict.add_argument("--experts", type=int, default=0, help="MoE: experts per layer (E)")
+    predict.add_argument("--active", type=int, default=0, help="MoE: experts routed per token")
+    predict.add_argument(
+        "--expert-fraction", type=_fraction, default=0.0, dest="expert_fraction",
+        help="MoE: share of a decode step's bytes in routed experts",
+    )  # fmt: skip
+    predict.add_argument(
+        "--state-ratio", type=_non_negative, default=0.0, dest="state_ratio",
+        help="hybrid recurrent: state checkpoint/restore cost in decode steps",
+    )  # fmt: skip
+    predict.add_argument("--gamma-max", type=int, default=8, dest="gamma_max")
+    predict.set_defaults(func=cmd_predict)
+
+    inspect = sub.add_parser("inspect", help="facts and speedup envelope of a GGUF model")
+    inspect.add_argument("model", help="target GGUF")
+    inspect.add_argument("--draft", help="draft GGUF: checks vocabulary compatibility")
+    inspect.add_argument("--format", choices=["table", "json"], default="table")
+    inspect.set_defaults(func=cmd_inspect)
 
     version = sub.add_parser("version", help="print the version")
     version.set_defaults(func=cmd_version)

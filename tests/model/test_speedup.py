@@ -137,3 +137,12 @@ def test_worked_examples_in_the_docs_hold() -> None:
 
     result = doctest.testmod(module)
     assert result.attempted >= 10 and result.failed == 0
+
+
+@given(alphas, st.integers(1, 12))
+def test_replay_after_restore_costs_the_expected_prefix(alpha: float, gamma: int) -> None:
+    """With flat verify cost the replay adds exactly P(some draft rejected) steps."""
+    plain = CostModel(draft_step=0.1)
+    replaying = CostModel(draft_step=0.1, replay=True)
+    extra = replaying.round_time(alpha, gamma) - plain.round_time(alpha, gamma)
+    assert extra == pytest.approx(1.0 - alpha**gamma)

@@ -102,21 +102,24 @@ class CostModel:
 
     ``verify(n)`` is the target's time to check a batch of ``n`` tokens (1 at n=1).
     ``checkpoint`` is paid every round, ``restore`` when a round is partly rejected.
+    ``replay``: after a restore the target re-decodes the accepted prefix plus the
+    correction token (llama.cpp does this for recurrent targets, whose state
+    cannot be truncated), costing ``verify(k + 1)`` when ``k`` drafts were accepted.
     """
 
     draft_step: float = 0.0
     verify: Callable[[int], float] = field(default=_flat)
     checkpoint: float = 0.0
     restore: float = 0.0
+    replay: bool = False
 
     def round_time(self, alpha: float, gamma: int) -> float:
         p_reject = 1.0 - alpha**gamma
-        return (
-            gamma * self.draft_step
-            + self.verify(gamma + 1)
-            + self.checkpoint
-            + p_reject * self.restore
-        )
+        time = gamma * self.draft_step + self.verify(gamma + 1) + self.checkpoint
+        time += p_reject * self.restore
+        if self.replay:  # k accepted, then a rejection: probability alpha**k * (1 - alpha)
+            time += sum(alpha**k * (1.0 - alpha) * self.verify(k + 1) for k in range(gamma))
+        return time
 
 
 def speedup(alpha: float, gamma: int, cost: CostModel) -> float:

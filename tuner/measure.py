@@ -1,0 +1,143 @@
+"""Live measurement from request records: acceptance, tokens per step, speedup. Pure.
+
+For each (class, variant) arm:
+
+- ``alpha``: accepted / drafted tokens, with a Wilson 95 % interval;
+- ``tokens_per_step``: tokens per target forward pass. A step either decodes one
+  token or verifies a draft and yields its accepted tokens plus one, so
+  ``steps = predicted_n - accepted`` and this is ``predicted_n / steps``;
+- ``mean_draft``: drafted tokens per step (the effective draft length times the
+  share of steps that drafted at all);
+- decode tok/s (llama-server's ``predicted_per_second``) with a 95 % interval.
+
+``compare`` sets an arm against its class's baseline arm (the no-speculation
+variant): the measured speedup is the ratio of mean decode speeds, its interval
+from the delta method on the log ratio, and ``effective_c`` the draft cost that
+makes Leviathan's formula reproduce it.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from tuner.model.speedup import effective_draft_cost
+from tuner.records import RequestRecord
+
+__all__ = ["ArmStats", "Comparison", "Interval", "arm_stats", "compare", "wilson"]
+
+BASELINE = "none"
+DEFAULT_CLASS = "all"
+DEFAULT_VARIANT = "default"
+Z95 = 1.959964
+
+
+@dataclass(frozen=True, slots=True)
+class Interval:
+    value: float
+    low: float
+    high: float
+
+    def contains(self, x: float) -> bool:
+        return self.low <= x <= self.high
+
+
+def wilson(successes: int, trials: int, z: float = Z95) -> Interval | None:
+    """Wilson score interval for a proportion.
+
+    >>> w = wilson(80, 100)
+    >>> round(w.value, 2), round(w.low, 3), round(w.high, 3)
+    (0.8, 0.711, 0.867)
+    """
+    if trials <= 0:
+        return None
+    p = successes / trials
+    denom = 1 + z * z / trials
+    centre = (p + z * z / (2 * trials)) / denom
+    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denom
+    # min/max guard against rounding at p = 0 or 1, where the bound equals p exactly
+    return Interval(p, max(0.0, min(p, centre - half)), min(1.0, max(p, centre + half)))
+
+
+def _mean_interval(values: list[float]) -> Interval:
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return Interval(mean, mean, mean)
+    half = Z95 * statistics.stdev(values) / math.sqrt(len(values))
+    return Interval(mean, mean - half, mean + half)
+
+
+@dataclass(frozen=True, slots=True)
+class ArmStats:
+    class_key: str
+    variant: str
+    requests: int
+    tokens: int
+    drafted: int
+    accepted: int
+    alpha: Interval | None
+    tokens_per_step: float
+    mean_draft: float
+    tok_s: Interval
+    tok_s_samples: tuple[float, ...]
+
+
+def _key(record: RequestRecord) -> tuple[str, str]:
+    return (record.class_key or DEFAULT_CLASS, record.variant or DEFAULT_VARIANT)
+
+
+def arm_stats(records: Iterable[RequestRecord]) -> dict[tuple[str, str], ArmStats]:
+    """Aggregate successful generation records by (class, variant)."""
+    groups: dict[tuple[str, str], list[RequestRecord]] = defaultdict(list)
+    for record in records:
+        t = record.timings
+        if record.status == 200 and record.error is None and t and t.predicted_per_second:
+            groups[_key(record)].append(record)
+    out: dict[tuple[str, str], ArmStats] = {}
+    for (class_key, variant), rows in groups.items():
+        tokens = sum(r.timings.predicted_n or 0 for r in rows if r.timings)
+        drafted = sum(r.timings.draft_n or 0 for r in rows if r.timings)
+        accepted = sum(r.timings.draft_n_accepted or 0 for r in rows if r.timings)
+        steps = max(tokens - accepted, 1)
+        speeds = [float(r.timings.predicted_per_second or 0) for r in rows if r.timings]
+        out[(class_key, variant)] = ArmStats(
+            class_key=class_key,
+            variant=variant,
+            requests=len(rows),
+            tokens=tokens,
+            drafted=drafted,
+            accepted=accepted,
+            alpha=wilson(accepted, drafted),
+            tokens_per_step=tokens / steps,
+            mean_draft=drafted / steps,
+            tok_s=_mean_interval(speeds),
+            tok_s_samples=tuple(speeds),
+        )
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    arm: ArmStats
+    baseline: ArmStats
+    speedup: Interval
+    effective_c: float | None
+
+
+def compare(arm: ArmStats, baseline: ArmStats) -> Comparison:
+    """Measured speedup of ``arm`` over ``baseline`` (ratio of mean decode speeds)."""
+    a, b = arm.tok_s_samples, baseline.tok_s_samples
+    ratio = statistics.fmean(a) / statistics.fmean(b)
+    var = 0.0
+    for sample in (a, b):
+        if len(sample) > 1:
+            var += statistics.variance(sample) / (len(sample) * statistics.fmean(sample) ** 2)
+    half = Z95 * math.sqrt(var)
+    interval = Interval(ratio, ratio * math.exp(-half), ratio * math.exp(half))
+    effective = None
+    if arm.alpha is not None and arm.mean_draft > 0:
+        effective = effective_draft_cost(ratio, min(arm.alpha.value, 0.999), arm.mean_draft)
+    return Comparison(arm, baseline, interval, effective)
