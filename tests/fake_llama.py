@@ -48,6 +48,7 @@ class FakeLlamaServer:
     fail_stream_after: int | None = None  # chunks sent before the connection drops
     error: tuple[int, dict[str, Any]] | None = None  # status and body to answer with
     requests: list[dict[str, Any]] = field(default_factory=list)
+    raw: list[bytes] = field(default_factory=list)
 
     def transport(self) -> httpx.MockTransport:
         return httpx.MockTransport(self.handle)
@@ -62,6 +63,7 @@ class FakeLlamaServer:
             return httpx.Response(200, json={"modalities": {"vision": True, "audio": False}})
         body = json.loads(request.content)
         self.requests.append({"path": path, "body": body})
+        self.raw.append(request.content)
         if self.error is not None:
             return httpx.Response(self.error[0], json=self.error[1])
         if body.get("stream"):

@@ -10,10 +10,11 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from tuner import __version__
-from tuner.errors import TunerError
+from tuner.errors import ConfigError, TunerError
 from tuner.logs import configure_logging
 from tuner.settings import Settings, load_settings
 
@@ -72,15 +73,25 @@ def cmd_predict(args: argparse.Namespace) -> int:
     """Leviathan's equation, one keystroke away (with MoE and recurrent-state terms)."""
     from tuner.model.describe import gamma_table
     from tuner.model.envelope import cost_model
+    from tuner.model.profile import load_target
     from tuner.model.speedup import speedup
 
-    cost = cost_model(
-        draft_step=args.c,
-        experts=args.experts,
-        active=args.active,
-        expert_fraction=args.expert_fraction,
-        state_ratio=args.state_ratio,
-    )
+    inputs = {
+        "draft_step": args.c,
+        "experts": args.experts,
+        "active": args.active,
+        "expert_fraction": args.expert_fraction,
+        "state_ratio": args.state_ratio,
+    }
+    if args.target:
+        facts = load_target(args.target, _profile_dirs(_settings(args)))
+        inputs |= {
+            "experts": facts.experts,
+            "active": facts.experts_used,
+            "expert_fraction": facts.expert_fraction,
+            "state_ratio": facts.state_ratio,
+        }
+    cost = cost_model(**inputs)
     if args.gamma is not None:
         print(f"{speedup(args.alpha, args.gamma, cost):.2f}")
     else:
@@ -93,10 +104,19 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from tuner.model.describe import envelope_text, facts_dict, facts_text
     from tuner.model.envelope import cost_model_from_facts, envelope
     from tuner.model.gguf_facts import draft_compatibility, read_facts
+    from tuner.model.profile import fingerprint_key, hardware_fingerprint, load_profile, model_key
 
     target = read_facts(Path(args.model))
     draft = read_facts(Path(args.draft)) if args.draft else None
-    env = envelope(cost_model_from_facts(target, draft))
+    profile = load_profile(
+        _profile_dirs(_settings(args)),
+        model_key(Path(args.model)),
+        fingerprint_key(hardware_fingerprint()),
+    )
+    cost = cost_model_from_facts(target, draft)
+    if profile is not None:
+        cost = replace(cost, verify=profile.verify)
+    env = envelope(cost)
     compat = draft_compatibility(target, draft) if draft else None
     if args.format == "json":
         out: dict[str, object] = {"target": facts_dict(target)}
@@ -117,9 +137,91 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print("\ndraft:\n" + facts_text(draft))
         print("\n" + compat.explain())
     drafting = "draft model" if draft else "n-gram drafting (draft cost ~0)"
-    print(f"\npredicted speedup, {drafting}, memory-bound estimate (tuner calibrate measures):")
+    basis = (
+        "verify cost calibrated on this machine"
+        if profile
+        else "memory-bound estimate; `tuner calibrate` measures it"
+    )
+    print(f"\npredicted speedup, {drafting}, {basis}:")
     print(envelope_text(env))
     return 0 if compat is None or compat.compatible else 1
+
+
+def _profile_dirs(settings: Settings) -> list[Path]:
+    """Where profiles are looked up: the state dir, then a checkout's profiles/."""
+    return [settings.state_dir / "profiles", Path(__file__).resolve().parents[1] / "profiles"]
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    """Measure decode and verify costs on this machine and check them per variant."""
+    import asyncio
+
+    from tuner.calibrate import DEFAULT_VARIANTS, calibrate
+    from tuner.model.describe import profile_text
+    from tuner.model.profile import save_profile
+    from tuner.upstream.capabilities import probe_capabilities
+    from tuner.upstream.launch import resolve_model
+    from tuner.upstream.provision import locate_llama_server
+    from tuner.workload import DEFAULT_WORKLOAD, load_workload
+
+    settings = _settings(args)
+    binary = locate_llama_server(
+        settings.llama_server, settings.cache_dir, cuda=settings.llama_cuda
+    )
+    caps = probe_capabilities(binary)
+    model, draft = resolve_model(settings)
+    items = load_workload(Path(args.workload) if args.workload else DEFAULT_WORKLOAD)
+    if args.prompts:
+        items = items[: args.prompts]
+    wanted = args.variants.split(",") if args.variants else list(DEFAULT_VARIANTS)
+    unknown = [v for v in wanted if v not in DEFAULT_VARIANTS]
+    if unknown:
+        raise ConfigError(f"unknown variants {unknown}; choose from {list(DEFAULT_VARIANTS)}")
+    variants = {v: DEFAULT_VARIANTS[v] for v in wanted if caps.supports_spec_type(v)}
+    profile = asyncio.run(
+        calibrate(
+            binary=binary, settings=settings, caps=caps, model=model, draft=draft,
+            items=items, variants=variants, max_tokens=args.max_tokens,
+            progress=lambda message: print(f"[calibrate] {message}", file=sys.stderr),
+        )
+    )  # fmt: skip
+    path = save_profile(settings.state_dir / "profiles", profile)
+    if args.format == "json":
+        print(profile.model_dump_json(indent=2))
+    else:
+        print(profile_text(profile))
+        print(f"\nsaved {path}")
+    return 0
+
+
+def cmd_classify(args: argparse.Namespace) -> int:
+    """Classify each line of a workload file and show the class and features."""
+    from tuner.classify import classify, load_definitions
+    from tuner.render import text_table
+    from tuner.workload import load_workload, parse_workload
+
+    settings = _settings(args)
+    definitions = load_definitions(settings.classes_file)
+    if args.file in (None, "-"):
+        items = parse_workload(sys.stdin.read().splitlines(), "<stdin>")
+    else:
+        items = load_workload(Path(args.file))
+    results = [(item, classify(item.model_dump(exclude_none=True), definitions)) for item in items]
+    if args.format == "jsonl":
+        for item, found in results:
+            print(json.dumps({"id": item.id, "class": found.key, **found.features.as_dict()}))
+        return 0
+    rows = [
+        [item.id, found.key, found.features.content_type, found.features.subtype,
+         found.features.echo, found.features.entropy, found.features.length_tokens]
+        for item, found in results
+    ]  # fmt: skip
+    print(text_table(["id", "class", "type", "subtype", "echo", "entropy", "tokens"], rows))
+    counts: dict[str, int] = {}
+    for _, found in results:
+        counts[found.key] = counts.get(found.key, 0) + 1
+    print("\n" + ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())))
+    return 0
 
 
 def cmd_version(args: argparse.Namespace) -> int:
@@ -175,6 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="hybrid recurrent: state checkpoint/restore cost in decode steps",
     )  # fmt: skip
     predict.add_argument("--gamma-max", type=int, default=8, dest="gamma_max")
+    predict.add_argument("--target", help="known target from profiles/targets (MoE/state terms)")
     predict.set_defaults(func=cmd_predict)
 
     inspect = sub.add_parser("inspect", help="facts and speedup envelope of a GGUF model")
@@ -183,6 +286,23 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--format", choices=["table", "json"], default="table")
     inspect.set_defaults(func=cmd_inspect)
 
+    calibrate = sub.add_parser("calibrate", help="measure verify cost and check predictions")
+    calibrate.add_argument("--model", help="target GGUF (default: the configured model)")
+    calibrate.add_argument("--workload", help="JSONL workload (default: the shipped dev set)")
+    calibrate.add_argument("--prompts", type=int, help="use only the first N prompts")
+    calibrate.add_argument("--max-tokens", type=int, default=64, dest="max_tokens")
+    calibrate.add_argument("--variants", help="comma list (default: every n-gram type)")
+    calibrate.add_argument("--format", choices=["table", "json"], default="table")
+    calibrate.add_argument("--state-dir", dest="state_dir")
+    calibrate.set_defaults(func=cmd_calibrate)
+
+    classify = sub.add_parser("classify", help="classify a workload file's prompts")
+    classify.add_argument(
+        "file", nargs="?", help="JSONL with id and prompt or messages (- = stdin)"
+    )
+    classify.add_argument("--format", choices=["table", "jsonl"], default="table")
+    classify.set_defaults(func=cmd_classify)
+
     version = sub.add_parser("version", help="print the version")
     version.set_defaults(func=cmd_version)
     return parser
@@ -190,6 +310,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # Logs go to stderr, so stdout stays clean for tables and JSON; serve reconfigures.
+    configure_logging("auto", "warning")
     try:
         code: int = args.func(args)
     except TunerError as exc:

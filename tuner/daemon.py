@@ -7,10 +7,12 @@ import signal
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 
 import uvicorn
 from starlette.applications import Starlette
 
+from tuner.classify import classify, load_definitions
 from tuner.proxy.app import Service, create_app
 from tuner.records import RecordStore
 from tuner.settings import Settings
@@ -66,7 +68,14 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
             startup_timeout_s=settings.startup_timeout_s,
         )
     services: list[Service] = [supervisor]
-    app = create_app(client, records, services=services, max_body_bytes=settings.max_body_bytes)
+    definitions = load_definitions(settings.classes_file)
+    app = create_app(
+        client,
+        records,
+        services=services,
+        max_body_bytes=settings.max_body_bytes,
+        classifier=partial(classify, definitions=definitions),
+    )
     return Daemon(settings, app, client, supervisor, records, caps)
 
 

@@ -67,6 +67,10 @@ class Settings(BaseSettings):
     request_timeout_s: float = Field(600.0, gt=0, description="upstream read timeout")
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="largest request body")
 
+    classes_file: Path | None = Field(
+        None, description="class definitions TOML; default: the shipped policies/classes.toml"
+    )
+
     # Where things live.
     state_dir: Path = Field(
         default_factory=lambda: Path(platformdirs.user_state_dir(APP_NAME)),

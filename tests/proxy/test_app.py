@@ -46,11 +46,23 @@ async def test_chat_passes_through_and_records_timings(
     assert record.upstream_ms is not None and record.overhead_ms is not None
 
 
-async def test_any_model_name_is_served_by_the_configured_model(
+async def test_single_model_upstream_gets_the_body_byte_for_byte(
     proxy: httpx.AsyncClient, fake: FakeLlamaServer
 ) -> None:
+    """One served model: llama-server ignores `model`, so nothing is re-encoded."""
+    raw = b'{"model":  "gpt-4o", "prompt": "caf\\u00e9", "max_tokens": 4}'
+    await proxy.post("/v1/completions", content=raw)
+    assert fake.raw[-1] == raw
+
+
+async def test_multi_model_upstream_gets_a_model_it_serves(
+    proxy: httpx.AsyncClient, fake: FakeLlamaServer, upstream: UpstreamClient
+) -> None:
+    upstream.model_ids = ("base", "ngram")
     await proxy.post("/v1/completions", json=COMPLETION)
-    assert fake.requests[-1]["body"]["model"] == "fake-model"
+    assert fake.requests[-1]["body"]["model"] == "base"
+    await proxy.post("/v1/completions", json={**COMPLETION, "model": "ngram"})
+    assert fake.requests[-1]["body"]["model"] == "ngram"
 
 
 async def test_unknown_fields_pass_through_untouched(
@@ -266,3 +278,21 @@ async def test_each_request_logs_one_line_with_its_id(proxy: httpx.AsyncClient) 
         streamed.headers["x-request-id"],
     ]
     assert lines[1]["stream"] is True and lines[1]["predicted_n"] == TIMINGS["predicted_n"]
+
+
+async def test_records_carry_the_class_and_features(
+    upstream: UpstreamClient, store: RecordStore
+) -> None:
+    from functools import partial
+
+    from tuner.classify import classify, load_definitions
+    from tuner.proxy.app import create_app
+
+    app = create_app(upstream, store, classifier=partial(classify, definitions=load_definitions()))
+    body = {"prompt": "Rename x to y and keep the rest identical:\n\ndef f(x):\n    return x + 1\n",
+            "temperature": 0, "max_tokens": 8}  # fmt: skip
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://p") as c:
+        await c.post("/v1/completions", json=body)
+    record = await next_record(store)
+    assert record.class_key == "code/echo/greedy"
+    assert record.features["content_type"] == "code" and record.features["echo"] >= 0.5

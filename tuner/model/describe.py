@@ -6,10 +6,11 @@ from typing import Any
 
 from tuner.model.envelope import Envelope
 from tuner.model.gguf_facts import DraftCompatibility, ModelFacts
+from tuner.model.profile import Profile
 from tuner.model.speedup import CostModel, speedup, verdict
 from tuner.render import text_table
 
-__all__ = ["envelope_text", "facts_dict", "facts_text", "gamma_table"]
+__all__ = ["envelope_text", "facts_dict", "facts_text", "gamma_table", "profile_text"]
 
 
 def _mib(n: int) -> str:
@@ -82,8 +83,41 @@ def gamma_table(alpha: float, cost: CostModel, gamma_max: int = 8) -> str:
     for g in range(1, gamma_max + 1):
         s = speedup(alpha, g, cost)
         rows.append([g, s, "best" if best.pays and g == best.gamma else ""])
-    return text_table(["gamma", "speedup", ""], rows) + "\n" + best.reason
+    return text_table(["gamma", "speedup", "note"], rows) + "\n" + best.reason
 
 
 def compatibility_text(result: DraftCompatibility) -> str:
     return result.explain()
+
+
+def profile_text(profile: Profile) -> str:
+    """The measured curve at a few points, and predicted versus measured per variant."""
+    picks = {1, 2, 3, 4, 5, 8, 16, 32, 64}
+    curve = text_table(
+        ["n", "T(n) / decode step"], [[n, t] for n, t in profile.verify_curve if n in picks]
+    )
+    rows = [
+        [
+            c.variant,
+            c.alpha,
+            c.mean_draft,
+            c.rounds,
+            c.measured_speedup,
+            c.predicted_speedup,
+            c.predicted_speedup / c.measured_speedup
+            if c.predicted_speedup and c.measured_speedup
+            else None,
+        ]
+        for c in profile.checks
+    ]
+    checks = text_table(
+        ["variant", "alpha", "draft/round", "rounds", "measured", "predicted", "pred/meas"], rows
+    )
+    head = (
+        f"model {profile.model_name} on {profile.hardware.get('cpu')} "
+        f"({profile.hardware.get('cores')} cores), build {profile.build}\n"
+        f"decode step {profile.decode_ms:.2f} ms"
+    )
+    if profile.draft_cost is not None:
+        head += f", draft step / target step c = {profile.draft_cost:.3f}"
+    return f"{head}\n\nverify cost (prompt processing on a cached prefix):\n{curve}\n\n{checks}"

@@ -171,18 +171,20 @@ def moe_verify_curve(
     return verify
 
 
-def interpolated_curve(points: Sequence[tuple[int, float]]) -> Callable[[int], float]:
+def interpolated_curve(points: Sequence[tuple[int, float]]) -> Callable[[float], float]:
     """A measured ``T(n)`` (calibration) as a function, linear between points, flat past the ends.
 
+    It takes fractional ``n`` too: a measured mean draft length is rarely whole.
+
     >>> curve = interpolated_curve([(1, 1.0), (3, 1.2), (5, 2.0)])
-    >>> curve(2), curve(4), curve(9)
-    (1.1, 1.6, 2.0)
+    >>> curve(2), curve(4), curve(9), curve(2.5)
+    (1.1, 1.6, 2.0, 1.15)
     """
     pts = sorted(points)
     if not pts:
         raise ValueError("need at least one point")
 
-    def verify(n: int) -> float:
+    def verify(n: float) -> float:
         if n <= pts[0][0]:
             return pts[0][1]
         for (n0, t0), (n1, t1) in itertools.pairwise(pts):

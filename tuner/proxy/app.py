@@ -30,6 +30,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from tuner.classify import Classification
 from tuner.errors import RequestError, TunerError
 from tuner.logs import get_logger
 from tuner.proxy.openai_errors import (
@@ -48,6 +49,9 @@ __all__ = ["Service", "create_app"]
 log = get_logger(__name__)
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+Classifier = Callable[[dict[str, Any]], Classification]
 
 
 class Service(Protocol):
@@ -79,6 +83,8 @@ class _Trace:
     temperature: float | None = None
     t_send: float | None = None
     t_headers: float | None = None
+    class_key: str | None = None
+    features: dict[str, Any] | None = None
 
     def note_body(self, body: dict[str, Any]) -> None:
         self.stream = body.get("stream") is True
@@ -114,12 +120,15 @@ class _Trace:
             if self.t_send is None or self.t_headers is None
             else (self.t_headers - self.t_send) * 1000,
             timings=parsed,
+            class_key=self.class_key,
+            features=self.features,
         )
         self.records.submit(record)
         log.info(
             "request",
             request_id=self.request_id,  # explicit: streams finish after the handler unbinds it
             endpoint=self.endpoint,
+            class_key=self.class_key,
             status=status,
             stream=self.stream,
             ms=round(record.proxy_ms, 2),
@@ -132,10 +141,17 @@ class _Trace:
 class _Handlers:
     """The route handlers, sharing one upstream client and one record store."""
 
-    def __init__(self, upstream: UpstreamClient, records: RecordStore, max_body_bytes: int):
+    def __init__(
+        self,
+        upstream: UpstreamClient,
+        records: RecordStore,
+        max_body_bytes: int,
+        classifier: Classifier | None,
+    ):
         self.upstream = upstream
         self.records = records
         self.max_body_bytes = max_body_bytes
+        self.classifier = classifier
 
     async def read_body(self, request: Request) -> bytes:
         too_large = RequestError(
@@ -163,6 +179,9 @@ class _Handlers:
                 body = parse_body(raw)
                 trace.note_body(body)
                 validate(endpoint, body, self.upstream.modalities)
+                if self.classifier is not None:
+                    found = self.classifier(body)
+                    trace.class_key, trace.features = found.key, found.features.as_dict()
                 return await _forward(self.upstream, trace, body, raw)
             except TunerError as exc:
                 error = error_for_exception(exc)
@@ -215,9 +234,13 @@ def create_app(
     *,
     services: Sequence[Service] = (),
     max_body_bytes: int = 16 * 1024 * 1024,
+    classifier: Classifier | None = None,
 ) -> Starlette:
-    """Build the proxy app around one upstream client and one record store."""
-    handlers = _Handlers(upstream, records, max_body_bytes)
+    """Build the proxy app around one upstream client and one record store.
+
+    ``classifier`` (body -> class and features, pure) labels each request's record.
+    """
+    handlers = _Handlers(upstream, records, max_body_bytes, classifier)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -1,0 +1,145 @@
+"""The classifier: accuracy on labeled prompts, invariants as properties, class definitions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tuner.classify import classify, load_definitions, parents, resolve
+from tuner.classify.features import byte_entropy, extract
+from tuner.classify.prompt import view_of
+from tuner.errors import ConfigError
+
+HERE = Path(__file__).parent
+ROOT = HERE.parents[1]
+DEFS = load_definitions()
+
+
+def labeled(name: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (HERE / name).read_text().splitlines()]
+
+
+def accuracy(rows: list[dict[str, Any]]) -> tuple[float, float]:
+    types = echoes = 0
+    for row in rows:
+        features = classify(row, DEFS).features
+        types += features.content_type == row["expected_type"]
+        echoes += (features.echo >= DEFS.thresholds.echo) == row["expected_echo"]
+    return types / len(rows), echoes / len(rows)
+
+
+def test_accuracy_on_the_set_the_rules_were_written_against() -> None:
+    types, echoes = accuracy(labeled("labeled.jsonl"))
+    assert types >= 0.95 and echoes >= 0.95
+
+
+def test_accuracy_on_the_held_out_set() -> None:
+    """Written after the rules were frozen and measured once (0.79 type, 0.93 echo)."""
+    types, echoes = accuracy(labeled("heldout.jsonl"))
+    assert types >= 0.75 and echoes >= 0.90
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=30),
+    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
+    max_leaves=15,
+)
+bodies = st.one_of(
+    st.dictionaries(st.sampled_from(["prompt", "messages", "temperature", "top_k", "tools"]),
+                    json_values),
+    st.fixed_dictionaries({"messages": st.lists(
+        st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "tool"]),
+                               "content": json_values}), max_size=5)}),
+    json_values,
+)  # fmt: skip
+
+
+@given(bodies)
+def test_any_body_classifies_into_the_fixed_vocabulary(body: Any) -> None:
+    found = classify(body, DEFS)
+    assert found.key in DEFS.all_classes()
+    f = found.features
+    assert 0 <= f.echo <= 1 and 0 <= f.entropy <= 8 and 0 <= f.tail_entropy <= 8
+    assert 0 <= f.repeat_ratio <= 1 and 0 <= f.material_share <= 1
+
+
+@given(st.text(min_size=1, max_size=400))
+def test_an_edit_instruction_never_lowers_echo(material: str) -> None:
+    plain = extract(view_of({"prompt": material}))
+    asked = extract(view_of({"prompt": "Rewrite this, keeping everything else identical:\n\n"
+                                       + material}))  # fmt: skip
+    assert asked.echo >= plain.echo - 1e-9
+
+
+@given(st.text(min_size=40, max_size=300))
+def test_repeating_the_prompt_raises_its_repeat_ratio(text: str) -> None:
+    once = extract(view_of({"prompt": text})).repeat_ratio
+    twice = extract(view_of({"prompt": text + text})).repeat_ratio
+    assert twice >= once and twice >= 0.45
+
+
+@given(st.floats(min_value=0, max_value=2))
+def test_greedy_exactly_at_low_temperature(temperature: float) -> None:
+    key = classify({"prompt": "Hello", "temperature": temperature}, DEFS).key
+    assert key.endswith("/greedy") == (temperature <= DEFS.thresholds.greedy_max_temperature)
+
+
+def test_absent_temperature_is_sampled_and_top_k_1_is_greedy() -> None:
+    assert classify({"prompt": "Hello"}, DEFS).key.endswith("/sampled")
+    assert classify({"prompt": "Hello", "top_k": 1}, DEFS).key.endswith("/greedy")
+
+
+def test_chat_views_read_parts_tools_and_skip_junk() -> None:
+    view = view_of({"messages": [
+        "junk", {"role": "system", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "part one"}, {"type": "image_url"}]},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"function": {"name": "f", "arguments": "{\"x\": 1}"}}]},
+    ], "tools": [{}]})  # fmt: skip
+    assert view.chat and view.has_tools and view.turns == 4
+    assert view.system == "be brief" and view.instruction == "part one"
+    assert '{"x": 1}' in view.text
+
+
+def test_entropy_and_length_buckets() -> None:
+    assert byte_entropy(b"ab" * 100) == pytest.approx(1.0)
+    assert extract(view_of({"prompt": "x" * 100})).length_bucket == "short"
+    assert extract(view_of({"prompt": "word " * 1000})).length_bucket == "medium"
+    assert extract(view_of({"prompt": "word " * 20000})).length_bucket == "long"
+
+
+def test_sixteen_classes_and_fallback_chain() -> None:
+    classes = DEFS.all_classes()
+    assert len(classes) == 16 and len(set(classes)) == 16
+    assert parents("code/echo/greedy") == ["code/echo/greedy", "code/echo", "code", "all"]
+    counts = {"code/echo/greedy": 3, "code/echo": 25, "code": 40}
+    assert resolve("code/echo/greedy", counts, 20) == "code/echo"
+    assert resolve("code/echo/greedy", {"code/echo/greedy": 20}, 20) == "code/echo/greedy"
+    assert resolve("text/fresh/sampled", counts, 20) == "all"
+
+
+def test_shipped_definitions_match_policies() -> None:
+    shipped = (ROOT / "tuner" / "data" / "classes.toml").read_text()
+    assert shipped == (ROOT / "policies" / "classes.toml").read_text()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[groups]\ncode = ["code"]\n', "exactly one group"),
+        ('[groups]\na = ["code", "data", "math", "prose", "question", "other", "poetry"]\n',
+         "unknown content types"),
+        ('[groups]\n"a/b" = ["code", "data", "math", "prose", "question", "other"]\n', "'/'"),
+        ("[groups\n", "bad class definitions"),
+    ],
+)  # fmt: skip
+def test_bad_definitions_are_refused_clearly(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "classes.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_definitions(path)
