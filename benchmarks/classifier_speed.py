@@ -8,7 +8,6 @@ Usage: python benchmarks/classifier_speed.py [--out FILE.json]
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -21,6 +20,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import emit  # noqa: E402
 from tuner.classify import classify, load_definitions  # noqa: E402
 
 CODE = (
@@ -90,10 +90,7 @@ def main() -> None:
         },
         "history_bytes": {str(n): n * len(PROSE * 8) for n in (10, 100, 1000, 10000)},
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    emit(result, args.out)
 
 
 if __name__ == "__main__":

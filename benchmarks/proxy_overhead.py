@@ -37,6 +37,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import emit  # noqa: E402
 from tuner.records import read_records  # noqa: E402
 from tuner.upstream.process import free_port  # noqa: E402
 
@@ -148,10 +149,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     result = run(args.workload, args.rounds)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    emit(result, args.out)
 
 
 if __name__ == "__main__":

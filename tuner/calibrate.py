@@ -45,7 +45,14 @@ from tuner.upstream.launch import server_argv
 from tuner.upstream.process import ManagedServer, free_port
 from tuner.workload import WorkloadItem
 
-__all__ = ["DEFAULT_VARIANTS", "VariantRun", "calibrate", "predicted_speedup"]
+__all__ = [
+    "DEFAULT_VARIANTS",
+    "VariantRun",
+    "calibrate",
+    "predicted_speedup",
+    "replay_each",
+    "temporary_server",
+]
 
 VERIFY_NS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64)
 DEFAULT_VARIANTS: dict[str, list[str]] = {
@@ -121,7 +128,7 @@ async def _drafts_total(client: UpstreamClient) -> int:
 
 
 @asynccontextmanager
-async def _server(
+async def temporary_server(
     binary: Path, settings: Settings, caps: Capabilities, model: Path, extra: list[str], name: str
 ) -> AsyncIterator[UpstreamClient]:
     port = free_port()
@@ -173,21 +180,31 @@ async def _verify_curve(
     return sorted((n, statistics.median(ms)) for n, ms in samples.items())
 
 
+async def replay_each(
+    client: UpstreamClient, items: Sequence[WorkloadItem], max_tokens: int | None = None
+) -> list[dict[str, Any]]:
+    """Send each item once, in order; return llama-server's ``timings`` for each."""
+    results = []
+    for item in items:
+        path, body = item.request(max_tokens)
+        results.append((await _post(client, path, body))["timings"])
+    return results
+
+
 async def _replay(
     client: UpstreamClient, items: Sequence[WorkloadItem], max_tokens: int
 ) -> VariantRun:
     before = await _drafts_total(client)
-    tokens = drafted = accepted = 0
-    predicted_ms = 0.0
-    for item in items:
-        path, body = item.request(max_tokens)
-        timings = (await _post(client, path, body))["timings"]
-        tokens += int(timings.get("predicted_n", 0))
-        predicted_ms += float(timings.get("predicted_ms", 0.0))
-        drafted += int(timings.get("draft_n", 0))
-        accepted += int(timings.get("draft_n_accepted", 0))
+    each = await replay_each(client, items, max_tokens)
     rounds = await _drafts_total(client) - before
-    return VariantRun(len(items), tokens, predicted_ms, drafted, accepted, rounds)
+    return VariantRun(
+        requests=len(each),
+        tokens=sum(int(t.get("predicted_n", 0)) for t in each),
+        predicted_ms=sum(float(t.get("predicted_ms", 0.0)) for t in each),
+        drafted=sum(int(t.get("draft_n", 0)) for t in each),
+        accepted=sum(int(t.get("draft_n_accepted", 0)) for t in each),
+        rounds=rounds,
+    )
 
 
 async def calibrate(
@@ -207,7 +224,7 @@ async def calibrate(
     progress("measuring decode step and verify curve (no speculation)")
     # A full-size sliding-window cache lets the prefix be reused exactly (Gemma 3 and kin).
     base_flags = ["--spec-type", "none"] + (["--swa-full"] if caps.has_flag("--swa-full") else [])
-    async with _server(binary, settings, caps, model, base_flags, "none") as client:
+    async with temporary_server(binary, settings, caps, model, base_flags, "none") as client:
         decode_ms = await _decode_ms(client, repeats)
         raw_curve = await _verify_curve(client, VERIFY_NS, repeats)
         progress(f"replaying {len(items)} prompts without speculation")
@@ -216,14 +233,14 @@ async def calibrate(
     draft_cost = None
     if draft is not None:
         progress("measuring the draft model's decode step")
-        async with _server(binary, settings, caps, draft, [], "draft") as client:
+        async with temporary_server(binary, settings, caps, draft, [], "draft") as client:
             draft_cost = await _decode_ms(client, repeats) / decode_ms
         variants = {**variants, "draft-simple": ["--spec-type", "draft-simple", "-md", str(draft)]}
     verify = interpolated_curve(curve)
     checks = []
     for name, flags in variants.items():
         progress(f"replaying {len(items)} prompts with {name}")
-        async with _server(binary, settings, caps, model, flags, name) as client:
+        async with temporary_server(binary, settings, caps, model, flags, name) as client:
             run = await _replay(client, items, max_tokens)
         cost = draft_cost if name == "draft-simple" and draft_cost is not None else 0.0
         checks.append(

@@ -44,18 +44,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_provision(args: argparse.Namespace) -> int:
     """Locate or build llama-server and the default model; print what was found."""
-    from tuner.upstream.capabilities import probe_capabilities
-    from tuner.upstream.launch import resolve_model
-    from tuner.upstream.provision import locate_llama_server
+    from tuner.upstream.launch import prepare
 
-    settings = _settings(args)
-    binary = locate_llama_server(
-        settings.llama_server, settings.cache_dir, cuda=settings.llama_cuda
-    )
-    caps = probe_capabilities(binary)
-    model, draft = resolve_model(settings)
+    prepared = prepare(_settings(args))
+    caps, model, draft = prepared.capabilities, prepared.model, prepared.draft
     info = {
-        "llama_server": str(binary),
+        "llama_server": str(prepared.binary),
         "build": caps.build,
         "commit": caps.commit,
         "spec_types": sorted(caps.spec_types),
@@ -159,17 +153,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from tuner.calibrate import DEFAULT_VARIANTS, calibrate
     from tuner.model.describe import profile_text
     from tuner.model.profile import save_profile
-    from tuner.upstream.capabilities import probe_capabilities
-    from tuner.upstream.launch import resolve_model
-    from tuner.upstream.provision import locate_llama_server
+    from tuner.upstream.launch import prepare
     from tuner.workload import DEFAULT_WORKLOAD, load_workload
 
     settings = _settings(args)
-    binary = locate_llama_server(
-        settings.llama_server, settings.cache_dir, cuda=settings.llama_cuda
-    )
-    caps = probe_capabilities(binary)
-    model, draft = resolve_model(settings)
+    prepared = prepare(settings)
+    caps = prepared.capabilities
     items = load_workload(Path(args.workload) if args.workload else DEFAULT_WORKLOAD)
     if args.prompts:
         items = items[: args.prompts]
@@ -180,7 +169,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     variants = {v: DEFAULT_VARIANTS[v] for v in wanted if caps.supports_spec_type(v)}
     profile = asyncio.run(
         calibrate(
-            binary=binary, settings=settings, caps=caps, model=model, draft=draft,
+            binary=prepared.binary, settings=settings, caps=caps, model=prepared.model,
+            draft=prepared.draft,
             items=items, variants=variants, max_tokens=args.max_tokens,
             progress=lambda message: print(f"[calibrate] {message}", file=sys.stderr),
         )

@@ -16,11 +16,11 @@ from tuner.classify import classify, load_definitions
 from tuner.proxy.app import Service, create_app
 from tuner.records import RecordStore
 from tuner.settings import Settings
-from tuner.upstream.capabilities import Capabilities, probe_capabilities
+from tuner.upstream.capabilities import Capabilities
 from tuner.upstream.client import UpstreamClient
-from tuner.upstream.launch import model_alias, resolve_model, server_argv
+from tuner.upstream.launch import model_alias, prepare, server_argv
 from tuner.upstream.process import ExternalMonitor, ManagedServer, free_port
-from tuner.upstream.provision import Progress, locate_llama_server, stderr_progress
+from tuner.upstream.provision import Progress, stderr_progress
 
 __all__ = ["Daemon", "build_daemon", "serve"]
 
@@ -46,21 +46,17 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
         )
         supervisor = ExternalMonitor(client)
     else:
-        binary = locate_llama_server(
-            settings.llama_server,
-            settings.cache_dir,
-            cuda=settings.llama_cuda,
-            progress=progress or stderr_progress,
-        )
-        caps = probe_capabilities(binary)
-        model, draft = resolve_model(settings)
+        prepared = prepare(settings, progress or stderr_progress)
+        caps, model = prepared.capabilities, prepared.model
         port = free_port()
         client = UpstreamClient(
             f"http://127.0.0.1:{port}",
             read_timeout_s=settings.request_timeout_s,
             default_model=model_alias(settings, model),
         )
-        argv = server_argv(binary, settings, caps, model=model, draft=draft, port=port)
+        argv = server_argv(
+            prepared.binary, settings, caps, model=model, draft=prepared.draft, port=port
+        )
         supervisor = ManagedServer(
             argv,
             client,

