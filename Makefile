@@ -35,7 +35,10 @@ test: lint provision
 	$(BIN)/pytest
 
 bench: provision
-	$(BIN)/python benchmarks/proxy_overhead.py
+	$(BIN)/python benchmarks/proxy_overhead.py --out benchmarks/results/proxy_overhead.json
+	$(BIN)/python benchmarks/classifier_speed.py --out benchmarks/results/classifier_speed.json
+	$(BIN)/python benchmarks/classifier_quality.py
+	$(BIN)/python benchmarks/class_separation.py --out benchmarks/results/class_separation.json
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

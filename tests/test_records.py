@@ -29,8 +29,7 @@ async def test_records_round_trip(tmp_path: Path) -> None:
 async def test_files_rotate_and_stay_bounded(tmp_path: Path) -> None:
     store = RecordStore(tmp_path, max_file_bytes=600, max_files=3)
     for i in range(60):
-        store.submit(record(i))
-        store._write([store._queue.get_nowait()])
+        store._write([record(i)])
     files = sorted(tmp_path.glob("records-*.jsonl"))
     assert len(files) == 3
     ids = [r.id for r in read_records(tmp_path)]
@@ -60,4 +59,24 @@ async def test_full_queue_drops_and_counts(tmp_path: Path) -> None:
     for i in range(5):
         store.submit(record(i))
     assert store.dropped == 3
-    assert len(store.recent) == 5
+    await store.start()
+    await store.flush()
+    assert [r.id for r in store.recent] == ["r0", "r1"]
+    await store.stop()
+
+
+async def test_builders_run_off_the_loop_and_bad_ones_are_counted(tmp_path: Path) -> None:
+    store = RecordStore(tmp_path)
+    await store.start()
+
+    def broken() -> RequestRecord:
+        raise ValueError("bad timings")
+
+    store.submit(lambda: record(1))
+    store.submit(broken)
+    store.submit(lambda: None)  # a builder may decide there is nothing to record
+    store.submit(record(2))
+    await store.flush()
+    await store.stop()
+    assert [r.id for r in read_records(tmp_path)] == ["r1", "r2"]
+    assert store.build_errors == 1

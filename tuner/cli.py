@@ -214,6 +214,38 @@ def cmd_classify(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_measure(args: argparse.Namespace) -> int:
+    """Live statistics per (class, variant) from the daemon's request records."""
+    from tuner.measure import BASELINE, arm_stats, compare
+    from tuner.records import read_records
+    from tuner.render import text_table
+
+    settings = _settings(args)
+    arms = arm_stats(read_records(settings.records_dir))
+    if not arms:
+        print(f"no successful requests recorded in {settings.records_dir}")
+        return 0
+    rows = []
+    for (class_key, variant), arm in sorted(arms.items()):
+        baseline = arms.get((class_key, BASELINE))
+        result = compare(arm, baseline) if baseline and variant != BASELINE else None
+        alpha = arm.alpha
+        rows.append([
+            class_key, variant, arm.requests, arm.tokens,
+            f"{alpha.value:.2f} [{alpha.low:.2f}, {alpha.high:.2f}]" if alpha else None,
+            arm.tokens_per_step, arm.tok_s.value,
+            f"{result.speedup.value:.2f} [{result.speedup.low:.2f}, {result.speedup.high:.2f}]"
+            if result else None,
+            result.effective_c if result else None,
+        ])  # fmt: skip
+    headers = ["class", "variant", "requests", "tokens", "alpha [95%]", "tok/step", "tok/s",
+               "speedup [95%]", "effective c"]  # fmt: skip
+    print(text_table(headers, rows))
+    if not any(variant == BASELINE for _, variant in arms):
+        print(f"\nno '{BASELINE}' baseline recorded yet: speedups appear once the tuner runs it")
+    return 0
+
+
 def cmd_version(args: argparse.Namespace) -> int:
     print(f"spec-tuner {__version__}")
     return 0
@@ -292,6 +324,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     classify.add_argument("--format", choices=["table", "jsonl"], default="table")
     classify.set_defaults(func=cmd_classify)
+
+    measure = sub.add_parser("measure", help="live alpha and speedup per class and variant")
+    measure.add_argument("--state-dir", dest="state_dir")
+    measure.set_defaults(func=cmd_measure)
 
     version = sub.add_parser("version", help="print the version")
     version.set_defaults(func=cmd_version)

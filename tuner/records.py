@@ -2,10 +2,12 @@
 
 Every proxied request yields one ``RequestRecord`` (ids, endpoint, proxy timing,
 llama-server's ``timings``, and the class/variant/trial that the classifier and
-tuner fill in). ``RecordStore`` takes records without blocking the request path
-(an in-memory queue), and a background task appends them as JSON lines to
-rotating files in ``<state>/records/``, bounded in size and count, with fsync
-per batch. A crash can at most tear the last line, which readers skip.
+tuner fill in). ``RecordStore`` takes records without blocking the request path:
+the proxy submits a record, or a cheap closure that builds one, to an in-memory
+queue; a background task builds the records in a worker thread (parsing the
+response body, validating, logging) and appends them as JSON lines to rotating
+files in ``<state>/records/``, bounded in size and count, with fsync per batch.
+A crash can at most tear the last line, which readers skip.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import asyncio
 import contextlib
 import os
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from tuner.logs import get_logger
 
-__all__ = ["RecordStore", "RequestRecord", "Timings", "read_records"]
+__all__ = ["RecordSource", "RecordStore", "RequestRecord", "Timings", "read_records"]
 
 log = get_logger(__name__)
 
@@ -73,8 +75,11 @@ class RequestRecord(BaseModel):
         return None if self.upstream_ms is None else self.proxy_ms - self.upstream_ms
 
 
+RecordSource = RequestRecord | Callable[[], "RequestRecord | None"]
+
+
 class RecordStore:
-    """Queue records in memory; a background task appends them to rotating JSONL files."""
+    """Queue records in memory; a background task builds and appends them to JSONL files."""
 
     def __init__(
         self,
@@ -91,16 +96,23 @@ class RecordStore:
         self.recent: deque[RequestRecord] = deque(maxlen=recent)
         self.dropped = 0
         self.write_errors = 0
-        self._queue: asyncio.Queue[RequestRecord] = asyncio.Queue(maxsize=queue_size)
+        self.build_errors = 0
+        self._queue: asyncio.Queue[RecordSource] = asyncio.Queue(maxsize=queue_size)
         self._task: asyncio.Task[None] | None = None
 
-    def submit(self, record: RequestRecord) -> None:
-        """Take a record; never blocks. Drops (and counts) when the queue is full."""
-        self.recent.append(record)
+    def submit(self, record: RecordSource) -> None:
+        """Take a record (or a function that builds one, run off the event loop); never blocks.
+
+        Drops (and counts) when the queue is full.
+        """
         try:
             self._queue.put_nowait(record)
         except asyncio.QueueFull:
             self.dropped += 1
+
+    async def flush(self) -> None:
+        """Wait until everything submitted so far is built and written."""
+        await self._queue.join()
 
     async def start(self) -> None:
         if self._task is None:
@@ -118,8 +130,8 @@ class RecordStore:
         if batch:
             await asyncio.to_thread(self._write, batch)
 
-    def _take_all(self) -> list[RequestRecord]:
-        batch: list[RequestRecord] = []
+    def _take_all(self) -> list[RecordSource]:
+        batch: list[RecordSource] = []
         while not self._queue.empty():
             batch.append(self._queue.get_nowait())
         return batch
@@ -128,10 +140,31 @@ class RecordStore:
         while True:
             batch = [await self._queue.get()]
             batch.extend(self._take_all())
-            await asyncio.to_thread(self._write, batch)
+            try:
+                await asyncio.to_thread(self._write, batch)
+            finally:
+                for _ in batch:
+                    self._queue.task_done()
 
-    def _write(self, batch: list[RequestRecord]) -> None:
-        data = "".join(r.model_dump_json(exclude_none=True) + "\n" for r in batch).encode()
+    def _build(self, batch: list[RecordSource]) -> list[RequestRecord]:
+        records = []
+        for item in batch:
+            try:
+                record = item if isinstance(item, RequestRecord) else item()
+            except Exception:  # a bad record must never stop the writer
+                self.build_errors += 1
+                log.exception("record_build_failed")
+                continue
+            if record is not None:
+                records.append(record)
+                self.recent.append(record)
+        return records
+
+    def _write(self, batch: list[RecordSource]) -> None:
+        records = self._build(batch)
+        if not records:
+            return
+        data = "".join(r.model_dump_json(exclude_none=True) + "\n" for r in records).encode()
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             path = self._current_file(len(data))
@@ -141,7 +174,7 @@ class RecordStore:
                 os.fsync(handle.fileno())
         except OSError as exc:
             self.write_errors += 1
-            log.error("record_write_failed", error=str(exc), records=len(batch))
+            log.error("record_write_failed", error=str(exc), records=len(records))
 
     def _files(self) -> list[Path]:
         return sorted(self.directory.glob("records-*.jsonl"), key=_file_number)

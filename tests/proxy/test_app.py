@@ -27,7 +27,7 @@ def assert_openai_error(response: httpx.Response, status: int) -> dict[str, Any]
 
 
 async def next_record(store: RecordStore) -> Any:
-    await asyncio.sleep(0)
+    await store.flush()  # records are built and written off the request path
     return store.recent[-1]
 
 
@@ -266,12 +266,15 @@ async def test_modalities_come_from_props_and_guard_media_parts(
     assert fake.requests == []
 
 
-async def test_each_request_logs_one_line_with_its_id(proxy: httpx.AsyncClient) -> None:
+async def test_each_request_logs_one_line_with_its_id(
+    proxy: httpx.AsyncClient, store: RecordStore
+) -> None:
     from structlog.testing import capture_logs
 
     with capture_logs() as logs:
         plain = await proxy.post("/v1/completions", json=COMPLETION)
         streamed = await proxy.post("/v1/completions", json={**COMPLETION, "stream": True})
+        await store.flush()
     lines = [entry for entry in logs if entry["event"] == "request"]
     assert [entry["request_id"] for entry in lines] == [
         plain.headers["x-request-id"],

@@ -19,6 +19,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 import anyio
@@ -95,15 +96,31 @@ class _Trace:
         self.temperature = float(temp) if isinstance(temp, int | float) else None
 
     def finish(
-        self, status: int, *, error: str | None = None, timings: dict[str, Any] | None = None
+        self,
+        status: int,
+        *,
+        error: str | None = None,
+        timings: dict[str, Any] | None = None,
+        body: bytes | None = None,
     ) -> None:
-        now = time.perf_counter()
+        """Hand the record over; building it (and its log line) happens off the event loop."""
+        self.records.submit(partial(self._build, time.perf_counter(), status, error, timings, body))
+
+    def _build(
+        self,
+        now: float,
+        status: int,
+        error: str | None,
+        timings: dict[str, Any] | None,
+        body: bytes | None,
+    ) -> RequestRecord:
+        if timings is None and body is not None:
+            with suppress(ValueError):
+                timings = extract_timings(json.loads(body))
         parsed: Timings | None = None
         if timings is not None:
-            try:
+            with suppress(ValueError):
                 parsed = Timings.model_validate(timings)
-            except ValueError:
-                parsed = None
         record = RequestRecord(
             id=self.request_id,
             ts=self.ts,
@@ -123,10 +140,9 @@ class _Trace:
             class_key=self.class_key,
             features=self.features,
         )
-        self.records.submit(record)
         log.info(
             "request",
-            request_id=self.request_id,  # explicit: streams finish after the handler unbinds it
+            request_id=self.request_id,
             endpoint=self.endpoint,
             class_key=self.class_key,
             status=status,
@@ -136,6 +152,7 @@ class _Trace:
             tok_s=parsed.predicted_per_second if parsed else None,
             error=error,
         )
+        return record
 
 
 class _Handlers:
@@ -294,10 +311,7 @@ async def _forward(
     if not content_type.startswith("text/event-stream"):
         data = await response.aread()
         await response.aclose()
-        timings = None
-        with suppress(ValueError):
-            timings = extract_timings(json.loads(data))
-        trace.finish(response.status_code, timings=timings)
+        trace.finish(response.status_code, body=data)  # timings are parsed off the loop
         return Response(data, status_code=response.status_code, media_type=content_type,
                         headers=headers)  # fmt: skip
 
