@@ -26,7 +26,7 @@ def fake() -> FakeLlamaServer:
 
 @pytest.fixture
 async def store(tmp_path: Path) -> AsyncIterator[RecordStore]:
-    records = RecordStore(tmp_path / "records")
+    records = RecordStore(tmp_path / "records", linger_s=0)
     await records.start()
     yield records
     await records.stop()

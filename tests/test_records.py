@@ -80,3 +80,17 @@ async def test_builders_run_off_the_loop_and_bad_ones_are_counted(tmp_path: Path
     await store.stop()
     assert [r.id for r in read_records(tmp_path)] == ["r1", "r2"]
     assert store.build_errors == 1
+
+
+async def test_records_submitted_together_are_written_as_one_batch(tmp_path: Path) -> None:
+    store = RecordStore(tmp_path, linger_s=0.05)
+    writes: list[int] = []
+    original = store._write
+    store._write = lambda batch: (writes.append(len(batch)), original(batch))[1]  # type: ignore[method-assign]
+    await store.start()
+    for i in range(20):
+        store.submit(record(i))
+    await store.flush()
+    await store.stop()
+    assert writes == [20]
+    assert len(list(read_records(tmp_path))) == 20

@@ -143,3 +143,12 @@ def test_bad_definitions_are_refused_clearly(tmp_path: Path, text: str, message:
     path.write_text(text)
     with pytest.raises(ConfigError, match=message):
         load_definitions(path)
+
+
+@given(st.binary(min_size=9, max_size=600))
+def test_small_and_numpy_paths_agree(data: bytes) -> None:
+    from tuner.classify import features as f
+
+    assert f._entropy_small(data) == pytest.approx(f._entropy_numpy(data))
+    n = len(data) - 7
+    assert f._repeat_small(data, 8, n) == pytest.approx(f._repeat_numpy(data, 8, n))

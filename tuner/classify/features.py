@@ -18,9 +18,10 @@ repeated structure continue themselves).
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,7 @@ __all__ = ["Features", "byte_entropy", "extract", "repeat_ratio"]
 HEAD, TAIL, REPEAT_WINDOW, TAIL_ENTROPY, INSTRUCTION = 256, 1024, 2048, 512, 768
 
 _WORD = re.compile(r"[a-z_][a-z0-9_]*")
+_SMALL = 256  # bytes: below this, plain Python beats numpy's per-call overhead
 
 # language -> (keyword weights, substring markers counted in the lower-cased window)
 _LANGUAGES: dict[str, tuple[dict[str, int], tuple[str, ...]]] = {
@@ -153,7 +155,7 @@ class Features:
     chat: bool
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {name: getattr(self, name) for name in self.__slots__}
 
 
 def byte_entropy(data: bytes) -> float:
@@ -164,6 +166,15 @@ def byte_entropy(data: bytes) -> float:
     """
     if not data:
         return 0.0
+    return _entropy_small(data) if len(data) < _SMALL else _entropy_numpy(data)
+
+
+def _entropy_small(data: bytes) -> float:  # numpy's fixed cost dominates short inputs
+    total = len(data)
+    return abs(-sum(c / total * math.log2(c / total) for c in Counter(data).values()))
+
+
+def _entropy_numpy(data: bytes) -> float:
     counts = np.bincount(np.frombuffer(data, dtype=np.uint8), minlength=256)
     p = counts[counts > 0] / len(data)
     return float(abs(-(p * np.log2(p)).sum()))
@@ -178,6 +189,15 @@ def repeat_ratio(data: bytes, width: int = 8) -> float:
     n = len(data) - width + 1
     if n <= 1:
         return 0.0
+    return _repeat_small(data, width, n) if len(data) < _SMALL else _repeat_numpy(data, width, n)
+
+
+def _repeat_small(data: bytes, width: int, n: int) -> float:
+    windows = Counter(data[i : i + width] for i in range(n))
+    return sum(c for c in windows.values() if c > 1) / n
+
+
+def _repeat_numpy(data: bytes, width: int, n: int) -> float:
     raw = np.frombuffer(data, dtype=np.uint8).astype(np.uint64)
     h = np.zeros(n, dtype=np.uint64)
     for j in range(width):  # an exact 64-bit packing of 8 bytes: no collisions
