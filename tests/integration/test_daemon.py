@@ -55,6 +55,8 @@ def test_completion_with_sdk_records_timings(client: openai.OpenAI, daemon: Runn
     assert record.timings.predicted_n == completion.usage.completion_tokens  # type: ignore[union-attr]
     assert record.timings.predicted_per_second and record.timings.predicted_per_second > 0
     assert record.upstream_ms is not None and 0 <= record.proxy_ms - record.upstream_ms < 50
+    assert record.class_key == "chat/fresh/greedy"  # a short factual completion, temperature 0
+    assert record.features is not None and record.features["content_type"] in {"prose", "other"}
 
 
 def test_completion_stream_with_sdk(client: openai.OpenAI, daemon: RunningDaemon) -> None:
@@ -148,6 +150,7 @@ def test_speculative_timings_reach_the_record(tmp_path: Path) -> None:
         body = {"prompt": CODE_EDIT, "max_tokens": 96, "temperature": 0}
         response = httpx.post(running.v1 + "/completions", json=body, timeout=120)
         record = records_with(running, response.headers["x-request-id"])
+        assert record.class_key == "code/echo/greedy"
         assert record.timings is not None
         assert record.timings.draft_n and record.timings.draft_n > 0
         assert record.timings.draft_n_accepted is not None

@@ -23,7 +23,6 @@ from functools import partial
 from typing import Any, Protocol
 
 import anyio
-import httpx
 import structlog
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -43,7 +42,7 @@ from tuner.proxy.openai_errors import (
 from tuner.proxy.sse import TimingsSniffer, extract_timings
 from tuner.proxy.validation import CHAT, COMPLETIONS, NATIVE, parse_body, validate
 from tuner.records import RecordStore, RequestRecord, Timings
-from tuner.upstream.client import UpstreamClient
+from tuner.upstream.client import UpstreamClient, UpstreamDisconnected, UpstreamResponse
 
 __all__ = ["Service", "create_app"]
 
@@ -307,7 +306,7 @@ async def _forward(
         trace.finish(error.status, error=error.message)
         return _error_response(error, trace.request_id)
 
-    content_type = response.headers.get("content-type", "application/json")
+    content_type = response.content_type
     if not content_type.startswith("text/event-stream"):
         data = await response.aread()
         await response.aclose()
@@ -324,7 +323,7 @@ async def _forward(
     )
 
 
-async def _relay(response: httpx.Response, trace: _Trace) -> AsyncIterator[bytes]:
+async def _relay(response: UpstreamResponse, trace: _Trace) -> AsyncIterator[bytes]:
     """Pass SSE bytes through unchanged; end with an error event if upstream dies."""
     sniffer = TimingsSniffer()
     error: str | None = "client disconnected"
@@ -333,10 +332,10 @@ async def _relay(response: httpx.Response, trace: _Trace) -> AsyncIterator[bytes
             sniffer.feed(chunk)
             yield chunk
         error = None
-    except httpx.HTTPError as exc:
+    except UpstreamDisconnected as exc:
         failure = OpenAIError(
             502,
-            f"the model server stopped in the middle of the answer: {type(exc).__name__}",
+            f"the model server stopped in the middle of the answer: {exc}",
             "server_error",
             code="upstream_disconnected",
         )

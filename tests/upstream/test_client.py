@@ -1,0 +1,126 @@
+"""The aiohttp path of UpstreamClient against real sockets: refused, silent, cut mid-stream."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from tuner.errors import UpstreamNotReady, UpstreamTimeout
+from tuner.upstream.client import UpstreamClient, UpstreamDisconnected
+from tuner.upstream.process import free_port
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def serve(handler: Handler) -> tuple[asyncio.Server, str]:
+    async def closing(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await handler(reader, writer)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+
+    server = await asyncio.start_server(closing, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    return server, f"http://127.0.0.1:{port}"
+
+
+async def read_request(reader: asyncio.StreamReader) -> None:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(
+        (int(line.split(b":")[1]) for line in head.split(b"\r\n")
+         if line.lower().startswith(b"content-length")), 0,
+    )  # fmt: skip
+    await reader.readexactly(length)
+
+
+@pytest.fixture
+async def client_for() -> AsyncIterator[Callable[..., UpstreamClient]]:
+    made: list[UpstreamClient] = []
+
+    def make(url: str, **kwargs: float) -> UpstreamClient:
+        client = UpstreamClient(url, **kwargs)  # type: ignore[arg-type]
+        client.mark_ready(True)
+        made.append(client)
+        return client
+
+    yield make
+    for client in made:
+        await client.aclose()
+
+
+async def test_refused_connection_is_not_ready(client_for: Callable[..., UpstreamClient]) -> None:
+    client = client_for(f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(UpstreamNotReady):
+        await client.open("POST", "/completion", content=b"{}")
+
+
+async def test_silent_server_times_out(client_for: Callable[..., UpstreamClient]) -> None:
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        await reader.read()  # answer nothing until the client gives up
+
+    server, url = await serve(silent)
+    async with server:
+        client = client_for(url, read_timeout_s=0.3)
+        with pytest.raises(UpstreamTimeout):
+            await client.open("POST", "/completion", content=b"{}")
+        await client.aclose()
+        await asyncio.sleep(0.05)
+
+
+async def test_stream_cut_midway_raises_disconnected(
+    client_for: Callable[..., UpstreamClient],
+) -> None:
+    async def cut(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                     b"transfer-encoding: chunked\r\n\r\n")  # fmt: skip
+        chunk = b'data: {"content": "a"}\n\n'
+        writer.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+        await writer.drain()  # then close without a terminating chunk: the stream breaks
+
+    server, url = await serve(cut)
+    async with server:
+        client = client_for(url)
+        response = await client.open("POST", "/completion", content=b"{}")
+        assert response.status_code == 200 and response.content_type == "text/event-stream"
+        received = []
+        with pytest.raises(UpstreamDisconnected):
+            async for piece in response.aiter_raw():
+                received.append(piece)
+        assert b"".join(received) == b'data: {"content": "a"}\n\n'
+        await response.aclose()
+        await client.aclose()
+
+
+async def test_keep_alive_connections_are_reused(
+    client_for: Callable[..., UpstreamClient],
+) -> None:
+    connections = 0
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        while True:
+            await read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                         b"content-length: 2\r\n\r\n{}")  # fmt: skip
+            await writer.drain()
+
+    server, url = await serve(answer)
+    async with server:
+        client = client_for(url)
+        for _ in range(5):
+            response = await client.open("POST", "/completion", content=b"{}")
+            assert await response.aread() == b"{}"
+            await response.aclose()
+        await client.aclose()
+        await asyncio.sleep(0.05)
+    assert connections == 1
