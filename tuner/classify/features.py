@@ -4,7 +4,7 @@ Speed is part of the contract (issue: p99 <= 0.5 ms at 8 KB, <= 5 ms at 128 KB),
 the text signals come from one pass that lower-cases a bounded window (the first
 256 bytes and last 1 KiB of the prompt, and the instruction's first 768), counts
 its words once, and counts a few substring markers; no regular expression with
-long alternations runs over the text. Repetition looks at the last 2 KiB; only
+long alternations runs over the text. Repetition looks at the last 1 KiB; only
 the byte histogram for entropy reads the whole (bounded) prompt, in numpy. Time
 and memory stay flat however long the prompt or chat history is.
 
@@ -30,7 +30,7 @@ from tuner.classify.prompt import PromptView
 
 __all__ = ["Features", "byte_entropy", "extract", "repeat_ratio"]
 
-HEAD, TAIL, REPEAT_WINDOW, TAIL_ENTROPY, INSTRUCTION = 256, 1024, 2048, 512, 768
+HEAD, TAIL, REPEAT_WINDOW, TAIL_ENTROPY, INSTRUCTION = 256, 1024, 1024, 512, 768
 
 _WORD = re.compile(r"[a-z_][a-z0-9_]*")
 _SMALL = 256  # bytes: below this, plain Python beats numpy's per-call overhead
@@ -89,6 +89,7 @@ _LANGUAGE_TAG = re.compile(
     r"java|bash|shell|sh|html|ruby|php|kotlin|swift|csharp|c#)\b",
     re.I | re.M,
 )
+_TAG_MARKS = ("#", "//", "--", "```")  # a tag needs one of these: skip the regex otherwise
 _SHEBANG = re.compile(r"^#!\S*?(bash|sh|python3?|node|perl|ruby)\b", re.M)
 _TAG_NAMES = {"js": "javascript", "ts": "typescript", "golang": "go", "c++": "c", "cpp": "c",
               "bash": "shell", "sh": "shell"}  # fmt: skip
@@ -234,9 +235,11 @@ class _Scan:
     def of(cls, text: str) -> _Scan:
         lower = text.lower()
         lines = text.splitlines()
-        code_line, table, log, yaml = [], 0, 0, 0
+        code_line: list[bool] = []
+        table = log = yaml = 0
+        is_code, add = _is_code_line, code_line.append
         for line in lines:
-            code_line.append(_is_code_line(line))
+            add(is_code(line))
             first = line[:1]
             if first == "|" and line.rstrip().endswith("|"):
                 table += 1
@@ -252,6 +255,8 @@ class _Scan:
 
 
 def _language_tag(window: str) -> str | None:
+    if not any(mark in window for mark in _TAG_MARKS):
+        return None
     tag = _LANGUAGE_TAG.search(window)
     if tag:
         name = tag.group(2).lower()
