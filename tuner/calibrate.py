@@ -43,6 +43,7 @@ from tuner.upstream.capabilities import Capabilities
 from tuner.upstream.client import UpstreamClient
 from tuner.upstream.launch import server_argv
 from tuner.upstream.process import ManagedServer, free_port
+from tuner.upstream.provision import Progress
 from tuner.workload import WorkloadItem
 
 __all__ = [
@@ -68,8 +69,6 @@ _PREFIX = (
     "asked for a plan to recover the lost orders before the end of the year, and the "
     "finance team agreed to report weekly until the backlog is cleared. "
 ) * 3
-
-Progress = Callable[[str], None]
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,123 +19,19 @@ repeated structure continue themselves).
 from __future__ import annotations
 
 import math
-import re
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from tuner.classify import lexicon as lx
 from tuner.classify.prompt import PromptView
 
 __all__ = ["Features", "byte_entropy", "extract", "repeat_ratio"]
 
 HEAD, TAIL, REPEAT_WINDOW, TAIL_ENTROPY, INSTRUCTION = 256, 1024, 1024, 512, 768
-
-_WORD = re.compile(r"[a-z_][a-z0-9_]*")
 _SMALL = 256  # bytes: below this, plain Python beats numpy's per-call overhead
-
-# language -> (keyword weights, substring markers counted in the lower-cased window)
-_LANGUAGES: dict[str, tuple[dict[str, int], tuple[str, ...]]] = {
-    "python": ({"def": 2, "elif": 3, "self": 2, "none": 1, "lambda": 2, "__init__": 3,
-                "isinstance": 3, "kwargs": 3},
-               ("):\n", "import ", "print(", "self.", "return ")),
-    "javascript": ({"const": 2, "let": 1, "var": 1, "function": 2, "console": 2, "undefined": 2,
-                    "require": 2},
-                   ("=>", "===", "console.log", "});", "export default")),
-    "typescript": ({"interface": 2}, (": string", ": number", ": boolean")),
-    "go": ({"func": 3, "fmt": 3, "chan": 2, "defer": 3, "goroutine": 3},
-           (":=", "go func", "err != nil", "package main")),
-    "rust": ({"fn": 3, "impl": 3, "mut": 2, "usize": 3, "trait": 2},
-             ("println!", "::new(", "&mut", "pub fn")),
-    "c": ({"printf": 3, "malloc": 3, "sizeof": 3, "std": 1},
-          ("#include", "->", "std::", "int main(")),
-    "java": ({"extends": 2, "implements": 2, "override": 2},
-             ("system.out", "@override", "public class", "public static void", "private final")),
-    "shell": ({"sudo": 3, "grep": 2, "esac": 3, "apt": 2, "mkdir": 2},
-              ("#!/bin", "\n$ ", "&& ", "\nexport ", "\ncd ", "\necho ")),
-    "html": ({"div": 2, "span": 2, "href": 3, "li": 1, "ul": 1}, ("</", "/>")),
-}  # fmt: skip
-# word -> ((language, weight), ...): language keywords indexed once
-_WORD_INDEX: dict[str, tuple[tuple[str, int], ...]] = {}
-for _name, (_weights, _) in _LANGUAGES.items():
-    for _word, _weight in _weights.items():
-        _WORD_INDEX[_word] = (*_WORD_INDEX.get(_word, ()), (_name, _weight))
-_SQL_OPENERS = (("select", "from"), ("insert", "into"), ("create", "table"), ("delete", "from"),
-                ("update", "set"))  # fmt: skip
-_SQL_WORDS = frozenset({"select", "from", "where", "join", "group", "order", "limit",
-                        "insert", "into", "update", "delete", "create", "table", "count",
-                        "having"})  # fmt: skip
-_YAML_LINE = re.compile(r"^\s*-?\s*[\w.-]{1,30}( [\w.-]{1,20})?:(\s+[^\s.!?][^.!?]{0,60})?$")
-_LOG_LINE = re.compile(
-    r"^\[?\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}|^(INFO|WARN|WARNING|ERROR|DEBUG|TRACE)\b|"
-    r"^\w{3} \d{1,2} \d{2}:\d{2}:\d{2}"
-)
-_JSON_KEY = re.compile(r'"[^"\n]{1,60}"\s*:')
-# "Question: ...", "Text: ..." are prompt labels, not YAML keys
-_LABELS = re.compile(
-    r"^\s*(question|answer|text|passage|paragraph|report|story|input|output|context|"
-    r"rewritten|converted|reformatted|with type hints|summary|email|article|q|a)\s*:",
-    re.I,
-)
-_MATERIAL_START = re.compile(
-    r"^(text|passage|paragraph|report|article|document|input|code|email|transcript|"
-    r"context|data)\s*:",
-    re.I,
-)
-# "# Python", "// JavaScript", "-- SQL", "```python": the prompt names its language
-_LANGUAGE_TAG = re.compile(
-    r"^\s*(#|//|--|```)\s*(python|javascript|typescript|js|ts|sql|go|golang|rust|c|c\+\+|cpp|"
-    r"java|bash|shell|sh|html|ruby|php|kotlin|swift|csharp|c#)\b",
-    re.I | re.M,
-)
-_TAG_MARKS = ("#", "//", "--", "```")  # a tag needs one of these: skip the regex otherwise
-_SHEBANG = re.compile(r"^#!\S*?(bash|sh|python3?|node|perl|ruby)\b", re.M)
-_TAG_NAMES = {"js": "javascript", "ts": "typescript", "golang": "go", "c++": "c", "cpp": "c",
-              "bash": "shell", "sh": "shell"}  # fmt: skip
-_DIGIT = re.compile(r"\d")
-_NOT_LETTER = re.compile(r"[^a-zA-Z\s]")
-_ARITHMETIC = re.compile(r"\d\s*[-+*/^=\u00d7\u00f7]\s*\d")
-_UNITS = re.compile(r"\d\s*(km/h|mph|km|kg|%|cm|meters|dollars)")
-_QUESTION = re.compile(
-    r"^\s*(question:\s*)?(what|why|how|who|when|where|which|can|could|should|is|are|do|does|"
-    r"explain|tell me|describe the difference)\b",
-    re.I,
-)
-_MATH_WORDS = frozenset({"solve", "calculate", "compute", "equation", "integral", "derivative",
-                         "prove", "multiplied", "multiply", "multiplication", "divided",
-                         "probability", "percent", "average"})  # fmt: skip
-_MATH_STRONG = frozenset({"solve", "equation", "integral", "derivative", "probability", "prove",
-                          "theorem", "factorial", "logarithm", "matrix", "eigenvalue",
-                          "eigenvalues", "eigenvector"})  # fmt: skip
-_MATH_PHRASES = ("how many", "how much", "step by step", "catch up", "sum of", "\\frac",
-                 "\\sqrt", "\\int", "\\sum", "\\cdot")  # fmt: skip
-_PROSE_WORDS = frozenset({"story", "poem", "essay", "novel", "narrative", "describe", "imagine",
-                          "chapter", "scene", "lyrics"})  # fmt: skip
-_PROSE_PHRASES = ("once upon a time", "letter to", "blog post")
-_ECHO_WORDS = frozenset({"rewrite", "rename", "refactor", "reformat", "format", "convert", "fix",
-                         "correct", "edit", "modify", "sort", "change", "update", "replace",
-                         "remove", "extract", "copy", "repeat", "quote", "quoting", "unchanged",
-                         "identical", "verbatim", "exactly"})  # fmt: skip
-_ECHO_PHRASES = ("add type hints", "add types", "add comments", "add docstrings",
-                 "add logging", "add tests", "keep everything", "keep the rest", "keep it",
-                 "without changing")  # fmt: skip
-_REFERENT_PREPOSITIONS = frozenset({"from", "in", "to", "of", "on"})
-_REFERENT_NOUNS = frozenset({"report", "text", "passage", "document", "email", "article",
-                             "paragraph", "data", "log", "code", "snippet", "function",
-                             "transcript", "table", "rows", "list", "class", "script", "query",
-                             "file", "json", "yaml", "csv"})  # fmt: skip
-_FORMATS = frozenset({"json", "yaml", "csv", "xml", "table"})
-_FORMAT_VERBS = frozenset({"as", "in", "into", "to", "return", "output", "produce", "emit",
-                           "generate", "create", "write", "make"})  # fmt: skip
-_CODE_VERBS = frozenset({"write", "implement", "create", "generate", "code", "build"})
-_TRIGGERS: frozenset[str]  # words that can start a phrase _asks looks for (set below)
-_CODE_NOUNS = frozenset({"function", "class", "method", "script", "program", "query", "regex",
-                         "module", "struct", "trait", "algorithm", "endpoint", "parser", "test",
-                         "tests", "quicksort", "mergesort", "counter", "cli"})  # fmt: skip
-
-
-_TRIGGERS = _REFERENT_PREPOSITIONS | _CODE_VERBS | _FORMAT_VERBS
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,11 +139,11 @@ class _Scan:
             first = line[:1]
             if first == "|" and line.rstrip().endswith("|"):
                 table += 1
-            if (first.isdigit() or first == "[" or first.isupper()) and _LOG_LINE.match(line):
+            if (first.isdigit() or first == "[" or first.isupper()) and lx.LOG_LINE.match(line):
                 log += 1
-            if _maybe_yaml(line) and _YAML_LINE.match(line) and not _LABELS.match(line):
+            if _maybe_yaml(line) and lx.YAML_LINE.match(line) and not lx.LABELS.match(line):
                 yaml += 1
-        words = Counter(_WORD.findall(lower))
+        words = Counter(lx.WORD.findall(lower))
         return cls(text, lower, lines, words, code_line, table, log, yaml)
 
     def marks(self, markers: tuple[str, ...]) -> int:
@@ -255,26 +151,23 @@ class _Scan:
 
 
 def _language_tag(window: str) -> str | None:
-    if not any(mark in window for mark in _TAG_MARKS):
+    if not any(mark in window for mark in lx.TAG_MARKS):
         return None
-    tag = _LANGUAGE_TAG.search(window)
+    tag = lx.LANGUAGE_TAG.search(window)
     if tag:
         name = tag.group(2).lower()
-        return _TAG_NAMES.get(name, name)
-    shebang = _SHEBANG.search(window) if "#!" in window else None
+        return lx.TAG_NAMES.get(name, name)
+    shebang = lx.SHEBANG.search(window) if "#!" in window else None
     if shebang:
         name = shebang.group(1).lower().rstrip("3")
         return {"sh": "shell", "bash": "shell", "node": "javascript"}.get(name, name)
     return None
 
 
-_NOT_IN_KEYS = frozenset("()[]{}<>=,;\"'")
-
-
 def _maybe_yaml(line: str) -> bool:
     """Cheap test before the YAML regex (which backtracks on code lines with colons)."""
     key, colon, _ = line.partition(":")
-    return bool(colon) and len(key) <= 60 and not _NOT_IN_KEYS.intersection(key)
+    return bool(colon) and len(key) <= 60 and not lx.NOT_IN_KEYS.intersection(key)
 
 
 def _is_code_line(line: str) -> bool:
@@ -288,17 +181,17 @@ def _code_language(scan: _Scan) -> tuple[str | None, int]:
     tagged = _language_tag(scan.text)
     if tagged:
         return tagged, 3
-    scores = dict.fromkeys(_LANGUAGES, 0)
+    scores = dict.fromkeys(lx.LANGUAGES, 0)
     for word, count in scan.words.items():  # one pass over the distinct words
-        for name, weight in _WORD_INDEX.get(word, ()):
+        for name, weight in lx.WORD_INDEX.get(word, ()):
             scores[name] += weight * count
-    for name, (_, markers) in _LANGUAGES.items():
+    for name, (_, markers) in lx.LANGUAGES.items():
         scores[name] += 2 * scan.marks(markers)
     if scores["typescript"] and scores["javascript"]:
         scores["typescript"] += scores["javascript"]
-    sql = sum(scan.words[w] for w in _SQL_WORDS)
-    distinct = sum(1 for w in _SQL_WORDS if scan.words[w])
-    if distinct >= 3 and any(scan.words[a] and scan.words[b] for a, b in _SQL_OPENERS):
+    sql = sum(scan.words[w] for w in lx.SQL_WORDS)
+    distinct = sum(1 for w in lx.SQL_WORDS if scan.words[w])
+    if distinct >= 3 and any(scan.words[a] and scan.words[b] for a, b in lx.SQL_OPENERS):
         scores["sql"] = 2 * sql
     name = max(scores, key=lambda k: scores[k])
     code_lines = sum(scan.code_line)
@@ -323,12 +216,20 @@ def _csv_lines(lines: list[str]) -> int:
 
 def _data_format(scan: _Scan) -> tuple[str | None, int]:
     """The dominant structured format and how many lines it covers."""
-    json_keys = len(_JSON_KEY.findall(scan.text)) if '":' in scan.text or '" :' in scan.text else 0
+    json_keys = (
+        len(lx.JSON_KEY.findall(scan.text)) if '":' in scan.text or '" :' in scan.text else 0
+    )
     csv = _csv_lines(scan.lines)
     scores = {"json": json_keys, "table": scan.table, "log": scan.log, "csv": csv,
               "yaml": scan.yaml if scan.yaml >= 3 else 0}  # fmt: skip
     name = max(scores, key=lambda k: scores[k])
     return (name, scores[name]) if scores[name] >= 2 else (None, 0)
+
+
+def _looks_like_data(line: str, stripped: str) -> bool:
+    if "," in line or stripped.startswith("|"):
+        return True
+    return (_maybe_yaml(line) and bool(lx.YAML_LINE.match(line))) or bool(lx.LOG_LINE.match(line))
 
 
 def _material_lines(scan: _Scan, code: str | None, data: str | None) -> int:
@@ -342,33 +243,28 @@ def _material_lines(scan: _Scan, code: str | None, data: str | None) -> int:
         if not stripped:
             quoted = False
             continue
-        if ":" in stripped[:16] and _MATERIAL_START.match(stripped):
+        if ":" in stripped[:16] and lx.MATERIAL_START.match(stripped):
             quoted = True
         looks = (
             fenced
             or quoted
             or stripped.startswith(">")
             or (code is not None and (code_like or _has_code_word(stripped, code)))
-            or (data is not None and ("," in line or stripped.startswith("|") or (
-                _maybe_yaml(line) and bool(_YAML_LINE.match(line))) or bool(_LOG_LINE.match(line))))
-        )  # fmt: skip
+            or (data is not None and _looks_like_data(line, stripped))
+        )
         count += looks
     return count
-
-
-_SQL_MARKERS = ("select ", "from ", "where ", "join ", "group by", "order by", "insert ",
-                "update ", "values", "limit ")  # fmt: skip
 
 
 def _has_code_word(line: str, language: str) -> bool:
     """A line with one of the language's markers (substring checks only: this runs per line)."""
     lower = line.lower()
-    markers = _SQL_MARKERS if language == "sql" else _LANGUAGES.get(language, ({}, ()))[1]
+    markers = lx.SQL_MARKERS if language == "sql" else lx.LANGUAGES.get(language, ({}, ()))[1]
     return any(m in lower for m in markers)
 
 
 def _digit_share(text: str) -> float:
-    return len(_DIGIT.findall(text)) / max(len(text), 1)
+    return len(lx.DIGIT.findall(text)) / max(len(text), 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -383,41 +279,41 @@ class _Asks:
 
 def _asks(instruction: str) -> _Asks:
     head = instruction[:INSTRUCTION].lower()
-    words = _WORD.findall(head)
-    echo = any(w in _ECHO_WORDS for w in words) or any(p in head for p in _ECHO_PHRASES)
+    words = lx.WORD.findall(head)
+    echo = any(w in lx.ECHO_WORDS for w in words) or any(p in head for p in lx.ECHO_PHRASES)
     code = fmt = None
     for i, word in enumerate(words):
-        if word not in _TRIGGERS:
+        if word not in lx.TRIGGERS:
             continue
         nxt = words[i + 1] if i + 1 < len(words) else ""
-        if not echo and word in _REFERENT_PREPOSITIONS and nxt in ("this", "these", "the"):
+        if not echo and word in lx.REFERENT_PREPOSITIONS and nxt in ("this", "these", "the"):
             rest = words[i + 2 : i + 4]
             noun = rest[1] if rest[:1] in (["following"], ["above"]) and len(rest) > 1 else (
                 rest[0] if rest else "")  # fmt: skip
-            echo = noun in _REFERENT_NOUNS
-        if code is None and word in _CODE_VERBS:
-            code = any(w in _CODE_NOUNS for w in words[i + 1 : i + 12]) or None
-        if fmt is None and word in _FORMAT_VERBS:
+            echo = noun in lx.REFERENT_NOUNS
+        if code is None and word in lx.CODE_VERBS:
+            code = any(w in lx.CODE_NOUNS for w in words[i + 1 : i + 12]) or None
+        if fmt is None and word in lx.FORMAT_VERBS:
             for candidate in words[i + 1 : i + 4]:
-                if candidate in _FORMATS:
+                if candidate in lx.FORMATS:
                     fmt = candidate
                     break
                 if candidate not in ("valid", "a", "an", "markdown"):
                     break
     if fmt is None and ("respond with" in head or "give me" in head):
-        fmt = next((w for w in words if w in _FORMATS), None)
+        fmt = next((w for w in words if w in lx.FORMATS), None)
     if not code and "give me" in head:
-        code = any(w in _CODE_NOUNS for w in words) or None
-    prose = any(w in _PROSE_WORDS for w in words) or any(p in head for p in _PROSE_PHRASES)
+        code = any(w in lx.CODE_NOUNS for w in words) or None
+    prose = any(w in lx.PROSE_WORDS for w in words) or any(p in head for p in lx.PROSE_PHRASES)
     return _Asks(echo, bool(code), fmt, prose)
 
 
 def _is_math(scan: _Scan) -> bool:
-    hits = sum(scan.words[w] for w in _MATH_WORDS) + sum(scan.words[w] for w in _MATH_STRONG)
-    hits += sum(scan.lower.count(p) for p in _MATH_PHRASES)
+    hits = sum(scan.words[w] for w in lx.MATH_WORDS) + sum(scan.words[w] for w in lx.MATH_STRONG)
+    hits += sum(scan.lower.count(p) for p in lx.MATH_PHRASES)
     digits = _digit_share(scan.text[:HEAD])
-    if digits or _DIGIT.search(scan.text):
-        hits += len(_ARITHMETIC.findall(scan.text)) + len(_UNITS.findall(scan.lower))
+    if digits or lx.DIGIT.search(scan.text):
+        hits += len(lx.ARITHMETIC.findall(scan.text)) + len(lx.UNITS.findall(scan.lower))
     return hits >= 2 or (hits >= 1 and digits > 0.05) or digits > 0.3
 
 
@@ -443,10 +339,10 @@ def _content_type(view: PromptView, scan: _Scan, asks: _Asks) -> tuple[str, str 
     if (
         instruction.endswith("?")
         or "?\n" in instruction[-400:]
-        or (_QUESTION.match(instruction) and len(instruction) < 600)
+        or (lx.QUESTION.match(instruction) and len(instruction) < 600)
     ):
         return "question", None
-    letters = 1 - len(_NOT_LETTER.findall(scan.text)) / max(len(scan.text), 1)
+    letters = 1 - len(lx.NOT_LETTER.findall(scan.text)) / max(len(scan.text), 1)
     if letters > 0.85 and len(scan.text) >= 40:
         return "prose", None
     return ("question" if view.chat else "other"), None

@@ -14,7 +14,7 @@ Whoever supervises the server (``ManagedServer`` or ``ExternalMonitor``) flips
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 import httpx
@@ -32,6 +32,14 @@ _KEEPALIVE_S = 4.0
 
 class UpstreamDisconnected(UpstreamError):
     """The connection to llama-server broke while its answer was being read."""
+
+
+class _Outgoing(NamedTuple):
+    method: str
+    url: str
+    content: bytes | None
+    params: dict[str, str] | None
+    headers: dict[str, str]
 
 
 class UpstreamResponse:
@@ -163,20 +171,14 @@ class UpstreamClient:
         headers = {"accept-encoding": "identity"}
         if content is not None:
             headers["content-type"] = "application/json"
+        outgoing = _Outgoing(method, self.base_url + path, content, params, headers)
         if self._fake is not None:
-            return await self._open_httpx(method, path, content, params, headers)
-        return await self._open_aiohttp(method, path, content, params, headers)
+            return await self._open_httpx(outgoing)
+        return await self._open_aiohttp(outgoing)
 
-    async def _open_httpx(
-        self,
-        method: str,
-        path: str,
-        content: bytes | None,
-        params: dict[str, str] | None,
-        headers: dict[str, str],
-    ) -> UpstreamResponse:
+    async def _open_httpx(self, out: _Outgoing) -> UpstreamResponse:
         request = httpx.Request(
-            method, self.base_url + path, content=content, params=params, headers=headers,
+            out.method, out.url, content=out.content, params=out.params, headers=out.headers,
             extensions={"timeout": self._timeout},
         )  # fmt: skip
         try:
@@ -201,18 +203,11 @@ class UpstreamClient:
             )
         return self._session
 
-    async def _open_aiohttp(
-        self,
-        method: str,
-        path: str,
-        content: bytes | None,
-        params: dict[str, str] | None,
-        headers: dict[str, str],
-    ) -> UpstreamResponse:
+    async def _open_aiohttp(self, out: _Outgoing) -> UpstreamResponse:
         session = self._aiohttp_session()
         try:
             response = await session.request(
-                method, self.base_url + path, data=content, params=params, headers=headers
+                out.method, out.url, data=out.content, params=out.params, headers=out.headers
             )
         except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
             raise UpstreamTimeout(f"the model server did not answer in time: {exc!r}") from exc
