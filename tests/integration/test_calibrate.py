@@ -52,3 +52,21 @@ def test_inspect_json_on_gemma(tmp_path: Path) -> None:
     assert data["target"]["architecture"] == "gemma3"
     assert data["target"]["experts"] == 0
     assert len(data["envelope"]["speedup"]) == len(data["envelope"]["alphas"])
+
+
+def test_calibrate_with_a_draft_model_measures_its_cost(tmp_path: Path) -> None:
+    """Gemma as its own draft: the draft step costs about one target step (c ~ 1)."""
+    model = str(default_model_path())
+    result = subprocess.run(
+        [sys.executable, "-m", "tuner", "calibrate", "--prompts", "2", "--max-tokens", "32",
+         "--variants", "ngram-simple", "--format", "json", "--state-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=600, check=False,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home()), "TUNER_DRAFT_MODEL": model},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    profile = Profile.model_validate_json(result.stdout)
+    assert profile.draft_cost is not None and 0.5 < profile.draft_cost < 2.0
+    variants = {check.variant: check for check in profile.checks}
+    assert set(variants) == {"ngram-simple", "draft-simple"}
+    draft = variants["draft-simple"]
+    assert draft.tokens > 0 and draft.alpha is not None and draft.alpha > 0.5  # same model
