@@ -97,6 +97,8 @@ class RecordStore:
         self.linger_s = linger_s
         self._current: Path | None = None
         self._current_size = 0
+        # Called with each built record in the writer thread (metrics, later the tuner).
+        self.observers: list[Callable[[RequestRecord], None]] = []
         self.max_file_bytes = max_file_bytes
         self.max_files = max_files
         self.recent: deque[RequestRecord] = deque(maxlen=recent)
@@ -166,6 +168,11 @@ class RecordStore:
             if record is not None:
                 records.append(record)
                 self.recent.append(record)
+                for observe in self.observers:
+                    try:
+                        observe(record)
+                    except Exception:  # an observer must never stop the writer
+                        log.exception("record_observer_failed")
         return records
 
     def _write(self, batch: list[RecordSource]) -> None:

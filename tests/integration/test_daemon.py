@@ -216,3 +216,24 @@ def test_daemon_killed_hard_takes_llama_server_down(tmp_path: Path) -> None:
     running.process.wait(10)
     server.wait(10)
     assert not server.is_running()
+
+
+def test_metrics_move_with_real_requests(daemon: RunningDaemon) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def generated() -> float:
+        text = httpx.get(daemon.url + "/metrics", timeout=10).text
+        return sum(
+            s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == "tuner_generated_tokens_total"
+        )
+
+    before = generated()
+    httpx.post(daemon.v1 + "/completions", json={"prompt": "One, two,", "max_tokens": 5,
+                                                 "temperature": 0}, timeout=60)  # fmt: skip
+    deadline = time.monotonic() + 5
+    while generated() < before + 5 and time.monotonic() < deadline:
+        time.sleep(0.1)  # records (and metrics) are built off the request path
+    assert generated() == before + 5

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 import anyio
 import structlog
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -33,6 +34,7 @@ from starlette.routing import Route
 from tuner.classify import Classification
 from tuner.errors import RequestError, TunerError
 from tuner.logs import get_logger
+from tuner.metrics import Metrics
 from tuner.proxy.openai_errors import (
     OpenAIError,
     error_for_exception,
@@ -251,12 +253,19 @@ def create_app(
     services: Sequence[Service] = (),
     max_body_bytes: int = 16 * 1024 * 1024,
     classifier: Classifier | None = None,
+    metrics: Metrics | None = None,
 ) -> Starlette:
     """Build the proxy app around one upstream client and one record store.
 
-    ``classifier`` (body -> class and features, pure) labels each request's record.
+    ``classifier`` (body -> class and features, pure) labels each request's record;
+    ``metrics`` (created here when not given) serves ``GET /metrics``.
     """
     handlers = _Handlers(upstream, records, max_body_bytes, classifier)
+    metrics = metrics or Metrics(upstream, records)
+    records.observers.append(metrics.observe)
+
+    async def exposition(request: Request) -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -278,6 +287,7 @@ def create_app(
         Route("/v1/models", handlers.models, methods=["GET"]),
         Route("/health", handlers.health, methods=["GET"]),
         Route("/ready", handlers.ready, methods=["GET"]),
+        Route("/metrics", exposition, methods=["GET"]),
     ]
     return Starlette(
         routes=routes,

@@ -1,0 +1,54 @@
+"""/metrics: valid Prometheus exposition that moves with real traffic (fake upstream here)."""
+
+from __future__ import annotations
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.fake_llama import TIMINGS
+from tuner.records import RecordStore
+from tuner.upstream.client import UpstreamClient
+
+
+def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return out
+
+
+def value(text: str, name: str, **labels: str) -> float:
+    return samples(text).get((name, frozenset(labels.items())), 0.0)
+
+
+async def test_metrics_parse_and_count_requests_tokens_and_drafts(
+    proxy: httpx.AsyncClient, store: RecordStore, upstream: UpstreamClient
+) -> None:
+    before = (await proxy.get("/metrics")).text
+    assert value(before, "tuner_upstream_ready") == 1.0
+    body = {"prompt": "Hello", "max_tokens": 4}
+    for _ in range(3):
+        await proxy.post("/v1/completions", json=body)
+    await proxy.post("/v1/completions", content=b"{broken")
+    await store.flush()
+    response = await proxy.get("/metrics")
+    assert response.headers["content-type"].startswith("text/plain")
+    text = response.text
+    arm = {"class_key": "unknown", "variant": "default"}
+    ok = {"endpoint": "/v1/completions", "status": "200", **arm}
+    bad = {"endpoint": "/v1/completions", "status": "400", **arm}
+    assert value(text, "tuner_requests_total", **ok) == 3
+    assert value(text, "tuner_requests_total", **bad) == 1
+    assert value(text, "tuner_generated_tokens_total", **arm) == 3 * TIMINGS["predicted_n"]
+    assert value(text, "tuner_draft_tokens_total", **arm) == 3 * TIMINGS["draft_n"]
+    assert (
+        value(text, "tuner_draft_accepted_tokens_total", **arm) == 3 * TIMINGS["draft_n_accepted"]
+    )
+    assert value(text, "tuner_proxy_overhead_seconds_count") == 3
+    assert value(text, "tuner_request_duration_seconds_count", endpoint="/v1/completions") == 4
+    upstream.mark_ready(False)
+    upstream.restarts = 2
+    after = (await proxy.get("/metrics")).text
+    assert value(after, "tuner_upstream_ready") == 0.0
+    assert value(after, "tuner_upstream_restarts_total") == 2

@@ -1,0 +1,102 @@
+"""Prometheus metrics for the daemon: ``GET /metrics``.
+
+Request metrics are updated from each ``RequestRecord`` in the record writer's
+thread, never on the request path; upstream state is read at scrape time.
+Names follow Prometheus conventions (``_total`` counters, base units in seconds).
+
+    tuner_requests_total{endpoint,class_key,variant,status}
+    tuner_generated_tokens_total{class_key,variant}
+    tuner_prompt_tokens_total{class_key,variant}
+    tuner_draft_tokens_total{class_key,variant}
+    tuner_draft_accepted_tokens_total{class_key,variant}
+    tuner_request_duration_seconds{endpoint}      histogram: arrival to last byte
+    tuner_proxy_overhead_seconds                  histogram: time added before the upstream send
+    tuner_decode_tokens_per_second{class_key,variant}  histogram of llama-server's decode speed
+    tuner_upstream_ready                          1 when llama-server answers /health
+    tuner_upstream_restarts_total                 restarts of the managed llama-server
+    tuner_records_dropped_total, tuner_record_write_errors_total
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from tuner.records import RecordStore, RequestRecord
+from tuner.upstream.client import UpstreamClient
+
+__all__ = ["Metrics"]
+
+_SECONDS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_TOKENS_PER_S = (5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000)
+
+
+class _StateCollector(Collector):
+    """Values owned by other objects, read when Prometheus scrapes."""
+
+    def __init__(self, upstream: UpstreamClient, records: RecordStore) -> None:
+        self.upstream = upstream
+        self.records = records
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "tuner_upstream_ready", "1 when llama-server answers /health", value=self.upstream.ready
+        )
+        yield CounterMetricFamily(
+            "tuner_upstream_restarts", "Restarts of the managed llama-server",
+            value=self.upstream.restarts,
+        )  # fmt: skip
+        yield CounterMetricFamily(
+            "tuner_records_dropped", "Request records dropped (queue full)",
+            value=self.records.dropped,
+        )  # fmt: skip
+        yield CounterMetricFamily(
+            "tuner_record_write_errors", "Failed writes of request records",
+            value=self.records.write_errors,
+        )  # fmt: skip
+
+
+class Metrics:
+    """The daemon's metrics registry; ``observe`` takes one finished request."""
+
+    def __init__(self, upstream: UpstreamClient, records: RecordStore) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        arm = ["class_key", "variant"]
+        labels = ["endpoint", "class_key", "variant", "status"]
+        self.requests = Counter("tuner_requests", "Requests proxied", labels, registry=r)
+        self.generated = Counter("tuner_generated_tokens", "Tokens generated", arm, registry=r)
+        self.prompt = Counter("tuner_prompt_tokens", "Prompt tokens processed", arm, registry=r)
+        self.drafted = Counter("tuner_draft_tokens", "Tokens drafted", arm, registry=r)
+        self.accepted = Counter(
+            "tuner_draft_accepted_tokens", "Drafted tokens accepted", arm, registry=r
+        )
+        self.duration = Histogram("tuner_request_duration_seconds",
+                                  "Arrival to last byte handed back", ["endpoint"],
+                                  buckets=_SECONDS, registry=r)  # fmt: skip
+        self.overhead = Histogram("tuner_proxy_overhead_seconds",
+                                  "Time the proxy spends before sending upstream",
+                                  buckets=_SECONDS, registry=r)  # fmt: skip
+        self.decode = Histogram("tuner_decode_tokens_per_second",
+                                "llama-server's decode speed per request", arm,
+                                buckets=_TOKENS_PER_S, registry=r)  # fmt: skip
+        r.register(_StateCollector(upstream, records))
+
+    def observe(self, record: RequestRecord) -> None:
+        arm = (record.class_key or "unknown", record.variant or "default")
+        self.requests.labels(record.endpoint, *arm, str(record.status)).inc()
+        self.duration.labels(record.endpoint).observe(record.proxy_ms / 1000)
+        if record.upstream_ms is not None:
+            self.overhead.observe(max(record.proxy_ms - record.upstream_ms, 0.0) / 1000)
+        t = record.timings
+        if t is None:
+            return
+        self.generated.labels(*arm).inc(t.predicted_n or 0)
+        self.prompt.labels(*arm).inc(t.prompt_n or 0)
+        self.drafted.labels(*arm).inc(t.draft_n or 0)
+        self.accepted.labels(*arm).inc(t.draft_n_accepted or 0)
+        if t.predicted_per_second:
+            self.decode.labels(*arm).observe(t.predicted_per_second)
