@@ -237,3 +237,27 @@ def test_metrics_move_with_real_requests(daemon: RunningDaemon) -> None:
     while generated() < before + 5 and time.monotonic() < deadline:
         time.sleep(0.1)  # records (and metrics) are built off the request path
     assert generated() == before + 5
+
+
+def test_port_in_use_fails_clearly_without_orphans(tmp_path: Path) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    import psutil
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        before = {p.pid for p in psutil.process_iter() if "llama-server" in p.name()}
+        result = subprocess.run(
+            [sys.executable, "-m", "tuner", "serve", "--port", str(port),
+             "--state-dir", str(tmp_path)],
+            capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+    assert result.returncode != 0
+    assert "address already in use" in result.stderr
+    time.sleep(0.5)
+    after = {p.pid for p in psutil.process_iter() if "llama-server" in p.name()}
+    assert after <= before
