@@ -71,6 +71,8 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
         services=services,
         max_body_bytes=settings.max_body_bytes,
         classifier=partial(classify, definitions=definitions),
+        api_keys=settings.api_keys,
+        max_concurrent=settings.max_concurrent,
     )
     return Daemon(settings, app, client, supervisor, records, caps)
 

@@ -36,6 +36,13 @@ def _split_args(value: Any) -> Any:
     return value
 
 
+def _split_keys(value: Any) -> Any:
+    """Accept API keys as one comma- or space-separated string, or as a list."""
+    if isinstance(value, str):
+        return [key for key in value.replace(",", " ").split() if key]
+    return value
+
+
 class Settings(BaseSettings):
     """Everything the daemon can be told, with its defaults."""
 
@@ -66,6 +73,12 @@ class Settings(BaseSettings):
     startup_timeout_s: float = Field(600.0, gt=0, description="wait this long for /health")
     request_timeout_s: float = Field(600.0, gt=0, description="upstream read timeout")
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="largest request body")
+    api_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="accepted Bearer keys; empty: no authentication"
+    )
+    max_concurrent: int = Field(
+        256, ge=1, description="requests in flight before new ones get 429 with Retry-After"
+    )
 
     classes_file: Path | None = Field(
         None, description="class definitions TOML; default: the shipped policies/classes.toml"
@@ -86,6 +99,7 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     _split_server_args = field_validator("server_args", mode="before")(_split_args)
+    _split_api_keys = field_validator("api_keys", mode="before")(_split_keys)
 
     @classmethod
     def settings_customise_sources(

@@ -261,3 +261,16 @@ def test_port_in_use_fails_clearly_without_orphans(tmp_path: Path) -> None:
     time.sleep(0.5)
     after = {p.pid for p in psutil.process_iter() if "llama-server" in p.name()}
     assert after <= before
+
+
+def test_api_keys_on_the_real_daemon(tmp_path: Path) -> None:
+    running = start_daemon(tmp_path, env={"TUNER_API_KEYS": "alpha, beta"})
+    try:
+        anonymous = openai.OpenAI(base_url=running.v1, api_key="wrong", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            anonymous.completions.create(model="m", prompt="Hi", max_tokens=2)
+        keyed = openai.OpenAI(base_url=running.v1, api_key="beta", max_retries=0)
+        assert keyed.completions.create(model="m", prompt="Hi", max_tokens=2).choices
+        assert httpx.get(running.url + "/metrics", timeout=10).status_code == 401
+    finally:
+        assert running.stop() == 0

@@ -348,6 +348,19 @@ def _content_type(view: PromptView, scan: _Scan, asks: _Asks) -> tuple[str, str 
     return ("question" if view.chat else "other"), None
 
 
+def _material_tail(text: str, instructed: bool) -> str:
+    """What repetition is measured on: the prompt's tail, without a leading instruction.
+
+    An edit instruction ("Rewrite this ...:") followed by a blank line is not material;
+    counted in, it would dilute the material's repetition and lower echo.
+    """
+    if instructed:
+        head, blank, rest = text[:INSTRUCTION].partition("\n\n")
+        if blank and rest.strip():
+            text = text[len(head) + 2 :]
+    return text[-REPEAT_WINDOW:]
+
+
 def extract(view: PromptView, body: dict[str, Any] | None = None) -> Features:
     """All features of one prompt; ``body`` supplies the sampling parameters."""
     body = body or {}
@@ -360,7 +373,7 @@ def extract(view: PromptView, body: dict[str, Any] | None = None) -> Features:
     data = subtype if content == "data" else None
     material = _material_lines(material_scan, code, data) / max(len(material_scan.lines), 1)
     encoded = view.text.encode("utf-8", errors="replace")
-    repeat = repeat_ratio(encoded[-REPEAT_WINDOW:])
+    repeat = repeat_ratio(_material_tail(view.text, asks.echo).encode("utf-8", "replace"))
     instruction_score = (0.55 if asks.echo else 0.0) + 0.45 * min(1.0, 1.5 * material)
     echo = max(instruction_score if asks.echo else 0.5 * instruction_score, min(1.0, 2.5 * repeat))
     tokens = len(encoded) // 4

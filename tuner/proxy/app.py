@@ -12,6 +12,7 @@ disk.
 
 from __future__ import annotations
 
+import hmac
 import json
 import re
 import time
@@ -27,9 +28,11 @@ import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tuner.classify import Classification
 from tuner.errors import RequestError, TunerError
@@ -87,6 +90,7 @@ class _Trace:
     t_headers: float | None = None
     class_key: str | None = None
     features: dict[str, Any] | None = None
+    finished: bool = False
 
     def note_body(self, body: dict[str, Any]) -> None:
         self.stream = body.get("stream") is True
@@ -104,7 +108,10 @@ class _Trace:
         timings: dict[str, Any] | None = None,
         body: bytes | None = None,
     ) -> None:
-        """Hand the record over; building it (and its log line) happens off the event loop."""
+        """Hand the record over (once); building it and its log line happens off the loop."""
+        if self.finished:
+            return
+        self.finished = True
         self.records.submit(partial(self._build, time.perf_counter(), status, error, timings, body))
 
     def _build(
@@ -165,11 +172,14 @@ class _Handlers:
         records: RecordStore,
         max_body_bytes: int,
         classifier: Classifier | None,
+        max_concurrent: int,
     ):
         self.upstream = upstream
         self.records = records
         self.max_body_bytes = max_body_bytes
         self.classifier = classifier
+        self.max_concurrent = max_concurrent
+        self.in_flight = 0
 
     async def read_body(self, request: Request) -> bytes:
         too_large = RequestError(
@@ -192,6 +202,18 @@ class _Handlers:
             request_id = header_id if _REQUEST_ID.match(header_id) else f"req_{uuid.uuid4().hex}"
             structlog.contextvars.bind_contextvars(request_id=request_id)
             trace = _Trace(self.records, endpoint, request_id)
+            if self.in_flight >= self.max_concurrent:
+                busy = OpenAIError(
+                    429,
+                    f"more than {self.max_concurrent} requests in flight; retry shortly",
+                    "rate_limit_error",
+                    code="rate_limit_exceeded",
+                    retry_after=1,
+                )
+                trace.finish(429, error=busy.message)
+                return _error_response(busy, request_id)
+            self.in_flight += 1
+            handed_over = False
             try:
                 raw = await self.read_body(request)
                 body = parse_body(raw)
@@ -200,15 +222,24 @@ class _Handlers:
                 if self.classifier is not None:
                     found = self.classifier(body)
                     trace.class_key, trace.features = found.key, found.features.as_dict()
-                return await _forward(self.upstream, trace, body, raw)
+                response = await _forward(self.upstream, trace, body, raw)
+                if isinstance(response, _RelayResponse):
+                    response.close_hooks.append(self._release)  # held until the stream ends
+                    handed_over = True
+                return response
             except TunerError as exc:
                 error = error_for_exception(exc)
                 trace.finish(error.status, error=error.message)
                 return _error_response(error, request_id)
             finally:
+                if not handed_over:
+                    await self._release()
                 structlog.contextvars.unbind_contextvars("request_id")
 
         return handler
+
+    async def _release(self) -> None:
+        self.in_flight -= 1
 
     async def models(self, request: Request) -> Response:
         try:
@@ -254,13 +285,15 @@ def create_app(
     max_body_bytes: int = 16 * 1024 * 1024,
     classifier: Classifier | None = None,
     metrics: Metrics | None = None,
+    api_keys: Sequence[str] = (),
+    max_concurrent: int = 256,
 ) -> Starlette:
     """Build the proxy app around one upstream client and one record store.
 
     ``classifier`` (body -> class and features, pure) labels each request's record;
     ``metrics`` (created here when not given) serves ``GET /metrics``.
     """
-    handlers = _Handlers(upstream, records, max_body_bytes, classifier)
+    handlers = _Handlers(upstream, records, max_body_bytes, classifier, max_concurrent)
     metrics = metrics or Metrics(upstream, records)
     records.observers.append(metrics.observe)
 
@@ -289,11 +322,43 @@ def create_app(
         Route("/ready", handlers.ready, methods=["GET"]),
         Route("/metrics", exposition, methods=["GET"]),
     ]
-    return Starlette(
+    middleware = [Middleware(BearerAuth, keys=tuple(api_keys))] if api_keys else []
+    app = Starlette(
         routes=routes,
         lifespan=lifespan,
+        middleware=middleware,
         exception_handlers={HTTPException: _http_error, Exception: _internal_error},
     )
+    app.state.handlers = handlers
+    return app
+
+
+class BearerAuth:
+    """ASGI middleware: every route but /health and /ready needs ``Authorization: Bearer <key>``."""
+
+    OPEN = frozenset({"/health", "/ready"})
+
+    def __init__(self, app: ASGIApp, keys: tuple[str, ...]) -> None:
+        self.app = app
+        self.keys = tuple(key.encode() for key in keys)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in self.OPEN or self._allowed(scope):
+            await self.app(scope, receive, send)
+            return
+        error = OpenAIError(
+            401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
+            "authentication_error", code="invalid_api_key",
+        )  # fmt: skip
+        await _error_response(error)(scope, receive, send)
+
+    def _allowed(self, scope: Scope) -> bool:
+        header = dict(scope["headers"]).get(b"authorization", b"")
+        scheme, _, token = header.partition(b" ")
+        if scheme.lower() != b"bearer" or not token:
+            return False
+        # compare against every key, always, in constant time per key
+        return any([hmac.compare_digest(token.strip(), key) for key in self.keys])
 
 
 async def _forward(
@@ -325,12 +390,40 @@ async def _forward(
                         headers=headers)  # fmt: skip
 
     headers.update({"cache-control": "no-cache", "x-accel-buffering": "no"})
-    return StreamingResponse(
+    relay = _RelayResponse(
         _relay(response, trace),
         status_code=response.status_code,
         media_type="text/event-stream",
         headers=headers,
     )
+    relay.close_hooks.append(partial(_abandon, response, trace))
+    return relay
+
+
+class _RelayResponse(StreamingResponse):
+    """A stream whose clean-up runs however it ends (done, client gone, or error).
+
+    Starlette does not close the body iterator, and a client that leaves before the
+    first chunk means the relay generator never starts, so its ``finally`` never runs.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.close_hooks: list[Callable[[], Awaitable[None]]] = []
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                for hook in self.close_hooks:
+                    await hook()
+
+
+async def _abandon(response: UpstreamResponse, trace: _Trace) -> None:
+    """If the relay never ran: give the connection back and record the request anyway."""
+    await response.aclose()
+    trace.finish(response.status_code, error="client disconnected before the stream started")
 
 
 async def _relay(response: UpstreamResponse, trace: _Trace) -> AsyncIterator[bytes]:

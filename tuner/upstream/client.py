@@ -51,6 +51,7 @@ class UpstreamResponse:
         self.status_code = status_code
         self.content_type = content_type
         self._response = response
+        self._closed = False
 
     async def aread(self) -> bytes:
         try:
@@ -73,6 +74,10 @@ class UpstreamResponse:
             raise UpstreamDisconnected(f"{type(exc).__name__}: {exc}") from exc
 
     async def aclose(self) -> None:
+        """Give the connection back; safe to call more than once."""
+        if self._closed:
+            return
+        self._closed = True
         if isinstance(self._response, httpx.Response):
             await self._response.aclose()
         else:
