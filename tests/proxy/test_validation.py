@@ -78,3 +78,22 @@ def test_media_parts_are_checked_against_the_model_modalities() -> None:
 def test_content_parts_must_be_typed_objects() -> None:
     with pytest.raises(RequestError, match=r"messages\[0\]\.content\[0\]"):
         validate(CHAT, {"messages": [{"role": "user", "content": ["text"]}]})
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("tools", False), ("tools", [{}]), ("tools", [{"type": "function"}]),
+     ("tools", [{"type": "function", "function": {"name": 3}}]), ("n_probs", -1),
+     ("grammar", 5), ("response_format", "json"), ("cache_prompt", "yes")],
+)  # fmt: skip
+def test_structured_fields_llama_server_would_500_on_are_refused(field: str, value: object) -> None:
+    """llama-server answers these with a 500; the proxy refuses them with a 400 first."""
+    body = {"messages": [{"role": "user", "content": "hi"}], field: value}
+    with pytest.raises(RequestError) as caught:
+        validate(CHAT, body)
+    assert caught.value.param == field
+
+
+def test_a_well_formed_tool_passes() -> None:
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {}}}
+    validate(CHAT, {"messages": [{"role": "user", "content": "hi"}], "tools": [tool]})

@@ -114,6 +114,16 @@ def _check_prompt(prompt: object, endpoint: Endpoint) -> None:
     )
 
 
+def _is_tool(tool: object) -> bool:
+    """An OpenAI tool: a string type; a function tool names its function."""
+    if not isinstance(tool, dict) or not isinstance(tool.get("type"), str):
+        return False
+    if tool["type"] != "function":
+        return True
+    function = tool.get("function")
+    return isinstance(function, dict) and isinstance(function.get("name"), str)
+
+
 # field -> (check, what it must be)
 _COMMON: dict[str, tuple[Any, str]] = {
     "stream": (lambda v: isinstance(v, bool), "a boolean"),
@@ -132,7 +142,25 @@ _COMMON: dict[str, tuple[Any, str]] = {
     ),
     "stream_options": (lambda v: isinstance(v, dict), "an object"),
     "model": (lambda v: isinstance(v, str), "a string"),
-}
+    # Structured fields llama-server answers with a 500 (not a 400) when mistyped.
+    "tools": (lambda v: isinstance(v, list) and all(map(_is_tool, v)),
+              'an array of tools like {"type": "function", "function": {"name": ...}}'),
+    "tool_choice": (lambda v: isinstance(v, str | dict), "a string or an object"),
+    "response_format": (lambda v: isinstance(v, dict), "an object"),
+    "json_schema": (lambda v: isinstance(v, dict), "an object"),
+    "logit_bias": (lambda v: isinstance(v, dict | list), "an object or an array"),
+    "grammar": (lambda v: isinstance(v, str), "a string"),
+    "n_probs": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
+    "top_k": (lambda v: _is_int(v), "an integer"),
+    "min_p": (_is_number, "a number"),
+    "repeat_penalty": (_is_number, "a number"),
+    "presence_penalty": (_is_number, "a number"),
+    "frequency_penalty": (_is_number, "a number"),
+    "cache_prompt": (lambda v: isinstance(v, bool), "a boolean"),
+    "logprobs": (lambda v: isinstance(v, bool) or (_is_int(v) and v >= 0),
+                 "a boolean or an integer >= 0"),
+    "top_logprobs": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
+}  # fmt: skip
 
 
 def validate(
