@@ -97,3 +97,18 @@ async def test_client_gone_before_the_stream_starts(
     assert app.state.handlers.in_flight == 0
     await store.flush()
     assert store.recent[-1].error == "client disconnected before the stream started"
+
+
+async def test_unwritable_state_dir_keeps_serving(upstream: UpstreamClient, tmp_path: Any) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    store = RecordStore(blocker / "records", linger_s=0)  # every write fails
+    await store.start()
+    app = create_app(upstream, store)
+    async with client_for(app) as c:
+        for _ in range(3):
+            assert (await c.post("/v1/completions", json=BODY)).status_code == 200
+    await store.flush()
+    await store.stop()
+    assert store.write_errors >= 1
+    assert len(store.recent) == 3  # still available to the tuner in memory
