@@ -152,3 +152,13 @@ def test_small_and_numpy_paths_agree(data: bytes) -> None:
     assert f._entropy_small(data) == pytest.approx(f._entropy_numpy(data))
     n = len(data) - 7
     assert f._repeat_small(data, 8, n) == pytest.approx(f._repeat_numpy(data, 8, n))
+
+
+def test_class_and_feature_agree_under_a_custom_greedy_threshold(tmp_path: Path) -> None:
+    text = (ROOT / "policies" / "classes.toml").read_text()
+    path = tmp_path / "classes.toml"
+    path.write_text(text.replace("greedy_max_temperature = 0.01", "greedy_max_temperature = 0.0"))
+    definitions = load_definitions(path)
+    found = classify({"prompt": "Hello", "temperature": 0.005}, definitions)
+    assert found.features.sampling == "sampled" and found.key.endswith("/sampled")
+    assert classify({"prompt": "Hello", "temperature": 0}, definitions).key.endswith("/greedy")

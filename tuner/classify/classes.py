@@ -103,15 +103,10 @@ class Classification:
 def classify(body: Any, definitions: ClassDefinitions) -> Classification:
     """The class of a request body (chat or completion). Never raises on odd input."""
     safe = body if isinstance(body, dict) else {}
-    features = extract(view_of(safe), safe)
     t = definitions.thresholds
-    greedy = features.sampling == "greedy" or (
-        features.temperature is not None and features.temperature <= t.greedy_max_temperature
-    )
+    features = extract(view_of(safe), safe, t.greedy_max_temperature)
     echo = "echo" if features.echo >= t.echo else "fresh"
-    key = (
-        f"{definitions.group_of(features.content_type)}/{echo}/{'greedy' if greedy else 'sampled'}"
-    )
+    key = f"{definitions.group_of(features.content_type)}/{echo}/{features.sampling}"
     return Classification(key, features)
 
 

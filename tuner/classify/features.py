@@ -361,8 +361,13 @@ def _material_tail(text: str, instructed: bool) -> str:
     return text[-REPEAT_WINDOW:]
 
 
-def extract(view: PromptView, body: dict[str, Any] | None = None) -> Features:
-    """All features of one prompt; ``body`` supplies the sampling parameters."""
+def extract(
+    view: PromptView, body: dict[str, Any] | None = None, greedy_max_temperature: float = 0.01
+) -> Features:
+    """All features of one prompt; ``body`` supplies the sampling parameters.
+
+    Sampling is greedy at ``temperature <= greedy_max_temperature`` or ``top_k == 1``.
+    """
     body = body or {}
     # In a chat, what is asked now (not tool output or history) sets the type.
     scan = _Scan.of(_window(view.instruction if view.chat else view.text))
@@ -379,7 +384,7 @@ def extract(view: PromptView, body: dict[str, Any] | None = None) -> Features:
     tokens = len(encoded) // 4
     temperature = body.get("temperature")
     temp = float(temperature) if isinstance(temperature, int | float) else None
-    greedy = (temp is not None and temp <= 0.01) or body.get("top_k") == 1
+    greedy = (temp is not None and temp <= greedy_max_temperature) or body.get("top_k") == 1
     max_tokens = body.get("max_tokens", body.get("max_completion_tokens", body.get("n_predict")))
     return Features(
         content_type=content,

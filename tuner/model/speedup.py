@@ -66,15 +66,17 @@ __all__ = [
 ]
 
 
-def _check(alpha: float, gamma: int) -> None:
+def _check(alpha: float, gamma: float) -> None:
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha must be in [0, 1], got {alpha}")
     if gamma < 0:
         raise ValueError(f"gamma must be >= 0, got {gamma}")
 
 
-def expected_tokens(alpha: float, gamma: int) -> float:
+def expected_tokens(alpha: float, gamma: float) -> float:
     """Expected tokens produced per verify round: ``(1 - alpha**(gamma+1)) / (1 - alpha)``.
+
+    ``gamma`` may be fractional: a measured mean draft length.
 
     >>> expected_tokens(0.0, 4), expected_tokens(1.0, 4), round(expected_tokens(0.8, 4), 4)
     (1.0, 5.0, 3.3616)
@@ -82,7 +84,7 @@ def expected_tokens(alpha: float, gamma: int) -> float:
     _check(alpha, gamma)
     if alpha >= 1.0:
         return float(gamma + 1)
-    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+    return float((1.0 - alpha ** (gamma + 1)) / (1.0 - alpha))
 
 
 def leviathan(alpha: float, gamma: int, c: float) -> float:
@@ -245,5 +247,4 @@ def effective_draft_cost(measured_speedup: float, alpha: float, gamma: float) ->
     """
     if measured_speedup <= 0 or gamma <= 0:
         return None
-    e = (1 - alpha ** (gamma + 1)) / (1 - alpha) if alpha < 1 else gamma + 1
-    return (e / measured_speedup - 1.0) / gamma
+    return (expected_tokens(alpha, gamma) / measured_speedup - 1.0) / gamma
