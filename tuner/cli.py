@@ -142,8 +142,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _profile_dirs(settings: Settings) -> list[Path]:
-    """Where profiles are looked up: the state dir, then a checkout's profiles/."""
-    return [settings.state_dir / "profiles", Path(__file__).resolve().parents[1] / "profiles"]
+    from tuner.model.profile import profile_dirs
+
+    return profile_dirs(settings.state_dir)
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:

@@ -16,9 +16,11 @@ from tuner.classify import classify, load_definitions
 from tuner.proxy.app import Service, create_app
 from tuner.records import RecordStore
 from tuner.settings import Settings
+from tuner.tuning.plan import plan_tuning
+from tuner.tuning.service import TuningService
 from tuner.upstream.capabilities import Capabilities
 from tuner.upstream.client import UpstreamClient
-from tuner.upstream.launch import model_alias, prepare, server_argv
+from tuner.upstream.launch import model_alias, prepare, router_argv, server_argv
 from tuner.upstream.process import ExternalMonitor, ManagedServer, free_port
 from tuner.upstream.provision import Progress, stderr_progress
 
@@ -33,6 +35,7 @@ class Daemon:
     supervisor: ManagedServer | ExternalMonitor
     records: RecordStore
     capabilities: Capabilities | None
+    tuning: TuningService | None = None
 
 
 def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon:
@@ -40,6 +43,8 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
     records = RecordStore(settings.records_dir)
     caps: Capabilities | None = None
     supervisor: ManagedServer | ExternalMonitor
+    tuning: TuningService | None = None
+    public_models: list[str] = []
     if settings.upstream_url is not None:
         client = UpstreamClient(
             str(settings.upstream_url), read_timeout_s=settings.request_timeout_s
@@ -49,21 +54,31 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
         prepared = prepare(settings, progress or stderr_progress)
         caps, model = prepared.capabilities, prepared.model
         port = free_port()
+        alias = model_alias(settings, model)
+        plan = plan_tuning(settings, prepared) if settings.tune else None
         client = UpstreamClient(
             f"http://127.0.0.1:{port}",
             read_timeout_s=settings.request_timeout_s,
-            default_model=model_alias(settings, model),
+            default_model=None if plan and plan.mode == "router" else alias,
         )
-        argv = server_argv(
-            prepared.binary, settings, caps, model=model, draft=prepared.draft, port=port
-        )
+        if plan is not None and plan.mode == "router":
+            argv = router_argv(prepared.binary, settings, caps, plan.presets, plan.capacity, port)
+            public_models = [alias]
+        else:
+            argv = server_argv(
+                prepared.binary, settings, caps, model=model, draft=prepared.draft, port=port
+            )
         supervisor = ManagedServer(
             argv,
             client,
             log_path=settings.state_dir / "logs" / "llama-server.log",
             startup_timeout_s=settings.startup_timeout_s,
         )
-    services: list[Service] = [supervisor]
+        if plan is not None:
+            tuning = TuningService(plan.engine, settings.state_dir, plan.meta, mode=plan.mode,
+                                   flush=records.flush)  # fmt: skip
+            records.observers.append(tuning.observe)
+    services: list[Service] = [supervisor] + ([tuning] if tuning else [])
     definitions = load_definitions(settings.classes_file)
     app = create_app(
         client,
@@ -73,8 +88,10 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
         classifier=partial(classify, definitions=definitions),
         api_keys=settings.api_keys,
         max_concurrent=settings.max_concurrent,
+        router=tuning.route if tuning else None,
+        public_models=public_models,
     )
-    return Daemon(settings, app, client, supervisor, records, caps)
+    return Daemon(settings, app, client, supervisor, records, caps, tuning)
 
 
 class _Server(uvicorn.Server):

@@ -21,13 +21,15 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from tuner.model.speedup import effective_draft_cost
 from tuner.records import RequestRecord
 
-__all__ = ["ArmStats", "Comparison", "Interval", "arm_stats", "compare", "wilson"]
+__all__ = [
+    "ArmStats", "Comparison", "Interval", "arm_stats", "compare", "ratio_interval", "wilson",
+]  # fmt: skip
 
 BASELINE = "none"
 DEFAULT_CLASS = "all"
@@ -119,6 +121,29 @@ def arm_stats(records: Iterable[RequestRecord]) -> dict[tuple[str, str], ArmStat
     return out
 
 
+def _mean_var(sample: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample variance (0 for one value), in floats: this runs per request."""
+    n = len(sample)
+    mean = math.fsum(sample) / n
+    if n < 2:
+        return mean, 0.0
+    return mean, math.fsum((x - mean) ** 2 for x in sample) / (n - 1)
+
+
+def ratio_interval(a: Sequence[float], b: Sequence[float], z: float = Z95) -> Interval:
+    """Ratio of the means of two samples, with a delta-method interval on the log ratio.
+
+    >>> r = ratio_interval([120, 125, 130], [100, 100, 100])
+    >>> round(r.value, 2), r.low < 1.25 < r.high
+    (1.25, True)
+    """
+    (mean_a, var_a), (mean_b, var_b) = _mean_var(a), _mean_var(b)
+    ratio = mean_a / mean_b
+    rel = var_a / (len(a) * mean_a**2) + var_b / (len(b) * mean_b**2)
+    half = z * math.sqrt(rel)
+    return Interval(ratio, ratio * math.exp(-half), ratio * math.exp(half))
+
+
 @dataclass(frozen=True, slots=True)
 class Comparison:
     arm: ArmStats
@@ -129,14 +154,8 @@ class Comparison:
 
 def compare(arm: ArmStats, baseline: ArmStats) -> Comparison:
     """Measured speedup of ``arm`` over ``baseline`` (ratio of mean decode speeds)."""
-    a, b = arm.tok_s_samples, baseline.tok_s_samples
-    ratio = statistics.fmean(a) / statistics.fmean(b)
-    var = 0.0
-    for sample in (a, b):
-        if len(sample) > 1:
-            var += statistics.variance(sample) / (len(sample) * statistics.fmean(sample) ** 2)
-    half = Z95 * math.sqrt(var)
-    interval = Interval(ratio, ratio * math.exp(-half), ratio * math.exp(half))
+    interval = ratio_interval(arm.tok_s_samples, baseline.tok_s_samples)
+    ratio = interval.value
     effective = None
     if arm.alpha is not None and arm.mean_draft > 0:
         effective = effective_draft_cost(ratio, min(arm.alpha.value, 0.999), arm.mean_draft)

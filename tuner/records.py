@@ -67,6 +67,7 @@ class RequestRecord(BaseModel):
     class_key: str | None = None
     features: dict[str, Any] | None = None
     variant: str | None = None
+    role: str | None = None  # exploit, trial, control or pinned
     trial: int | None = None
 
     @property

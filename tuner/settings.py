@@ -84,6 +84,19 @@ class Settings(BaseSettings):
         None, description="class definitions TOML; default: the shipped policies/classes.toml"
     )
 
+    # The tuner.
+    tune: bool = Field(True, description="search and switch variants per class (router mode)")
+    tuning_file: Path | None = Field(
+        None, description="search spaces, budget, guard, overrides; default: policies/tuning.toml"
+    )
+    explore_share: float | None = Field(
+        None, ge=0, le=1, description="share of live traffic for trials; overrides the file"
+    )
+    max_instances: int = Field(
+        4, ge=1, description="most variants loaded at once (fewer if memory is short)"
+    )
+    seed: int | None = Field(None, description="seed of the search, for reproducible runs")
+
     # Where things live.
     state_dir: Path = Field(
         default_factory=lambda: Path(platformdirs.user_state_dir(APP_NAME)),

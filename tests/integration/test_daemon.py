@@ -145,7 +145,9 @@ def test_llama_server_rejections_keep_the_openai_shape(daemon: RunningDaemon) ->
 
 def test_speculative_timings_reach_the_record(tmp_path: Path) -> None:
     """With n-gram speculation on, draft_n/draft_n_accepted flow from llama-server to records."""
-    running = start_daemon(tmp_path, env={"TUNER_SERVER_ARGS": "--spec-type ngram-simple"})
+    running = start_daemon(
+        tmp_path, env={"TUNER_SERVER_ARGS": "--spec-type ngram-simple", "TUNER_TUNE": "false"}
+    )
     try:
         body = {"prompt": CODE_EDIT, "max_tokens": 96, "temperature": 0}
         response = httpx.post(running.v1 + "/completions", json=body, timeout=120)
@@ -168,7 +170,12 @@ def test_external_upstream_mode(daemon: RunningDaemon, tmp_path: Path) -> None:
         client = openai.OpenAI(base_url=external.v1, api_key="unused", max_retries=0)
         out = client.completions.create(model="zzz", prompt="Hello", max_tokens=3)
         assert out.choices[0].text is not None
-        assert [m.id for m in client.models.list().data] == ["gemma-3-270m-q4_k_m"]
+        # The shared daemon's llama-server is a router: its presets are what it lists.
+        upstream_ids = [
+            m["id"] for m in httpx.get(f"http://127.0.0.1:{port}/v1/models").json()["data"]
+        ]
+        assert [m.id for m in client.models.list().data] == upstream_ids
+        assert "none" in upstream_ids
     finally:
         assert external.stop() == 0
 

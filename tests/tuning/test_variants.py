@@ -1,0 +1,126 @@
+"""Variants, their flags and presets, the tuning file, and the prior."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tuner.errors import ConfigError
+from tuner.model.envelope import cost_model
+from tuner.tuning.config import Override, TuningConfig, load_tuning
+from tuner.tuning.prior import rank
+from tuner.tuning.variants import PARAMS, Variant, grid, parse_name, presets_ini, request_fields
+from tuner.upstream.capabilities import Capabilities, parse_capabilities
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "tests" / "upstream" / "data"
+
+
+def caps_of(name: str) -> Capabilities:
+    return parse_capabilities((DATA / f"help-{name}.txt").read_text())
+
+
+def test_shipped_tuning_file_matches_policies() -> None:
+    shipped = (ROOT / "tuner" / "data" / "tuning.toml").read_text()
+    assert shipped == (ROOT / "policies" / "tuning.toml").read_text()
+    assert load_tuning(ROOT / "policies" / "tuning.toml") == load_tuning()
+
+
+def test_grid_renders_every_variant_for_the_current_build() -> None:
+    caps = caps_of("0c1e570")
+    variants = grid(load_tuning().search, caps)
+    names = [v.name for v in variants]
+    assert names[0] == "none" and len(names) == len(set(names)) > 10
+    assert not any(v.needs_draft_model for v in variants)  # no draft model configured
+    assert "ngram-simple.n3.m16" in names
+    flags = parse_name("ngram-simple.n3.m16").flags(caps)
+    assert flags == ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3",
+                     "--spec-ngram-simple-size-m", "16"]  # fmt: skip
+    for variant in variants:  # every flag exists in this build
+        rendered = variant.flags(caps)
+        assert all(caps.has_flag(f) for f in rendered if f.startswith("--")), rendered
+    draft = grid(load_tuning().search, caps, draft_model=Path("/d.gguf"))
+    assert any(v.spec_type == "draft-simple" for v in draft)
+
+
+def test_older_build_gets_old_draft_flags_and_per_request_fields() -> None:
+    caps = caps_of("old-2025")
+    variant = Variant.of("draft-simple", {"n_max": 8, "p_min": 0.75})
+    assert variant.name == "draft-simple.max8.p75"
+    assert variant.flags(caps, Path("/d.gguf")) == [
+        "-md", "/d.gguf", "--draft-max", "8", "--draft-p-min", "0.75",
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="no spec type"):
+        Variant.of("ngram-simple").flags(caps)
+    assert request_fields(variant) == {"speculative": {"n_max": 8, "p_min": 0.75}}
+    assert request_fields(Variant("none")) == {"speculative": {"n_max": 0}}
+
+
+def test_presets_file() -> None:
+    caps = caps_of("0c1e570")
+    text = presets_ini(
+        [Variant("none"), parse_name("ngram-mod.match12.max16")],
+        caps,
+        shared=["-m", "/m.gguf", "--ctx-size", "4096", "--metrics"],
+    )
+    assert text.splitlines()[:6] == ["version = 1", "", "[*]", "model = /m.gguf",
+                                     "ctx-size = 4096", "metrics = true"]  # fmt: skip
+    assert "[ngram-mod.match12.max16]\nspec-type = ngram-mod\nspec-ngram-mod-n-match = 12\n" in text
+    assert "spec-ngram-mod-n-min = 12" in text  # 3/4 of n-max
+
+
+@given(
+    st.sampled_from(sorted(t for t in PARAMS if t != "none")).flatmap(
+        lambda t: st.fixed_dictionaries(
+            {},
+            optional={
+                p: st.integers(1, 64) if p != "p_min" else st.sampled_from([0.0, 0.5, 0.95])
+                for p in PARAMS[t]
+            },
+        ).map(lambda params: Variant.of(t, params))
+    )
+)
+def test_names_round_trip(variant: Variant) -> None:
+    assert parse_name(variant.name) == variant
+
+
+def test_overrides_follow_the_fallback_chain() -> None:
+    config = TuningConfig(
+        overrides={
+            "code": Override(pin="ngram-simple.n3.m16", forbid=("ngram-mod",)),
+            "all": Override(forbid=("ngram-cache",)),
+            "text/fresh": Override(off=True),
+        }
+    )
+    code = config.override_for("code/echo/greedy")
+    assert code.pin == "ngram-simple.n3.m16" and set(code.forbid) == {"ngram-mod", "ngram-cache"}
+    assert config.override_for("text/fresh/sampled").off
+    assert not config.override_for("text/echo/sampled").off
+
+
+def test_bad_tuning_file_is_a_config_error(tmp_path: Path) -> None:
+    bad = tmp_path / "t.toml"
+    bad.write_text("[budget]\nexplore_share = 2\n")
+    with pytest.raises(ConfigError, match="explore_share"):
+        load_tuning(bad)
+    bad.write_text("[budget\n")
+    with pytest.raises(ConfigError, match="invalid"):
+        load_tuning(bad)
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_tuning(tmp_path / "missing.toml")
+
+
+def test_prior_ranks_and_kills() -> None:
+    caps = caps_of("0c1e570")
+    variants = grid(load_tuning().search, caps)
+    prior = load_tuning().prior
+    dense = cost_model()
+    echo = rank("code/echo/greedy", variants, prior, dense)
+    assert echo.pays and echo.ranked[0][1] >= echo.ranked[-1][1]
+    moe = cost_model(experts=256, active=8, expert_fraction=0.7)
+    killed = rank("chat/fresh/sampled", variants, prior, moe)
+    assert not killed.pays and "MoE" in killed.reason
+    assert all(s < 1 for _, s in killed.ranked)

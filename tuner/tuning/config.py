@@ -1,0 +1,113 @@
+"""The tuner's declarative defaults: ``policies/tuning.toml``, validated.
+
+Search spaces, exploration budget, guard thresholds, the prior's acceptance
+guesses, and user overrides (pin a class to a variant, forbid spec types, force
+speculation off). Overrides are looked up along the class's fallback chain, so
+an override for ``code`` covers ``code/echo/greedy``.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from tuner.classify.classes import parents
+from tuner.errors import ConfigError
+
+__all__ = ["Budget", "Guard", "Override", "Prior", "TuningConfig", "load_tuning"]
+
+ParamValue = int | float
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Budget(_Strict):
+    explore_share: float = Field(0.10, ge=0.0, le=1.0)
+    trial_requests: int = Field(6, ge=1)
+    min_trial_requests: int = Field(3, ge=1)
+    max_trials: int = Field(12, ge=0)
+    min_class_requests: int = Field(8, ge=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Budget:
+        if self.min_trial_requests > self.trial_requests:
+            raise ValueError("min_trial_requests must not exceed trial_requests")
+        return self
+
+
+class Guard(_Strict):
+    confidence: float = Field(0.90, gt=0.5, lt=1.0)
+    min_gain: float = Field(1.02, ge=1.0)
+    drift_window: int = Field(24, ge=4)
+    control_share: float = Field(0.5, ge=0.0, le=1.0)
+
+
+class Prior(_Strict):
+    alpha_echo: float = Field(0.70, ge=0.0, lt=1.0)
+    alpha_fresh: float = Field(0.30, ge=0.0, lt=1.0)
+    sampled_scale: float = Field(0.80, ge=0.0, le=1.0)
+    enqueue: int = Field(3, ge=0)
+    alpha_scale: dict[str, float] = Field(default_factory=dict)
+
+
+class Override(_Strict):
+    pin: str | None = None
+    off: bool = False
+    forbid: tuple[str, ...] = ()
+
+
+class TuningConfig(_Strict):
+    budget: Budget = Budget()
+    guard: Guard = Guard()
+    prior: Prior = Prior()
+    search: dict[str, dict[str, list[ParamValue]]] = Field(default_factory=dict)
+    overrides: dict[str, Override] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _non_empty(self) -> TuningConfig:
+        for spec_type, space in self.search.items():
+            for param, values in space.items():
+                if not values:
+                    raise ValueError(f"search.{spec_type}.{param}: give at least one value")
+        return self
+
+    def override_for(self, class_key: str) -> Override:
+        """The override that applies to a class: its own, else the nearest parent's.
+
+        ``forbid`` lists add up along the chain; ``pin`` and ``off`` come from the
+        most specific entry that sets them.
+        """
+        pin: str | None = None
+        off: bool | None = None
+        forbid: list[str] = []
+        for key in dict.fromkeys(parents(class_key)):
+            found = self.overrides.get(key)
+            if found is None:
+                continue
+            forbid.extend(found.forbid)
+            if pin is None and found.pin is not None:
+                pin = found.pin
+            if off is None and (found.off or found.pin is not None):
+                off = found.off
+        return Override(pin=pin, off=bool(off), forbid=tuple(dict.fromkeys(forbid)))
+
+
+def load_tuning(path: Path | None = None) -> TuningConfig:
+    """Read and validate a tuning TOML; the shipped defaults when ``path`` is None."""
+    try:
+        if path is None:
+            text = files("tuner.data").joinpath("tuning.toml").read_text(encoding="utf-8")
+        else:
+            text = path.read_text(encoding="utf-8")
+        data: dict[str, Any] = tomllib.loads(text)
+        return TuningConfig.model_validate(data)
+    except OSError as exc:
+        raise ConfigError(f"cannot read the tuning file {path}: {exc}") from exc
+    except (tomllib.TOMLDecodeError, ValidationError) as exc:
+        raise ConfigError(f"invalid tuning file {path or 'tuning.toml'}: {exc}") from exc

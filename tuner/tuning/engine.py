@@ -1,0 +1,663 @@
+"""The tuning engine: per class, exploit the best-known variant, spend a bounded share on trials.
+
+``route(class_key)`` is called on the request path and only reads memory: it
+returns the variant to use and why (``exploit``, ``trial``, ``control``,
+``pinned``). ``observe(record)`` is called after the response went back (from
+the record writer's thread): it adds the request's decode speed and draft
+counts to the evidence of its class and of every parent class, finishes trials
+and re-decides. Optuna and the policy file are touched through ``io`` (a
+single background thread in the daemon; inline in tests), never on the request
+path.
+
+Decisions, per class:
+
+- Budget: a request explores only while ``explored < explore_share * seen``.
+  Exploring means a trial request, or a control (no speculation) interleaved so
+  that the trial is compared with baseline requests from the same minutes.
+- A trial runs ``trial_requests`` requests; after ``min_trial_requests`` it stops
+  early when its whole speedup interval is below 1. Its value (speedup over the
+  baseline measured meanwhile) is told to the class's Optuna study.
+- Policy: the speculative variant with the highest lower confidence bound,
+  if that bound is above 1 and its measured speedup at least ``min_gain``;
+  else no speculation. A class with too few measured requests borrows the
+  policy of its nearest parent that has enough (``code/echo/greedy`` ->
+  ``code/echo`` -> ``code`` -> ``all``).
+- Kill switch: before data, when the speedup model predicts no variant above 1
+  (small-active MoE, hybrid recurrent targets) the class starts off with that
+  reason and explores only inside the budget; after ``max_trials`` trials with
+  no variant faster than baseline it is off with the measured reason.
+- Drift: ``check_drift`` compares the chosen variant's recent requests with the
+  interval it was chosen on; leaving it re-opens exploration.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from tuner.classify.classes import ROOT, parents
+from tuner.logs import get_logger
+from tuner.measure import Interval, ratio_interval, wilson
+from tuner.model.speedup import CostModel
+from tuner.records import RequestRecord
+from tuner.tuning.config import TuningConfig
+from tuner.tuning.prior import PriorView, rank
+from tuner.tuning.studies import Space, StudyBook
+from tuner.tuning.variants import BASELINE, Variant, parse_name
+
+__all__ = ["Decision", "Engine", "Policy"]
+
+log = get_logger(__name__)
+
+Role = Literal["exploit", "trial", "control", "pinned"]
+IO = Callable[[Callable[[], None]], None]
+SAMPLES = 256  # decode speeds kept per (class, variant)
+
+
+def _z(confidence: float) -> float:
+    return statistics.NormalDist().inv_cdf(0.5 + confidence / 2)
+
+
+def _inline(job: Callable[[], None]) -> None:
+    job()
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    variant: str
+    role: Role
+    trial: int | None = None
+    policy_class: str = ROOT  # whose policy an exploit decision used
+
+
+class Policy(BaseModel):
+    """What the engine decided for one class, with its evidence (persisted, reported)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    class_key: str
+    variant: str
+    speculation: bool
+    reason: str
+    kill_switch: bool = False
+    override: bool = False
+    requests: int = 0
+    alpha: float | None = None
+    alpha_low: float | None = None
+    alpha_high: float | None = None
+    tokens_per_step: float | None = None
+    speedup: float | None = None
+    speedup_low: float | None = None
+    speedup_high: float | None = None
+    predicted_speedup: float | None = None
+    since: float = 0.0
+
+
+@dataclass(slots=True)
+class Arm:
+    """Evidence for one variant in one class."""
+
+    requests: int = 0
+    tokens: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    samples: deque[float] = field(default_factory=lambda: deque(maxlen=SAMPLES))
+    recent: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=SAMPLES))
+
+    def add(self, tok_s: float, tokens: int, drafted: int, accepted: int) -> None:
+        self.requests += 1
+        self.tokens += tokens
+        self.drafted += drafted
+        self.accepted += accepted
+        self.samples.append(tok_s)
+        self.recent.append((drafted, accepted))
+
+    @property
+    def alpha(self) -> Interval | None:
+        return wilson(self.accepted, self.drafted)
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.tokens / max(self.tokens - self.accepted, 1)
+
+    def dump(self) -> dict[str, Any]:
+        return {
+            "requests": self.requests,
+            "tokens": self.tokens,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "samples": list(self.samples),
+            "recent": [list(r) for r in self.recent],
+        }
+
+    @classmethod
+    def load(cls, data: dict[str, Any]) -> Arm:
+        arm = cls(
+            int(data["requests"]), int(data["tokens"]), int(data["drafted"]), int(data["accepted"])
+        )
+        arm.samples.extend(float(x) for x in data.get("samples", []))
+        arm.recent.extend((int(d), int(a)) for d, a in data.get("recent", []))
+        return arm
+
+
+@dataclass(slots=True)
+class Trial:
+    number: int
+    variant: Variant
+    baseline_mark: int  # baseline samples observed when the trial started
+    none_mark: int  # requests routed to baseline when the trial started
+    sent: int = 0
+    samples: list[float] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class ClassState:
+    key: str
+    seen: int = 0
+    explored: int = 0
+    none_routed: int = 0  # requests sent without speculation (exploit or control)
+    trials_done: int = 0
+    converged: bool = False
+    trial: Trial | None = None
+    preparing: bool = False
+    arms: dict[str, Arm] = field(default_factory=dict)
+    policy: Policy | None = None
+    prior: PriorView | None = None
+
+    def arm(self, name: str) -> Arm:
+        found = self.arms.get(name)
+        if found is None:
+            found = self.arms[name] = Arm()
+        return found
+
+    @property
+    def measured(self) -> int:
+        return sum(a.requests for a in self.arms.values())
+
+
+class Engine:
+    """Per-class decisions on live traffic. Thread-safe: one lock around the memory state."""
+
+    def __init__(
+        self,
+        config: TuningConfig,
+        variants: Iterable[Variant],
+        studies: StudyBook | None,
+        *,
+        cost: CostModel | None = None,
+        draft_step: float = 0.0,
+        io: IO = _inline,
+        on_change: Callable[[Engine], None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.variants = {v.name: v for v in variants}
+        self.variants.setdefault(BASELINE.name, BASELINE)
+        self.studies = studies
+        self.cost = cost or CostModel()
+        self.draft_step = draft_step
+        self.io = io
+        self.on_change = on_change
+        self.clock = clock
+        self.z = _z(config.guard.confidence)
+        self.classes: dict[str, ClassState] = {}
+        self._opened: set[str] = set()  # classes whose study this process has used
+        self._lock = threading.RLock()
+
+    # -- the request path -------------------------------------------------------------
+
+    def route(self, class_key: str | None) -> Decision:
+        """The variant for one request of this class (memory only, no IO)."""
+        key = class_key or ROOT
+        budget = self.config.budget
+        with self._lock:
+            state = self._state(key)
+            state.seen += 1
+            override = self.config.override_for(key)
+            if override.pin is not None and override.pin in self.variants:
+                return Decision(override.pin, "pinned", policy_class=key)
+            policy_class, policy = self._effective_policy(key)
+            may_explore = not override.off and state.explored < budget.explore_share * state.seen
+            decision = self._explore(key, state, policy) if may_explore else None
+            if decision is None:
+                decision = Decision(policy.variant, "exploit", policy_class=policy_class)
+            if decision.variant == BASELINE.name:
+                state.none_routed += 1
+            return decision
+
+    def _explore(self, key: str, state: ClassState, policy: Policy) -> Decision | None:
+        """A trial or control request, or None when there is nothing to explore right now."""
+        trial = state.trial
+        if trial is not None:
+            state.explored += 1
+            controls = state.none_routed - trial.none_mark
+            if controls < self.config.guard.control_share * trial.sent:
+                return Decision(BASELINE.name, "control", policy_class=key)
+            trial.sent += 1
+            return Decision(trial.variant.name, "trial", trial.number, key)
+        if not state.converged and not state.preparing and self.studies is not None:
+            state.preparing = True
+            self.io(lambda: self._next_trial(key))
+        elif state.converged and policy.speculation:
+            state.explored += 1  # keep the baseline fresh for drift checks
+            return Decision(BASELINE.name, "control", policy_class=key)
+        return None
+
+    # -- learning ---------------------------------------------------------------------
+
+    def observe(self, record: RequestRecord) -> None:
+        """Add one finished request to the evidence; finish its trial when due."""
+        t = record.timings
+        if record.variant is None or record.status != 200 or record.error or t is None:
+            return
+        if not t.predicted_per_second or not t.predicted_n:
+            return
+        key = record.class_key or ROOT
+        tok_s = float(t.predicted_per_second)
+        drafted, accepted = t.draft_n or 0, t.draft_n_accepted or 0
+        finish: Trial | None = None
+        with self._lock:
+            for level in dict.fromkeys(parents(key)):
+                state = self._state(level)
+                state.arm(record.variant).add(tok_s, t.predicted_n, drafted, accepted)
+            state = self._state(key)
+            trial = state.trial
+            if trial is not None and record.trial == trial.number:
+                trial.samples.append(tok_s)
+                if self._trial_done(state, trial):
+                    state.trial, finish = None, trial
+            changed = self._decide_all(key)
+        if finish is not None:
+            self.io(lambda: self._finish_trial(key, finish))
+        elif changed:
+            self._changed()
+
+    def _baseline_since(self, state: ClassState, mark: int) -> list[float]:
+        samples = list(state.arm(BASELINE.name).samples)
+        fresh = samples[mark:] if mark < len(samples) else []
+        return fresh if len(fresh) >= 2 else samples[-8:]
+
+    def _trial_speedup(self, state: ClassState, trial: Trial) -> Interval | None:
+        base = self._baseline_since(state, trial.baseline_mark)
+        if not base or not trial.samples:
+            return None
+        return ratio_interval(trial.samples, base, self.z)
+
+    def _trial_done(self, state: ClassState, trial: Trial) -> bool:
+        budget = self.config.budget
+        n = len(trial.samples)
+        if n >= budget.trial_requests:
+            return True
+        if n >= budget.min_trial_requests:
+            found = self._trial_speedup(state, trial)
+            return found is not None and found.high < 1.0
+        return False
+
+    def _next_trial(self, key: str) -> None:
+        """Ask the class's study for its next trial (IO thread)."""
+        assert self.studies is not None
+        space = self._space(key)
+        try:
+            with self._lock:
+                state = self._state(key)
+                first = key not in self._opened
+                self._opened.add(key)
+                prior = state.prior
+            if not space:
+                with self._lock:
+                    state.converged = True
+                return
+            if first:
+                self.studies.fail_running(key, space)
+            if first and prior is not None and state.trials_done == 0:
+                picks = [v for v, _ in prior.ranked if v.spec_type in space]
+                self.studies.enqueue(key, space, picks[: self.config.prior.enqueue])
+            number, variant = self._ask_new(key, space)
+            with self._lock:
+                mark = len(state.arm(BASELINE.name).samples)
+                if variant.name in self.variants:
+                    state.trial = Trial(number, variant, mark, state.none_routed)
+        except Exception:
+            log.exception("tuning_ask_failed", class_key=key)
+        finally:
+            with self._lock:
+                self._state(key).preparing = False
+
+    def _ask_new(self, key: str, space: Space) -> tuple[int, Variant]:
+        """Ask; a variant already measured enough in this class is told its value at once."""
+        assert self.studies is not None
+        for _ in range(8):
+            number, variant = self.studies.ask(key, space)
+            with self._lock:
+                state = self._state(key)
+                arm = state.arms.get(variant.name)
+                base = state.arms.get(BASELINE.name)
+                known = (
+                    arm is not None
+                    and base is not None
+                    and arm.requests >= self.config.budget.trial_requests
+                    and len(base.samples) >= 2
+                )
+                value = ratio_interval(arm.samples, base.samples, self.z).value if known else None  # type: ignore[union-attr]
+            if value is None:
+                return number, variant
+            self.studies.tell(key, space, number, value, attrs={"reused": True})
+        return number, variant
+
+    def _finish_trial(self, key: str, trial: Trial) -> None:
+        """Tell the study and re-decide (IO thread)."""
+        with self._lock:
+            state = self._state(key)
+            found = self._trial_speedup(state, trial)
+            pruned = (
+                found is not None
+                and found.high < 1.0
+                and len(trial.samples) < self.config.budget.trial_requests
+            )
+            state.trials_done += 1
+            if state.trials_done >= self.config.budget.max_trials:
+                state.converged = True
+            self._decide_all(key)
+        attrs = {"requests": len(trial.samples), "variant": trial.variant.name}
+        if found is not None:
+            attrs |= {"speedup": found.value, "speedup_low": found.low, "speedup_high": found.high}
+        if self.studies is not None:
+            try:
+                self.studies.tell(
+                    key,
+                    self._space(key),
+                    trial.number,
+                    found.value if found else None,
+                    pruned=pruned,
+                    attrs=attrs,
+                )
+            except Exception:
+                log.exception("tuning_tell_failed", class_key=key)
+        log.info(
+            "trial_finished",
+            class_key=key,
+            variant=trial.variant.name,
+            speedup=round(found.value, 3) if found else None,
+            pruned=pruned,
+        )
+        self._changed()
+        if not state.converged:
+            with self._lock:
+                if state.preparing:
+                    return
+                state.preparing = True
+            self._next_trial(key)
+
+    # -- policies ---------------------------------------------------------------------
+
+    def _decide_all(self, key: str) -> bool:
+        changed = False
+        for level in dict.fromkeys(parents(key)):
+            changed |= self._decide(self._state(level))
+        return changed
+
+    def _decide(self, state: ClassState) -> bool:
+        """Re-compute one class's policy from its evidence; True if the variant changed."""
+        old = state.policy
+        new = self._policy(state)
+        if old is not None and old.variant == new.variant and old.kill_switch == new.kill_switch:
+            new = new.model_copy(update={"since": old.since})
+        state.policy = new
+        if old is None or old.variant != new.variant:
+            log.info("policy", class_key=state.key, variant=new.variant, reason=new.reason)
+            return True
+        return False
+
+    def _policy(self, state: ClassState) -> Policy:
+        now = self.clock()
+        override = self.config.override_for(state.key)
+        prior = state.prior
+        if override.pin is not None:
+            return Policy(
+                class_key=state.key,
+                variant=override.pin,
+                speculation=override.pin != "none",
+                reason="pinned by override",
+                override=True,
+                since=now,
+            )
+        if override.off:
+            return Policy(
+                class_key=state.key,
+                variant=BASELINE.name,
+                speculation=False,
+                reason="speculation forced off by override",
+                override=True,
+                kill_switch=True,
+                since=now,
+            )
+        base = state.arms.get(BASELINE.name)
+        best, best_any = self._best_measured(state)
+        if best is not None:
+            _, name, s, arm = best
+            a = arm.alpha
+            predicted = prior.predicted(name) if prior else None
+            return Policy(
+                class_key=state.key,
+                variant=name,
+                speculation=True,
+                reason=f"measured {s.value:.2f}x [{s.low:.2f}, {s.high:.2f}] over baseline",
+                requests=arm.requests,
+                alpha=a.value if a else None,
+                alpha_low=a.low if a else None,
+                alpha_high=a.high if a else None,
+                tokens_per_step=arm.tokens_per_step,
+                speedup=s.value,
+                speedup_low=s.low,
+                speedup_high=s.high,
+                predicted_speedup=predicted,
+                since=now,
+            )
+        requests = base.requests if base else 0
+        if state.converged and best_any is not None:
+            reason = (
+                f"measured: no variant beats baseline; best {best_any[1]} at "
+                f"{best_any[0]:.2f}x after {state.trials_done} trials"
+            )
+            return Policy(
+                class_key=state.key,
+                variant=BASELINE.name,
+                speculation=False,
+                reason=reason,
+                kill_switch=True,
+                requests=requests,
+                predicted_speedup=prior.ranked[0][1] if prior and prior.ranked else None,
+                since=now,
+            )
+        if prior is not None and not prior.pays:
+            return Policy(
+                class_key=state.key,
+                variant=BASELINE.name,
+                speculation=False,
+                reason=prior.reason,
+                kill_switch=True,
+                requests=requests,
+                predicted_speedup=prior.ranked[0][1] if prior.ranked else None,
+                since=now,
+            )
+        reason = (
+            f"no variant measured faster yet ({state.trials_done} trials)"
+            if state.trials_done or best_any
+            else "no evidence yet"
+        )
+        return Policy(
+            class_key=state.key,
+            variant=BASELINE.name,
+            speculation=False,
+            reason=reason,
+            requests=requests,
+            since=now,
+        )
+
+    def _best_measured(
+        self, state: ClassState
+    ) -> tuple[tuple[float, str, Interval, Arm] | None, tuple[float, str] | None]:
+        """The variant to choose (if any clears the guard) and the best measured at all."""
+        guard, need = self.config.guard, self.config.budget.min_trial_requests
+        base = state.arms.get(BASELINE.name)
+        best: tuple[float, str, Interval, Arm] | None = None
+        best_any: tuple[float, str] | None = None
+        current: tuple[float, str, Interval, Arm] | None = None
+        if base is None or len(base.samples) < 2:
+            return None, None
+        for name, arm in state.arms.items():
+            if name == BASELINE.name or name not in self.variants or arm.requests < need:
+                continue
+            if self._forbidden(state.key, name):
+                continue
+            s = ratio_interval(arm.samples, base.samples, self.z)
+            if best_any is None or s.value > best_any[0]:
+                best_any = (s.value, name)
+            if s.low > 1.0 and s.value >= guard.min_gain and (best is None or s.low > best[0]):
+                best = (s.low, name, s, arm)
+            if state.policy is not None and name == state.policy.variant:
+                current = (s.low, name, s, arm)
+        # Hysteresis: switch only to a variant clearly better than the current one.
+        if (
+            best is not None
+            and current is not None
+            and current[2].low > 1.0
+            and current[2].value >= guard.min_gain
+            and best[2].low <= current[2].value
+        ):
+            best = current
+        return best, best_any
+
+    def _effective_policy(self, key: str) -> tuple[str, Policy]:
+        """The class's own policy if it has enough evidence, else the nearest parent's."""
+        need = self.config.budget.min_class_requests
+        for level in dict.fromkeys(parents(key)):
+            state = self.classes.get(level)
+            if state is None or state.policy is None:
+                continue
+            if state.measured >= need or state.policy.override or level == ROOT:
+                return level, state.policy
+        own = self._state(key)
+        if own.policy is None:
+            own.policy = self._policy(own)
+        return key, own.policy
+
+    def _forbidden(self, key: str, variant: str) -> bool:
+        return parse_name(variant).spec_type in self.config.override_for(key).forbid
+
+    def _space(self, key: str) -> dict[str, dict[str, list[Any]]]:
+        """The configured search space minus forbidden or unbuildable spec types."""
+        types = {v.spec_type for v in self.variants.values() if v.speculative}
+        forbid = set(self.config.override_for(key).forbid)
+        return {
+            t: {p: list(vals) for p, vals in space.items()}
+            for t, space in sorted(self.config.search.items())
+            if t in types and t not in forbid
+        }
+
+    def _state(self, key: str) -> ClassState:
+        state = self.classes.get(key)
+        if state is None:
+            state = self.classes[key] = ClassState(key)
+            state.prior = rank(
+                key, list(self.variants.values()), self.config.prior, self.cost, self.draft_step
+            )
+            state.policy = self._policy(state)
+        return state
+
+    # -- drift, persistence -----------------------------------------------------------
+
+    def check_drift(self) -> list[str]:
+        """Re-open exploration where the chosen variant left its interval; the classes re-opened."""
+        window = self.config.guard.drift_window
+        reopened = []
+        with self._lock:
+            for state in self.classes.values():
+                policy = state.policy
+                if not state.converged or policy is None or not policy.speculation:
+                    continue
+                arm, base = state.arms.get(policy.variant), state.arms.get(BASELINE.name)
+                if arm is None or base is None or len(arm.samples) < window + window // 2:
+                    continue
+                samples, pairs = list(arm.samples), list(arm.recent)
+                base_samples = list(base.samples)
+                if len(base_samples) < 4:
+                    continue
+                half = len(base_samples) // 2
+                before = ratio_interval(samples[:-window], base_samples[:half], self.z)
+                now = ratio_interval(samples[-window:], base_samples[half:], self.z).value
+                old_alpha = wilson(
+                    sum(a for _, a in pairs[:-window]), sum(d for d, _ in pairs[:-window])
+                )
+                drafted = sum(d for d, _ in pairs[-window:])
+                alpha_now = sum(a for _, a in pairs[-window:]) / drafted if drafted else None
+                left_speedup = not before.contains(now)
+                left_alpha = (
+                    alpha_now is not None
+                    and old_alpha is not None
+                    and not old_alpha.contains(alpha_now)
+                )
+                if left_speedup or left_alpha:
+                    state.converged = False
+                    state.trials_done = max(
+                        0, state.trials_done - self.config.budget.max_trials // 2
+                    )
+                    reopened.append(state.key)
+                    log.info(
+                        "drift",
+                        class_key=state.key,
+                        variant=policy.variant,
+                        speedup_now=round(now, 3),
+                        alpha_now=alpha_now,
+                    )
+        if reopened:
+            self._changed()
+        return reopened
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change(self)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The whole learned state, JSON-ready (``tuner.tuning.state`` writes it)."""
+        with self._lock:
+            return {
+                key: {
+                    "seen": s.seen,
+                    "explored": s.explored,
+                    "trials_done": s.trials_done,
+                    "converged": s.converged,
+                    "policy": s.policy.model_dump() if s.policy else None,
+                    "prior": {
+                        "pays": s.prior.pays,
+                        "reason": s.prior.reason,
+                        "ranked": [[v.name, p] for v, p in s.prior.ranked[:5]],
+                    }
+                    if s.prior
+                    else None,
+                    "arms": {name: arm.dump() for name, arm in s.arms.items()},
+                }
+                for key, s in sorted(self.classes.items())
+            }
+
+    def restore(self, classes: dict[str, Any]) -> None:
+        """Load a snapshot (trials that were running are not resumed: their study fails them)."""
+        with self._lock:
+            for key, data in classes.items():
+                state = self._state(key)
+                state.seen, state.explored = int(data["seen"]), int(data["explored"])
+                state.trials_done, state.converged = (
+                    int(data["trials_done"]),
+                    bool(data["converged"]),
+                )
+                state.arms = {n: Arm.load(a) for n, a in data.get("arms", {}).items()}
+                if data.get("policy"):
+                    state.policy = Policy.model_validate(data["policy"])
+                self._decide(state)

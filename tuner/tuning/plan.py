@@ -1,0 +1,147 @@
+"""Decide how the daemon tunes on this build and machine, and build the engine for it.
+
+- Router mode (current builds): one preset per variant of the search space in a
+  generated presets file; llama-server loads a preset on first use and keeps at
+  most ``models_max`` loaded (least recently used goes), sized from free memory.
+- Per-request mode (builds from before ``--spec-type`` that honour the
+  ``speculative`` request fields): one instance with the draft model, draft
+  parameters sent with each request.
+- Otherwise tuning is off and the daemon proxies a single instance (logged).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tuner.atomic import write_atomic
+from tuner.logs import get_logger
+from tuner.model.envelope import cost_model_from_facts
+from tuner.model.gguf_facts import ModelFacts, read_facts
+from tuner.model.profile import (
+    fingerprint_key,
+    hardware_fingerprint,
+    load_profile,
+    model_key,
+    profile_dirs,
+)
+from tuner.model.speedup import CostModel
+from tuner.settings import Settings
+from tuner.tuning.capacity import instances_that_fit
+from tuner.tuning.config import TuningConfig, load_tuning
+from tuner.tuning.engine import Engine
+from tuner.tuning.service import Mode
+from tuner.tuning.state import PolicyMeta
+from tuner.tuning.studies import StudyBook
+from tuner.tuning.variants import Variant, grid, parse_name, presets_ini
+from tuner.upstream.capabilities import Capabilities
+from tuner.upstream.launch import Prepared, model_alias
+
+__all__ = ["TuningPlan", "default_cost", "plan_tuning", "shared_flags"]
+
+log = get_logger(__name__)
+
+# Without a calibration profile, a dense target's verify pass of n tokens is
+# assumed to cost 1 + 0.1 (n - 1) decode steps (this machine measured ~0.17).
+DEFAULT_VERIFY_SLOPE = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class TuningPlan:
+    mode: Mode
+    engine: Engine
+    meta: PolicyMeta
+    presets: Path
+    capacity: int
+
+
+def shared_flags(settings: Settings, caps: Capabilities, model: Path) -> list[str]:
+    """Flags every preset shares (the ``[*]`` section)."""
+    out = ["--model", str(model), "--ctx-size", str(settings.ctx_size)]
+    if caps.metrics:
+        out.append("--metrics")
+    if settings.threads is not None:
+        out += ["--threads", str(settings.threads)]
+    return out + list(settings.server_args)
+
+
+def default_cost(facts: ModelFacts, draft: ModelFacts | None, settings: Settings) -> CostModel:
+    """The target's cost model: MoE and recurrent terms from its facts, verify curve from a
+    calibration profile when one exists for this model and machine."""
+    base = cost_model_from_facts(facts, draft)
+    if facts.is_moe:
+        return base
+    profile = load_profile(
+        profile_dirs(settings.state_dir),
+        model_key(Path(facts.path)),
+        fingerprint_key(hardware_fingerprint()),
+    )
+    verify = profile.verify if profile else (lambda n: 1.0 + DEFAULT_VERIFY_SLOPE * (n - 1))
+    return CostModel(base.draft_step, verify, base.checkpoint, base.restore, base.replay)
+
+
+def _variants(config: TuningConfig, caps: Capabilities, draft: Path | None) -> list[Variant]:
+    variants = grid(
+        config.search, caps, draft_model=draft, forbid=config.override_for("all").forbid
+    )
+    for override in config.overrides.values():
+        if override.pin and override.pin not in {v.name for v in variants}:
+            variants.append(parse_name(override.pin))  # a pin outside the space still runs
+    return variants
+
+
+def plan_tuning(settings: Settings, prepared: Prepared) -> TuningPlan | None:
+    """The tuning plan for this build, or None when tuning is not possible (logged)."""
+    config = load_tuning(settings.tuning_file)
+    if settings.explore_share is not None:
+        budget = config.budget.model_copy(update={"explore_share": settings.explore_share})
+        config = config.model_copy(update={"budget": budget})
+    caps, model, draft = prepared.capabilities, prepared.model, prepared.draft
+    if caps.router and caps.has_flag("--spec-type"):
+        mode: Mode = "router"
+        variants = _variants(config, caps, draft)
+    elif caps.old_draft_flags and draft is not None:
+        mode = "per-request"
+        variants = [
+            v for v in _variants(config, caps, draft) if v.spec_type in ("none", "draft-simple")
+        ]
+    else:
+        log.warning(
+            "tuning_off",
+            reason="this llama-server has neither router mode with "
+            "--spec-type nor per-request draft settings",
+        )
+        return None
+    facts = read_facts(model)
+    draft_facts = read_facts(draft) if draft else None
+    cost = default_cost(facts, draft_facts, settings)
+    fingerprint = hardware_fingerprint()
+    meta: PolicyMeta = {
+        "model": model_alias(settings, model),
+        "model_key": model_key(model),
+        "build": caps.commit,
+        "hardware": fingerprint,
+        "hardware_key": fingerprint_key(fingerprint),
+        "variants": [v.name for v in variants],
+    }
+    capacity = instances_that_fit(
+        facts, settings.ctx_size, gpu="cuda" in str(prepared.binary), limit=settings.max_instances
+    )
+    presets = settings.state_dir / "router" / "presets.ini"
+    if mode == "router":
+        shared = shared_flags(settings, caps, model)
+        write_atomic(presets, presets_ini(variants, caps, shared=shared, draft_model=draft))
+    studies = StudyBook(
+        settings.state_dir / "studies.db",
+        f"{meta['model_key']}@{meta['hardware_key']}",
+        seed=settings.seed,
+    )
+    engine = Engine(config, variants, studies, cost=cost, draft_step=cost.draft_step)
+    log.info(
+        "tuning_plan",
+        mode=mode,
+        variants=len(variants),
+        loaded_at_once=capacity.instances,
+        capacity=capacity.explain(),
+    )
+    return TuningPlan(mode, engine, meta, presets, capacity.instances)

@@ -1,0 +1,174 @@
+"""The tuning engine as a daemon service: routing, background IO, persistence, scheduled jobs.
+
+- ``route(class_key)`` gives the proxy what to send: the router preset (``model``)
+  or, on older builds that honour them, per-request ``speculative`` fields.
+- Optuna and policy-file writes run on one background thread, never on the
+  request path; a change is written at most every ``save_every_s``.
+- apscheduler jobs: drift check and re-evaluation (``reevaluate_s``), policy
+  snapshots (``snapshot_s``, the last ``keep_snapshots`` kept under
+  ``<state>/snapshots/``).
+- ``stop`` writes the policies one last time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+
+from tuner.logs import get_logger
+from tuner.records import RequestRecord
+from tuner.tuning.engine import Decision, Engine
+from tuner.tuning.state import POLICY_FILE, PolicyMeta, load_policies, save_policies
+from tuner.tuning.variants import parse_name, request_fields
+
+__all__ = ["Routed", "TuningService"]
+
+log = get_logger(__name__)
+
+Mode = Literal["router", "per-request"]
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """What the proxy does to one request: the model to ask for, or fields to add."""
+
+    variant: str
+    role: str
+    trial: int | None
+    model: str | None = None
+    fields: dict[str, Any] | None = None
+
+
+class TuningService:
+    def __init__(
+        self,
+        engine: Engine,
+        state_dir: Path,
+        meta: PolicyMeta,
+        *,
+        mode: Mode = "router",
+        reevaluate_s: float = 60.0,
+        snapshot_s: float = 900.0,
+        keep_snapshots: int = 24,
+        save_every_s: float = 2.0,
+        flush: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self.flush = flush
+        self.engine = engine
+        self.state_dir = state_dir
+        self.path = state_dir / POLICY_FILE
+        self.meta = meta
+        self.mode = mode
+        self.reevaluate_s = reevaluate_s
+        self.snapshot_s = snapshot_s
+        self.keep_snapshots = keep_snapshots
+        self.save_every_s = save_every_s
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tuning")
+        self._dirty = threading.Event()
+        self._last_save = 0.0
+        self.save_errors = 0
+        self.scheduler: AsyncIOScheduler | None = None
+        engine.io = self._submit
+        engine.on_change = lambda _: self._mark_dirty()
+        self.listeners: list[Callable[[Engine], None]] = []
+
+    # -- request path -----------------------------------------------------------------
+
+    def route(self, class_key: str | None) -> Routed:
+        decision: Decision = self.engine.route(class_key)
+        if self.mode == "router":
+            return Routed(decision.variant, decision.role, decision.trial, model=decision.variant)
+        fields = request_fields(parse_name(decision.variant))
+        return Routed(decision.variant, decision.role, decision.trial, fields=fields)
+
+    def observe(self, record: RequestRecord) -> None:
+        self.engine.observe(record)
+
+    # -- background -------------------------------------------------------------------
+
+    def _submit(self, job: Callable[[], object]) -> None:
+        def run() -> None:
+            try:
+                job()
+            except Exception:
+                log.exception("tuning_job_failed")
+
+        with contextlib.suppress(RuntimeError):  # shutting down
+            self._pool.submit(run)
+
+    def _mark_dirty(self) -> None:
+        self._dirty.set()
+        if time.monotonic() - self._last_save >= self.save_every_s:
+            self._submit(self.save)
+
+    def save(self) -> bool:
+        """Write the policy file now (atomically); False (and logged) when it cannot."""
+        self._dirty.clear()
+        self._last_save = time.monotonic()
+        try:
+            save_policies(self.path, self.meta, self.engine.snapshot())
+        except OSError as exc:
+            self.save_errors += 1
+            self._dirty.set()
+            log.error("policies_write_failed", path=str(self.path), error=str(exc))
+            return False
+        for listener in self.listeners:
+            listener(self.engine)
+        return True
+
+    def reevaluate(self) -> None:
+        self.engine.check_drift()
+        if self._dirty.is_set():
+            self._submit(self.save)
+
+    def snapshot(self) -> Path | None:
+        if not self.path.is_file():
+            return None
+        folder = self.state_dir / "snapshots"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            target = folder / f"policies-{time.strftime('%Y%m%dT%H%M%S')}.json"
+            shutil.copyfile(self.path, target)
+            for old in sorted(folder.glob("policies-*.json"))[: -self.keep_snapshots]:
+                old.unlink(missing_ok=True)
+        except OSError as exc:
+            log.error("snapshot_failed", error=str(exc))
+            return None
+        return target
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    async def start(self) -> None:
+        restored = load_policies(self.path, self.meta)
+        if restored:
+            self.engine.restore(restored)
+            log.info("policies_restored", classes=len(restored), path=str(self.path))
+        self.scheduler = AsyncIOScheduler()
+        self.scheduler.add_job(
+            lambda: self._submit(self.reevaluate),
+            "interval",
+            seconds=self.reevaluate_s,
+            id="reevaluate",
+        )
+        self.scheduler.add_job(
+            lambda: self._submit(self.snapshot), "interval", seconds=self.snapshot_s, id="snapshot"
+        )
+        self.scheduler.start()
+
+    async def stop(self) -> None:
+        if self.flush is not None:
+            await self.flush()  # the last requests' records reach the engine first
+        if self.scheduler is not None:
+            self.scheduler.shutdown(wait=False)
+            self.scheduler = None
+        self._pool.shutdown(wait=True)
+        self.save()

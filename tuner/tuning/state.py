@@ -1,0 +1,60 @@
+"""The policy file: everything the engine learned, written atomically, read on start.
+
+``<state>/policies.json`` holds, per class, the chosen variant with its evidence
+(requests, alpha and speedup with intervals, predicted speedup, since when), the
+exploration counters and the per-variant evidence; plus the model, build and
+hardware it was learned on. A crash leaves the previous file or the new one.
+A file learned on another model, build or machine is set aside (renamed), not
+reused.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from tuner.atomic import write_atomic
+from tuner.logs import get_logger
+
+__all__ = ["POLICY_FILE", "PolicyMeta", "load_policies", "save_policies"]
+
+log = get_logger(__name__)
+
+POLICY_FILE = "policies.json"
+VERSION = 1
+
+PolicyMeta = dict[str, Any]  # model, model_key, build, hardware, hardware_key
+
+
+def save_policies(path: Path, meta: PolicyMeta, classes: dict[str, Any]) -> None:
+    document = {"version": VERSION, "saved": time.time(), **meta, "classes": classes}
+    write_atomic(path, json.dumps(document, indent=1, sort_keys=True) + "\n")
+
+
+def read_document(path: Path) -> dict[str, Any] | None:
+    """The policy file as written, or None when absent or unreadable."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.error("policies_unreadable", path=str(path), error=str(exc))
+        return None
+    return data if isinstance(data, dict) and data.get("version") == VERSION else None
+
+
+def load_policies(path: Path, meta: PolicyMeta) -> dict[str, Any]:
+    """The learned classes, if the file was learned on this model, build and machine."""
+    data = read_document(path)
+    if data is None:
+        return {}
+    mismatch = [k for k in ("model_key", "build", "hardware_key") if data.get(k) != meta.get(k)]
+    if mismatch:
+        aside = path.with_name(f"{path.stem}.{int(time.time())}.old.json")
+        path.replace(aside)
+        log.warning("policies_set_aside", path=str(aside), changed=mismatch)
+        return {}
+    classes = data.get("classes")
+    return classes if isinstance(classes, dict) else {}

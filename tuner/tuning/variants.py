@@ -1,0 +1,250 @@
+"""Variants: one llama-server speculative configuration each, and how to render it.
+
+A variant is a spec type with one value per parameter. Its ``name`` is stable and
+readable (``ngram-simple.n3.m16``); it names the router preset, the records, the
+report rows and the metrics labels. ``flags`` renders it for the installed
+build: the ``--spec-*`` flags of current builds, or ``--draft-max`` and friends
+on builds from before ``--spec-type`` (where only draft-model speculation
+exists).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tuner.upstream.capabilities import Capabilities
+
+__all__ = [
+    "BASELINE",
+    "PARAMS",
+    "Variant",
+    "grid",
+    "parse_name",
+    "presets_ini",
+    "request_fields",
+]
+
+ParamValue = int | float
+
+# spec type -> parameter -> (short label for the name, flag in current builds)
+PARAMS: dict[str, dict[str, tuple[str, str]]] = {
+    "none": {},
+    "ngram-simple": {
+        "size_n": ("n", "--spec-ngram-simple-size-n"),
+        "size_m": ("m", "--spec-ngram-simple-size-m"),
+        "min_hits": ("h", "--spec-ngram-simple-min-hits"),
+    },
+    "ngram-map-k": {
+        "size_n": ("n", "--spec-ngram-map-k-size-n"),
+        "size_m": ("m", "--spec-ngram-map-k-size-m"),
+        "min_hits": ("h", "--spec-ngram-map-k-min-hits"),
+    },
+    "ngram-map-k4v": {
+        "size_n": ("n", "--spec-ngram-map-k4v-size-n"),
+        "size_m": ("m", "--spec-ngram-map-k4v-size-m"),
+        "min_hits": ("h", "--spec-ngram-map-k4v-min-hits"),
+    },
+    "ngram-mod": {
+        "n_match": ("match", "--spec-ngram-mod-n-match"),
+        "n_max": ("max", "--spec-ngram-mod-n-max"),
+        "n_min": ("min", "--spec-ngram-mod-n-min"),
+    },
+    "ngram-cache": {},
+    **{
+        kind: {
+            "n_max": ("max", "--spec-draft-n-max"),
+            "n_min": ("min", "--spec-draft-n-min"),
+            "p_min": ("p", "--spec-draft-p-min"),
+        }
+        for kind in ("draft-simple", "draft-mtp", "draft-eagle3", "draft-dflash")
+    },
+}
+_OLD_DRAFT_FLAGS = {"n_max": "--draft-max", "n_min": "--draft-min", "p_min": "--draft-p-min"}
+# Defaults of the current build, used for the nominal draft length of a variant.
+_DEFAULT_DRAFT = {"ngram-mod": 64, "ngram-cache": 8, "draft": 3, "ngram": 48}
+NEEDS_DRAFT_MODEL = frozenset({"draft-simple", "draft-eagle3", "draft-dflash"})
+
+
+def _label(value: ParamValue) -> str:
+    """``3`` -> ``3``; ``0.75`` -> ``75`` (a probability as a percentage)."""
+    if isinstance(value, float) and not value.is_integer():
+        return f"{round(value * 100):d}"
+    return str(int(value))
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Variant:
+    """One speculative configuration: a spec type and its parameters."""
+
+    spec_type: str
+    params: tuple[tuple[str, ParamValue], ...] = ()
+
+    @classmethod
+    def of(cls, spec_type: str, params: Mapping[str, ParamValue] | None = None) -> Variant:
+        known = PARAMS.get(spec_type)
+        if known is None:
+            raise ValueError(f"unknown spec type {spec_type!r}")
+        params = dict(params or {})
+        unknown = set(params) - set(known)
+        if unknown:
+            raise ValueError(f"{spec_type} has no parameter {sorted(unknown)[0]!r}")
+        if spec_type == "ngram-mod" and "n_max" in params and "n_min" not in params:
+            params["n_min"] = max(1, int(params["n_max"]) * 3 // 4)
+        ordered = tuple((p, params[p]) for p in known if p in params)
+        return cls(spec_type, ordered)
+
+    @property
+    def name(self) -> str:
+        labels = PARAMS[self.spec_type]
+        parts = [self.spec_type]
+        for param, value in self.params:
+            n_max = self.param("n_max")
+            derived = n_max is not None and value == max(1, int(n_max) * 3 // 4)
+            if self.spec_type == "ngram-mod" and param == "n_min" and derived:
+                continue  # the value derived from n_max
+            parts.append(f"{labels[param][0]}{_label(value)}")
+        return ".".join(parts)
+
+    @property
+    def speculative(self) -> bool:
+        return self.spec_type != "none"
+
+    @property
+    def needs_draft_model(self) -> bool:
+        return self.spec_type in NEEDS_DRAFT_MODEL
+
+    def param(self, name: str, default: ParamValue | None = None) -> ParamValue | None:
+        return dict(self.params).get(name, default)
+
+    @property
+    def draft_length(self) -> int:
+        """The most tokens one round may draft (the gamma the speedup model uses)."""
+        if not self.speculative:
+            return 0
+        if self.spec_type.startswith("ngram-") and self.spec_type not in (
+            "ngram-mod",
+            "ngram-cache",
+        ):
+            return int(self.param("size_m", _DEFAULT_DRAFT["ngram"]) or 0)
+        if self.spec_type in ("ngram-mod", "ngram-cache"):
+            return int(self.param("n_max", _DEFAULT_DRAFT[self.spec_type]) or 0)
+        return int(self.param("n_max", _DEFAULT_DRAFT["draft"]) or 0)
+
+    def flags(self, caps: Capabilities, draft_model: Path | None = None) -> list[str]:
+        """Command-line flags for this variant on the given build.
+
+        Raises ``ValueError`` when the build cannot run it (unknown spec type, or a
+        draft-model type without a draft model).
+        """
+        if self.needs_draft_model and draft_model is None:
+            raise ValueError(f"{self.name} needs a draft model (TUNER_DRAFT_MODEL)")
+        if not caps.supports_spec_type(self.spec_type):
+            raise ValueError(f"this llama-server build has no spec type {self.spec_type!r}")
+        draft = ["-md", str(draft_model)] if self.needs_draft_model and draft_model else []
+        if caps.has_flag("--spec-type"):
+            out = ["--spec-type", self.spec_type]
+            for param, value in self.params:
+                out += [PARAMS[self.spec_type][param][1], str(value)]
+            return out + draft
+        # Before --spec-type: a draft model was the only kind, and none meant no -md.
+        if self.spec_type == "none":
+            return []
+        out = list(draft)
+        for param, value in self.params:
+            out += [_OLD_DRAFT_FLAGS[param], str(value)]
+        return out
+
+
+BASELINE = Variant("none")
+
+
+def parse_name(name: str) -> Variant:
+    """The variant a name stands for (inverse of ``Variant.name``).
+
+    >>> parse_name("ngram-simple.n3.m16") == Variant.of("ngram-simple", {"size_n": 3, "size_m": 16})
+    True
+    """
+    spec_type, *parts = name.split(".")
+    by_label = {label: param for param, (label, _) in PARAMS.get(spec_type, {}).items()}
+    params: dict[str, ParamValue] = {}
+    for part in parts:
+        label = part.rstrip("0123456789")
+        digits = part[len(label) :]
+        if label not in by_label or not digits:
+            raise ValueError(f"not a variant name: {name!r}")
+        params[by_label[label]] = int(digits) / 100 if label == "p" else int(digits)
+    return Variant.of(spec_type, params)
+
+
+def grid(
+    space: Mapping[str, Mapping[str, Sequence[ParamValue]]],
+    caps: Capabilities,
+    *,
+    draft_model: Path | None = None,
+    forbid: Iterable[str] = (),
+) -> list[Variant]:
+    """Every variant of a search space this build can run, baseline first."""
+    forbidden = set(forbid)
+    out = [BASELINE]
+    for spec_type, params in space.items():
+        if spec_type in forbidden or spec_type not in PARAMS or spec_type == "none":
+            continue
+        candidate = Variant.of(spec_type)
+        try:
+            candidate.flags(caps, draft_model)
+        except ValueError:
+            continue  # not in this build, or no draft model
+        names = list(params)
+        for values in itertools.product(*(params[n] for n in names)):
+            variant = Variant.of(spec_type, dict(zip(names, values, strict=True)))
+            if variant not in out:
+                out.append(variant)
+    return out
+
+
+def presets_ini(
+    variants: Sequence[Variant],
+    caps: Capabilities,
+    *,
+    shared: Sequence[str],
+    draft_model: Path | None = None,
+) -> str:
+    """A router-mode presets file: ``shared`` flags in ``[*]``, one section per variant.
+
+    Keys are long flag names without dashes; a flag without a value becomes ``true``.
+    """
+
+    def section(flags: Sequence[str]) -> list[str]:
+        lines, i = [], 0
+        while i < len(flags):
+            key = flags[i].lstrip("-")
+            if i + 1 < len(flags) and not flags[i + 1].startswith("--"):
+                lines.append(f"{key} = {flags[i + 1]}")
+                i += 2
+            else:
+                lines.append(f"{key} = true")
+                i += 1
+        return lines
+
+    out = ["version = 1", "", "[*]", *section(_long(shared)), ""]
+    for variant in variants:
+        out += [f"[{variant.name}]", *section(_long(variant.flags(caps, draft_model))), ""]
+    return "\n".join(out)
+
+
+_SHORT = {"-m": "--model", "-md": "--spec-draft-model", "-c": "--ctx-size", "-t": "--threads"}
+
+
+def _long(flags: Sequence[str]) -> list[str]:
+    return [_SHORT.get(f, f) for f in flags]
+
+
+def request_fields(variant: Variant) -> dict[str, object]:
+    """Per-request ``speculative`` fields, for older builds that honour them."""
+    if not variant.speculative:
+        return {"speculative": {"n_max": 0}}
+    fields = {k: v for k, v in variant.params if k in ("n_max", "n_min", "p_min")}
+    return {"speculative": fields}
