@@ -13,6 +13,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from tuner.classify import classify, load_definitions
+from tuner.metrics import Metrics
 from tuner.proxy.app import Service, create_app
 from tuner.records import RecordStore
 from tuner.settings import Settings
@@ -80,6 +81,9 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
             records.observers.append(tuning.observe)
     services: list[Service] = [supervisor] + ([tuning] if tuning else [])
     definitions = load_definitions(settings.classes_file)
+    metrics = Metrics(client, records)
+    if tuning is not None:
+        metrics.watch_tuning(tuning.engine)
     app = create_app(
         client,
         records,
@@ -88,6 +92,7 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
         classifier=partial(classify, definitions=definitions),
         api_keys=settings.api_keys,
         max_concurrent=settings.max_concurrent,
+        metrics=metrics,
         router=tuning.route if tuning else None,
         public_models=public_models,
     )

@@ -26,6 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from tuner.records import RecordStore, RequestRecord
+from tuner.tuning.engine import Engine
 from tuner.upstream.client import UpstreamClient
 
 __all__ = ["Metrics"]
@@ -59,6 +60,42 @@ class _StateCollector(Collector):
         )  # fmt: skip
 
 
+class _TuningCollector(Collector):
+    """Per-class decisions of the tuning engine, read when Prometheus scrapes."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        speedup = GaugeMetricFamily("tuner_class_speedup",
+                                    "Measured speedup of the class's chosen variant over baseline",
+                                    labels=["class_key", "variant"])  # fmt: skip
+        alpha = GaugeMetricFamily("tuner_class_alpha", "Acceptance of the chosen variant",
+                                  labels=["class_key", "variant"])  # fmt: skip
+        speculation = GaugeMetricFamily("tuner_class_speculation",
+                                        "1 when the class's policy speculates",
+                                        labels=["class_key", "variant"])  # fmt: skip
+        kill = GaugeMetricFamily("tuner_class_kill_switch",
+                                 "1 when speculation is off because it cannot pay",
+                                 labels=["class_key"])  # fmt: skip
+        share = GaugeMetricFamily("tuner_class_exploration_share",
+                                  "Share of the class's requests spent on trials and controls",
+                                  labels=["class_key"])  # fmt: skip
+        trials = CounterMetricFamily("tuner_class_trials", "Trials finished in the class",
+                                     labels=["class_key"])  # fmt: skip
+        for state, policy in self.engine.summary():
+            arm = [state.key, policy.variant]
+            speculation.add_metric(arm, float(policy.speculation))
+            if policy.speedup is not None:
+                speedup.add_metric(arm, policy.speedup)
+            if policy.alpha is not None:
+                alpha.add_metric(arm, policy.alpha)
+            kill.add_metric([state.key], float(policy.kill_switch))
+            share.add_metric([state.key], state.explored / state.seen if state.seen else 0.0)
+            trials.add_metric([state.key], state.trials_done)
+        yield from (speedup, alpha, speculation, kill, share, trials)
+
+
 class Metrics:
     """The daemon's metrics registry; ``observe`` takes one finished request."""
 
@@ -84,6 +121,10 @@ class Metrics:
                                 "llama-server's decode speed per request", arm,
                                 buckets=_TOKENS_PER_S, registry=r)  # fmt: skip
         r.register(_StateCollector(upstream, records))
+
+    def watch_tuning(self, engine: Engine) -> None:
+        """Expose the engine's per-class decisions as gauges."""
+        self.registry.register(_TuningCollector(engine))
 
     def observe(self, record: RequestRecord) -> None:
         arm = (record.class_key or "unknown", record.variant or "default")

@@ -176,3 +176,31 @@ def test_overrides_win(tmp_path: Path, caps: Capabilities) -> None:
 def test_budget_validation() -> None:
     with pytest.raises(ValueError, match="min_trial_requests"):
         Budget(trial_requests=2, min_trial_requests=3)
+
+
+def test_per_class_decisions_are_prometheus_gauges(tmp_path: Path, caps: Capabilities) -> None:
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tuner.metrics import Metrics
+    from tuner.records import RecordStore
+    from tuner.upstream.client import UpstreamClient
+
+    engine = make(tmp_path, config(explore_share=0.5), caps)
+    sim = SimUpstream(truth(list(engine.variants.values())), {CODE: 0.8})
+    metrics = Metrics(UpstreamClient("http://127.0.0.1:9"), RecordStore(tmp_path / "r"))
+    metrics.watch_tuning(engine)
+    drive(engine, sim, schedule(800))
+    found = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(generate_latest(metrics.registry).decode())
+        for s in family.samples
+    }
+    code = engine.classes[CODE].policy
+    assert code is not None
+    arm = (("class_key", CODE), ("variant", code.variant))
+    assert found[("tuner_class_speculation", arm)] == 1.0
+    assert found[("tuner_class_speedup", arm)] == pytest.approx(code.speedup)
+    assert found[("tuner_class_kill_switch", (("class_key", PROSE),))] == 1.0
+    assert 0 < found[("tuner_class_exploration_share", (("class_key", PROSE),))] <= 0.5 + 1e-9
+    assert found[("tuner_class_trials_total", (("class_key", PROSE),))] >= 1

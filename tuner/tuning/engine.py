@@ -625,6 +625,15 @@ class Engine:
         if self.on_change is not None:
             self.on_change(self)
 
+    def summary(self) -> list[tuple[ClassState, Policy]]:
+        """Each class's counters and policy (copies of the counters, shared frozen policies)."""
+        with self._lock:
+            return [
+                (ClassState(k, s.seen, s.explored, s.none_routed, s.trials_done, s.converged), p)
+                for k, s in sorted(self.classes.items())
+                if (p := s.policy) is not None
+            ]
+
     def snapshot(self) -> dict[str, Any]:
         """The whole learned state, JSON-ready (``tuner.tuning.state`` writes it)."""
         with self._lock:
