@@ -47,10 +47,10 @@ from tuner.logs import get_logger
 from tuner.measure import Interval, ratio_interval, wilson
 from tuner.model.speedup import CostModel
 from tuner.records import RequestRecord
-from tuner.tuning.config import TuningConfig
+from tuner.tuning.config import Override, TuningConfig
 from tuner.tuning.prior import PriorView, rank
 from tuner.tuning.studies import Space, StudyBook
-from tuner.tuning.variants import BASELINE, Variant, parse_name
+from tuner.tuning.variants import BASELINE, Variant
 
 __all__ = ["Decision", "Engine", "Policy"]
 
@@ -209,6 +209,7 @@ class Engine:
         self.z = _z(config.guard.confidence)
         self.classes: dict[str, ClassState] = {}
         self._opened: set[str] = set()  # classes whose study this process has used
+        self._overrides: dict[str, Override] = {}  # per class key; the config is frozen
         self._lock = threading.RLock()
 
     # -- the request path -------------------------------------------------------------
@@ -220,7 +221,7 @@ class Engine:
         with self._lock:
             state = self._state(key)
             state.seen += 1
-            override = self.config.override_for(key)
+            override = self._override(key)
             if override.pin is not None and override.pin in self.variants:
                 return Decision(override.pin, "pinned", policy_class=key)
             policy_class, policy = self._effective_policy(key)
@@ -417,7 +418,7 @@ class Engine:
 
     def _policy(self, state: ClassState) -> Policy:
         now = self.clock()
-        override = self.config.override_for(state.key)
+        override = self._override(state.key)
         prior = state.prior
         if override.pin is not None:
             return Policy(
@@ -429,16 +430,8 @@ class Engine:
                 since=now,
             )
         if override.off:
-            return Policy(
-                class_key=state.key,
-                variant=BASELINE.name,
-                speculation=False,
-                reason="speculation forced off by override",
-                override=True,
-                kill_switch=True,
-                since=now,
-            )
-        base = state.arms.get(BASELINE.name)
+            reason = "speculation forced off by override"
+            return self._off(state, reason, override=True, kill_switch=True, requests=0)
         best, best_any = self._best_measured(state)
         if best is not None:
             _, name, s, arm = best
@@ -460,45 +453,33 @@ class Engine:
                 predicted_speedup=predicted,
                 since=now,
             )
-        requests = base.requests if base else 0
+        predicted = prior.ranked[0][1] if prior and prior.ranked else None
         if state.converged and best_any is not None:
             reason = (
                 f"measured: no variant beats baseline; best {best_any[1]} at "
                 f"{best_any[0]:.2f}x after {state.trials_done} trials"
             )
-            return Policy(
-                class_key=state.key,
-                variant=BASELINE.name,
-                speculation=False,
-                reason=reason,
-                kill_switch=True,
-                requests=requests,
-                predicted_speedup=prior.ranked[0][1] if prior and prior.ranked else None,
-                since=now,
-            )
+            return self._off(state, reason, kill_switch=True, predicted_speedup=predicted)
         if prior is not None and not prior.pays:
-            return Policy(
-                class_key=state.key,
-                variant=BASELINE.name,
-                speculation=False,
-                reason=prior.reason,
-                kill_switch=True,
-                requests=requests,
-                predicted_speedup=prior.ranked[0][1] if prior.ranked else None,
-                since=now,
-            )
+            return self._off(state, prior.reason, kill_switch=True, predicted_speedup=predicted)
         reason = (
             f"no variant measured faster yet ({state.trials_done} trials)"
             if state.trials_done or best_any
             else "no evidence yet"
         )
+        return self._off(state, reason)
+
+    def _off(self, state: ClassState, reason: str, **evidence: Any) -> Policy:
+        """A no-speculation policy for a class (requests: the baseline's, unless given)."""
+        base = state.arms.get(BASELINE.name)
+        evidence.setdefault("requests", base.requests if base else 0)
         return Policy(
             class_key=state.key,
             variant=BASELINE.name,
             speculation=False,
             reason=reason,
-            requests=requests,
-            since=now,
+            since=self.clock(),
+            **evidence,
         )
 
     def _best_measured(
@@ -549,13 +530,19 @@ class Engine:
             own.policy = self._policy(own)
         return key, own.policy
 
+    def _override(self, key: str) -> Override:
+        found = self._overrides.get(key)
+        if found is None:
+            found = self._overrides[key] = self.config.override_for(key)
+        return found
+
     def _forbidden(self, key: str, variant: str) -> bool:
-        return parse_name(variant).spec_type in self.config.override_for(key).forbid
+        return self.variants[variant].spec_type in self._override(key).forbid
 
     def _space(self, key: str) -> dict[str, dict[str, list[Any]]]:
         """The configured search space minus forbidden or unbuildable spec types."""
         types = {v.spec_type for v in self.variants.values() if v.speculative}
-        forbid = set(self.config.override_for(key).forbid)
+        forbid = set(self._override(key).forbid)
         return {
             t: {p: list(vals) for p, vals in space.items()}
             for t, space in sorted(self.config.search.items())

@@ -28,7 +28,7 @@ from tuner.logs import get_logger
 from tuner.records import RequestRecord
 from tuner.tuning.engine import Decision, Engine
 from tuner.tuning.state import POLICY_FILE, PolicyMeta, load_policies, save_policies
-from tuner.tuning.variants import parse_name, request_fields
+from tuner.tuning.variants import request_fields
 
 __all__ = ["Routed", "TuningService"]
 
@@ -87,7 +87,7 @@ class TuningService:
         decision: Decision = self.engine.route(class_key)
         if self.mode == "router":
             return Routed(decision.variant, decision.role, decision.trial, model=decision.variant)
-        fields = request_fields(parse_name(decision.variant))
+        fields = request_fields(self.engine.variants[decision.variant])
         return Routed(decision.variant, decision.role, decision.trial, fields=fields)
 
     def observe(self, record: RequestRecord) -> None:

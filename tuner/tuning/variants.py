@@ -32,20 +32,13 @@ ParamValue = int | float
 # spec type -> parameter -> (short label for the name, flag in current builds)
 PARAMS: dict[str, dict[str, tuple[str, str]]] = {
     "none": {},
-    "ngram-simple": {
-        "size_n": ("n", "--spec-ngram-simple-size-n"),
-        "size_m": ("m", "--spec-ngram-simple-size-m"),
-        "min_hits": ("h", "--spec-ngram-simple-min-hits"),
-    },
-    "ngram-map-k": {
-        "size_n": ("n", "--spec-ngram-map-k-size-n"),
-        "size_m": ("m", "--spec-ngram-map-k-size-m"),
-        "min_hits": ("h", "--spec-ngram-map-k-min-hits"),
-    },
-    "ngram-map-k4v": {
-        "size_n": ("n", "--spec-ngram-map-k4v-size-n"),
-        "size_m": ("m", "--spec-ngram-map-k4v-size-m"),
-        "min_hits": ("h", "--spec-ngram-map-k4v-min-hits"),
+    **{
+        kind: {
+            "size_n": ("n", f"--spec-{kind}-size-n"),
+            "size_m": ("m", f"--spec-{kind}-size-m"),
+            "min_hits": ("h", f"--spec-{kind}-min-hits"),
+        }
+        for kind in ("ngram-simple", "ngram-map-k", "ngram-map-k4v")
     },
     "ngram-mod": {
         "n_match": ("match", "--spec-ngram-mod-n-match"),
