@@ -204,3 +204,18 @@ def test_per_class_decisions_are_prometheus_gauges(tmp_path: Path, caps: Capabil
     assert found[("tuner_class_kill_switch", (("class_key", PROSE),))] == 1.0
     assert 0 < found[("tuner_class_exploration_share", (("class_key", PROSE),))] <= 0.5 + 1e-9
     assert found[("tuner_class_trials_total", (("class_key", PROSE),))] >= 1
+
+
+def test_trial_baseline_is_found_after_the_sample_window_fills(
+    tmp_path: Path, caps: Capabilities
+) -> None:
+    """Controls since a trial began are used even when 256+ baseline samples came before."""
+    engine = make(tmp_path, config(), caps)
+    state = engine._state(CODE)
+    base = state.arm("none")
+    for i in range(300):
+        base.add(float(i), 64, 0, 0)
+    mark = base.requests
+    for speed in (1000.0, 1001.0, 1002.0):  # the trial's controls
+        base.add(speed, 64, 0, 0)
+    assert engine._baseline_since(state, mark) == [1000.0, 1001.0, 1002.0]

@@ -151,7 +151,7 @@ class Arm:
 class Trial:
     number: int
     variant: Variant
-    baseline_mark: int  # baseline samples observed when the trial started
+    baseline_mark: int  # baseline requests observed when the trial started
     none_mark: int  # requests routed to baseline when the trial started
     sent: int = 0
     samples: list[float] = field(default_factory=list)
@@ -281,8 +281,15 @@ class Engine:
             self._changed()
 
     def _baseline_since(self, state: ClassState, mark: int) -> list[float]:
-        samples = list(state.arm(BASELINE.name).samples)
-        fresh = samples[mark:] if mark < len(samples) else []
+        """Baseline speeds observed after the ``mark``-th baseline request (else the last 8).
+
+        ``mark`` counts requests, not kept samples: the sample window is bounded, the count
+        is not, so the trial's own controls are still found once the window is full.
+        """
+        base = state.arm(BASELINE.name)
+        samples = list(base.samples)
+        since = base.requests - mark
+        fresh = samples[-since:] if 0 < since <= len(samples) else []
         return fresh if len(fresh) >= 2 else samples[-8:]
 
     def _trial_speedup(self, state: ClassState, trial: Trial) -> Interval | None:
@@ -322,7 +329,7 @@ class Engine:
                 self.studies.enqueue(key, space, picks[: self.config.prior.enqueue])
             number, variant = self._ask_new(key, space)
             with self._lock:
-                mark = len(state.arm(BASELINE.name).samples)
+                mark = state.arm(BASELINE.name).requests
                 if variant.name in self.variants:
                     state.trial = Trial(number, variant, mark, state.none_routed)
         except Exception:
