@@ -244,6 +244,15 @@ def test_metrics_move_with_real_requests(daemon: RunningDaemon) -> None:
     while generated() < before + 5 and time.monotonic() < deadline:
         time.sleep(0.1)  # records (and metrics) are built off the request path
     assert generated() == before + 5
+    # The tuning engine's per-class decisions are there too, for the class just served.
+    text = httpx.get(daemon.url + "/metrics", timeout=10).text
+    classes = {
+        s.labels["class_key"]
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "tuner_class_speculation"
+    }
+    assert any(key.endswith(("/greedy", "all")) for key in classes), classes
 
 
 def test_port_in_use_fails_clearly_without_orphans(tmp_path: Path) -> None:

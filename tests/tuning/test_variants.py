@@ -109,6 +109,12 @@ def test_bad_tuning_file_is_a_config_error(tmp_path: Path) -> None:
     bad.write_text("[budget\n")
     with pytest.raises(ConfigError, match="invalid"):
         load_tuning(bad)
+    bad.write_text('[overrides.code]\npin = "ngram-simple.q3"\n')
+    with pytest.raises(ConfigError, match="not a variant name"):
+        load_tuning(bad)
+    bad.write_text('[overrides.code]\nforbid = ["ngram-fast"]\n')
+    with pytest.raises(ConfigError, match="unknown spec type"):
+        load_tuning(bad)
     with pytest.raises(ConfigError, match="cannot read"):
         load_tuning(tmp_path / "missing.toml")
 

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from tuner.classify.classes import parents
 from tuner.errors import ConfigError
+from tuner.tuning.variants import PARAMS, parse_name
 
 __all__ = ["Budget", "Guard", "Override", "Prior", "TuningConfig", "load_tuning"]
 
@@ -60,6 +61,15 @@ class Override(_Strict):
     pin: str | None = None
     off: bool = False
     forbid: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _known(self) -> Override:
+        if self.pin is not None:
+            parse_name(self.pin)  # ValueError names what is wrong
+        unknown = [t for t in self.forbid if t not in PARAMS]
+        if unknown:
+            raise ValueError(f"forbid: unknown spec type {unknown[0]!r}")
+        return self
 
 
 class TuningConfig(_Strict):
