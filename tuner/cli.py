@@ -247,6 +247,43 @@ def cmd_measure(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    """The chosen policy per class with its evidence, read from the state dir."""
+    from dataclasses import asdict
+
+    from tuner.report.data import load_history, load_report
+    from tuner.report.render import (
+        as_json,
+        as_markdown,
+        as_table,
+        history_markdown,
+        history_table,
+    )
+
+    settings = _settings(args)
+    state_dir = settings.state_dir
+    if args.class_key:
+        trials = load_history(state_dir, args.class_key)
+        if args.format == "json":
+            document = {"class": args.class_key, "trials": [asdict(t) for t in trials]}
+            print(json.dumps(document, indent=2))
+        elif args.format == "markdown":
+            print(history_markdown(args.class_key, trials), end="")
+        else:
+            print(history_table(args.class_key, trials), end="")
+        return 0
+    report = load_report(state_dir)
+    render = {"json": as_json, "markdown": as_markdown}.get(args.format, as_table)
+    print(render(report), end="")
+    if args.plot:
+        from tuner.report.plot import plot_report
+
+        histories = {r.class_key: load_history(state_dir, r.class_key) for r in report.classes}
+        path = plot_report(report, histories, Path(args.plot))
+        print(f"plot written to {path}", file=sys.stderr)
+    return 0
+
+
 def cmd_version(args: argparse.Namespace) -> int:
     print(f"spec-tuner {__version__}")
     return 0
@@ -329,6 +366,18 @@ def build_parser() -> argparse.ArgumentParser:
     measure = sub.add_parser("measure", help="live alpha and speedup per class and variant")
     measure.add_argument("--state-dir", dest="state_dir")
     measure.set_defaults(func=cmd_measure)
+
+    report = sub.add_parser("report", help="the chosen policy per class, with its evidence")
+    report.add_argument("--state-dir", dest="state_dir")
+    report.add_argument("--format", choices=["table", "json", "markdown"], default="table")
+    report.add_argument(
+        "--class",
+        dest="class_key",
+        metavar="NAME",
+        help="the trial history of one class (from its Optuna studies)",
+    )
+    report.add_argument("--plot", metavar="FILE.png", help="also draw the evidence to a file")
+    report.set_defaults(func=cmd_report)
 
     version = sub.add_parser("version", help="print the version")
     version.set_defaults(func=cmd_version)

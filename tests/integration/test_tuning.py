@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -88,5 +90,36 @@ def test_engine_settles_per_class_on_real_llama_server(tmp_path: Path) -> None:
         assert response.headers["x-spec-variant"] == edit_policy["variant"]
         response = _send(again.url, stories[0].request(32))
         assert response.headers["x-spec-variant"] == "none"
+        # The report reads the same state while the daemon runs (which may still be
+        # updating it with these two requests).
+        running_report = json.loads(_report(state, "--format", "json"))
     finally:
         assert again.stop() == 0
+    assert {edit_class, story_class} <= {row["class"] for row in running_report["classes"]}
+    # Stopped: the report shows exactly what the policy file holds.
+    final = json.loads((state / "policies.json").read_text())["classes"]
+    rows = {row["class"]: row for row in json.loads(_report(state, "--format", "json"))["classes"]}
+    assert set(rows) == set(final)
+    for key, row in rows.items():
+        policy = final[key]["policy"]
+        assert (row["variant"], row["speculation"], row["speedup"], row["reason"]) == (
+            policy["variant"], policy["speculation"], policy["speedup"], policy["reason"]
+        ), key  # fmt: skip
+        assert row["requests"] == final[key]["seen"]
+    history = json.loads(_report(state, "--class", story_class, "--format", "json"))
+    assert len(history["trials"]) >= 2 and all(t["variant"] != "?" for t in history["trials"])
+    table = _report(state, "--plot", str(tmp_path / "report.png"))
+    assert edit_class in table and "speculation off" in table
+    assert (tmp_path / "report.png").stat().st_size > 50_000
+
+
+def _report(state: Path, *args: str) -> str:
+    """``tuner report`` as a user runs it: a separate process."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tuner", "report", "--state-dir", str(state), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return done.stdout

@@ -99,12 +99,18 @@ def test_best_gamma_and_verdict() -> None:
     gamma, s = best_gamma(0.8, CostModel(draft_step=0.05))
     assert gamma >= 4 and s > 2.8
     assert best_gamma(0.1, CostModel(draft_step=0.5)) == (0, 1.0)
-    moe = CostModel(draft_step=0.2, verify=moe_verify_curve(256, 8, expert_fraction=0.7))
+    moe = CostModel(draft_step=0.2, verify=moe_verify_curve(256, 8, expert_fraction=0.7), moe=True)
     off = verdict(0.55, moe)
     assert not off.pays and off.gamma == 0 and off.speedup == 1.0 and off.best_speculative < 1
     assert "cannot pay" in off.reason and "MoE" in off.reason
     on = verdict(0.8, CostModel(draft_step=0.05))
     assert on.pays and on.speedup > 2.8
+
+
+def test_a_dense_target_is_not_blamed_on_experts() -> None:
+    dense = CostModel(verify=lambda n: 1.0 + 0.3 * (n - 1))
+    v = verdict(0.3, dense)
+    assert not v.pays and "verify cost growth" in v.reason and "MoE" not in v.reason
 
 
 def test_verdict_names_the_recurrent_restore_when_it_dominates() -> None:

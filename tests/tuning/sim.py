@@ -4,11 +4,47 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
+from pathlib import Path
 
 from tuner.records import RequestRecord, Timings
+from tuner.tuning.config import TuningConfig, load_tuning
 from tuner.tuning.engine import Decision, Engine
+from tuner.tuning.studies import StudyBook
+from tuner.tuning.variants import Variant, grid
+from tuner.upstream.capabilities import Capabilities
 
 BASE_TOK_S = 60.0
+HELP = Path(__file__).parents[1] / "upstream" / "data" / "help-0c1e570.txt"
+CODE, PROSE = "code/echo/greedy", "prose/fresh/sampled"
+
+
+def config(**budget: float) -> TuningConfig:
+    base = load_tuning()
+    return base.model_copy(update={"budget": base.budget.model_copy(update=budget)})
+
+
+def truth(variants: list[Variant]) -> dict[str, dict[str, float]]:
+    """Code edits: short-lookup ngram-simple wins big; prose: every variant loses."""
+    code = {}
+    for v in variants:
+        if v.spec_type == "ngram-simple":
+            code[v.name] = 1.45 if v.param("size_n") == 3 else 1.15
+        else:
+            code[v.name] = 0.92
+    return {CODE: code, PROSE: {v.name: 0.85 for v in variants}}
+
+
+def make(
+    tmp_path: Path, cfg: TuningConfig, caps: Capabilities, scope: str = "sim", **kw: object
+) -> Engine:
+    variants = grid(cfg.search, caps)
+    book = StudyBook(tmp_path / "studies.db", scope, seed=3)
+    return Engine(cfg, variants, book, **kw)  # type: ignore[arg-type]
+
+
+def schedule(n: int, seed: int = 1) -> list[str]:
+    rng = random.Random(seed)
+    return [rng.choice([CODE, PROSE]) for _ in range(n)]
 
 
 class SimUpstream:

@@ -2,54 +2,20 @@
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
 
-from tests.tuning.sim import SimUpstream, drive
+from tests.tuning.sim import CODE, HELP, PROSE, SimUpstream, config, drive, make, schedule, truth
 from tuner.model.envelope import cost_model
-from tuner.tuning.config import Budget, Override, TuningConfig, load_tuning
-from tuner.tuning.engine import Engine
+from tuner.tuning.config import Budget, Override
 from tuner.tuning.state import load_policies, save_policies
-from tuner.tuning.studies import StudyBook
-from tuner.tuning.variants import Variant, grid
 from tuner.upstream.capabilities import Capabilities, parse_capabilities
-
-HELP = Path(__file__).parents[1] / "upstream" / "data" / "help-0c1e570.txt"
-CODE, PROSE = "code/echo/greedy", "prose/fresh/sampled"
 
 
 @pytest.fixture(scope="module")
 def caps() -> Capabilities:
     return parse_capabilities(HELP.read_text())
-
-
-def config(**budget: float) -> TuningConfig:
-    base = load_tuning()
-    return base.model_copy(update={"budget": base.budget.model_copy(update=budget)})
-
-
-def truth(variants: list[Variant]) -> dict[str, dict[str, float]]:
-    """Code edits: short-lookup ngram-simple wins big; prose: every variant loses."""
-    code = {}
-    for v in variants:
-        if v.spec_type == "ngram-simple":
-            code[v.name] = 1.45 if v.param("size_n") == 3 else 1.15
-        else:
-            code[v.name] = 0.92
-    return {CODE: code, PROSE: {v.name: 0.85 for v in variants}}
-
-
-def make(tmp_path: Path, cfg: TuningConfig, caps: Capabilities, **kw: object) -> Engine:
-    variants = grid(cfg.search, caps)
-    book = StudyBook(tmp_path / "studies.db", "sim", seed=3)
-    return Engine(cfg, variants, book, **kw)  # type: ignore[arg-type]
-
-
-def schedule(n: int, seed: int = 1) -> list[str]:
-    rng = random.Random(seed)
-    return [rng.choice([CODE, PROSE]) for _ in range(n)]
 
 
 def test_converges_to_the_best_variant_and_switches_losers_off(

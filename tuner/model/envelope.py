@@ -37,9 +37,10 @@ def cost_model(
     state_ratio: float = 0.0,
 ) -> CostModel:
     """A cost model from plain numbers (the ``tuner predict`` inputs)."""
+    moe = experts > 1 and 0 < active <= experts and expert_fraction > 0
     verify = (
         moe_verify_curve(experts, active, expert_fraction=expert_fraction)
-        if experts > 1 and 0 < active <= experts and expert_fraction > 0
+        if moe
         else CostModel().verify
     )
     return CostModel(
@@ -48,6 +49,7 @@ def cost_model(
         checkpoint=state_ratio,
         restore=state_ratio,
         replay=state_ratio > 0,
+        moe=moe,
     )
 
 

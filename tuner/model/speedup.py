@@ -34,7 +34,7 @@ routed experts): verifying 5 tokens reads ~4.7x the expert bytes of one token,
 so the verify pass costs 3.2 decode steps, and the same draft that paid 2.80x on
 a dense model now loses:
 
->>> moe = CostModel(draft_step=0.05, verify=moe_verify_curve(256, 8, expert_fraction=0.6))
+>>> moe = CostModel(0.05, moe_verify_curve(256, 8, expert_fraction=0.6), moe=True)
 >>> f"{moe.verify(5):.2f}", f"{speedup(0.80, 4, moe):.2f}"
 ('3.22', '0.98')
 >>> v = verdict(0.55, moe)
@@ -114,6 +114,7 @@ class CostModel:
     checkpoint: float = 0.0
     restore: float = 0.0
     replay: bool = False
+    moe: bool = False  # verify grows because a batch routes to more experts
 
     def round_time(self, alpha: float, gamma: int) -> float:
         p_reject = 1.0 - alpha**gamma
@@ -235,7 +236,7 @@ def largest_overhead(alpha: float, gamma: int, cost: CostModel) -> tuple[str, fl
     """The biggest of a round's costs beyond one decode step, in decode steps."""
     parts = {
         "draft cost": gamma * cost.draft_step,
-        "verify cost growth (MoE experts)": cost.verify(gamma + 1) - 1.0,
+        f"verify cost growth{' (MoE experts)' if cost.moe else ''}": cost.verify(gamma + 1) - 1.0,
         "recurrent-state checkpoint/restore": cost.checkpoint + (1.0 - alpha**gamma) * cost.restore,
     }
     main = max(parts, key=lambda k: parts[k])

@@ -638,10 +638,11 @@ class Engine:
                     "trials_done": s.trials_done,
                     "converged": s.converged,
                     "policy": s.policy.model_dump() if s.policy else None,
+                    "served_by": self._effective_policy(key)[0] if s.seen else None,
                     "prior": {
                         "pays": s.prior.pays,
                         "reason": s.prior.reason,
-                        "ranked": [[v.name, p] for v, p in s.prior.ranked[:5]],
+                        "ranked": [[v.name, round(p, 4)] for v, p in s.prior.ranked],
                     }
                     if s.prior
                     else None,

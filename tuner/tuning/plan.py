@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tuner.atomic import write_atomic
@@ -77,7 +77,7 @@ def default_cost(facts: ModelFacts, draft: ModelFacts | None, settings: Settings
         fingerprint_key(hardware_fingerprint()),
     )
     verify = profile.verify if profile else (lambda n: 1.0 + DEFAULT_VERIFY_SLOPE * (n - 1))
-    return CostModel(base.draft_step, verify, base.checkpoint, base.restore, base.replay)
+    return replace(base, verify=verify)
 
 
 def _variants(config: TuningConfig, caps: Capabilities, draft: Path | None) -> list[Variant]:

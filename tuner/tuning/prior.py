@@ -11,7 +11,7 @@ speculation off and the verdict's reason is kept (the kill switch before data).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tuner.model.speedup import CostModel, largest_overhead, speedup
 from tuner.tuning.config import Prior
@@ -39,7 +39,7 @@ def class_alpha(class_key: str, variant: Variant, prior: Prior) -> float:
 def cost_for(variant: Variant, base: CostModel, draft_step: float) -> CostModel:
     """The target's costs with this variant's drafting cost (n-gram drafting is ~free)."""
     step = draft_step if variant.needs_draft_model else 0.0
-    return CostModel(step, base.verify, base.checkpoint, base.restore, base.replay)
+    return replace(base, draft_step=step)
 
 
 @dataclass(frozen=True, slots=True)

@@ -155,13 +155,18 @@ class StudyBook:
                 study.tell(trial.number, state=TrialState.FAIL)
             return len(running)
 
-    def history(self, class_key: str) -> list[TrialRecord]:
-        """Every trial of every study of this class (any search space), oldest first."""
+    def history(self, class_key: str, *, any_scope: bool = False) -> list[TrialRecord]:
+        """Every trial of every study of this class (any search space), oldest first.
+
+        ``any_scope``: of every model and machine in the file, not only this book's.
+        """
         out: list[TrialRecord] = []
-        prefix = f"{self.scope}:{class_key}:"
         with self._lock:
             for summary in optuna.get_all_study_summaries(self.storage, include_best_trial=False):
-                if not summary.study_name.startswith(prefix):
+                parts = summary.study_name.rsplit(":", 2)  # scope:class:space-digest
+                if len(parts) != 3 or parts[1] != class_key:
+                    continue
+                if parts[0] != self.scope and not any_scope:
                     continue
                 study = optuna.load_study(study_name=summary.study_name, storage=self.storage)
                 for t in study.get_trials(deepcopy=False):

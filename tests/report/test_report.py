@@ -1,0 +1,185 @@
+"""``tuner report`` on state written by the real engine (driven by the simulated upstream)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.tuning.sim import CODE, HELP, PROSE, SimUpstream, config, drive, make, schedule, truth
+from tuner.cli import main
+from tuner.model.envelope import cost_model
+from tuner.report.data import SCHEMA, build_report, load_history, load_report
+from tuner.report.render import as_json, as_markdown, as_table
+from tuner.tuning.config import Override
+from tuner.tuning.state import POLICY_FILE, save_policies
+from tuner.upstream.capabilities import parse_capabilities
+
+FEW = "code/fresh/greedy"  # a class with too few requests: it borrows its parent's policy
+FORCED = "math/greedy"  # forced off by an override
+META = {
+    "model": "sim-model",
+    "model_key": "sim",
+    "build": "0c1e570",
+    "hardware": {"cpu": "Sim CPU", "cores": 2, "ram_gib": 24, "gpus": []},
+    "hardware_key": "",
+}
+
+
+@pytest.fixture(scope="module")
+def learned(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A state dir after 1,200 requests: code edits learned a variant, prose is off."""
+    state = tmp_path_factory.mktemp("state")
+    cfg = config(explore_share=0.5)
+    cfg = cfg.model_copy(update={"overrides": {FORCED: Override(off=True)}})
+    engine = make(state, cfg, parse_capabilities(HELP.read_text()), scope="sim@")  # as META
+    sim = SimUpstream(truth(list(engine.variants.values())), {CODE: 0.8, PROSE: 0.1})
+    sim.speedups |= {FEW: sim.speedups[CODE], FORCED: sim.speedups[PROSE]}
+    drive(engine, sim, schedule(1200) + [FEW] * 3 + [FORCED] * 5)
+    save_policies(state / POLICY_FILE, META, engine.snapshot())
+    return state
+
+
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A state dir where the speedup model switched speculation off before any data."""
+    state = tmp_path_factory.mktemp("moe")
+    engine = make(
+        state,
+        config(),
+        parse_capabilities(HELP.read_text()),
+        cost=cost_model(experts=256, active=8, expert_fraction=0.7),
+    )
+    engine.route(CODE)
+    save_policies(state / POLICY_FILE, META, engine.snapshot())
+    return state
+
+
+def test_json_schema_and_values_follow_the_engine(learned: Path) -> None:
+    document = json.loads(as_json(load_report(learned)))
+    assert document["schema"] == SCHEMA and document["found"] is True
+    assert document["model"] == "sim-model" and document["build"] == "0c1e570"
+    rows = {row["class"]: row for row in document["classes"]}
+    required = {"class", "variant", "speculation", "reason", "alpha", "speedup", "speedup_low",
+                "speedup_high", "predicted_speedup", "requests"}  # fmt: skip
+    assert all(required <= set(row) for row in rows.values())
+    policies = json.loads((learned / POLICY_FILE).read_text())["classes"]
+
+    code = rows[CODE]
+    assert code["speculation"] is True and code["variant"].startswith("ngram-simple.n3")
+    assert code["variant"] == policies[CODE]["policy"]["variant"]
+    assert code["speedup_low"] > 1.0 and code["speedup_low"] <= code["speedup"]
+    assert code["speedup"] <= code["speedup_high"]
+    assert code["alpha"] == pytest.approx(0.8, abs=0.05) and code["predicted_speedup"] > 0
+    assert code["requests"] == policies[CODE]["seen"] and code["requests"] > 400
+    assert 0 < code["exploration_share"] <= 0.5 + 1e-9
+
+    prose = rows[PROSE]
+    assert prose["speculation"] is False and prose["variant"] == "none"
+    assert prose["kill_switch"] is True and "no variant beats baseline" in prose["reason"]
+    assert prose["speedup"] is None
+
+    assert rows[FEW]["served_by"] != FEW and rows[FEW]["requests"] == 3
+    assert rows[FORCED]["override"] is True and rows[FORCED]["speculation"] is False
+    # Every class is counted once at the speedup of the policy that serves it.
+    overall = document["overall"]
+    assert overall["requests"] == 1208
+    assert 1.0 < overall["expected_speedup"] < code["speedup"]
+
+
+def test_table_shows_decisions_reasons_and_header(learned: Path) -> None:
+    text = as_table(load_report(learned))
+    assert "model: sim-model  build: 0c1e570" in text
+    assert "Sim CPU, 2 cores, 24 GiB RAM, no GPU" in text
+    assert "expected speedup of the current policies" in text
+    lines = {line.split()[0]: line for line in text.splitlines() if line[:1].isalpha()}
+    assert "ngram-simple.n3" in lines[CODE] and "x [" in lines[CODE]
+    assert "speculation off" in lines[PROSE] and "no variant beats baseline" in lines[PROSE]
+    assert "(override)" in lines[FORCED] and "forced off by override" in lines[FORCED]
+
+
+def test_markdown_has_one_row_per_class(learned: Path) -> None:
+    report = load_report(learned)
+    text = as_markdown(report)
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line]
+    assert len(rows) == 1 + len(report.classes)  # the header row, then the classes
+    assert text.startswith("# spec-tuner report")
+
+
+def test_kill_switch_before_data_shows_the_predicted_reason(moe: Path) -> None:
+    report = load_report(moe)
+    row = next(r for r in report.classes if r.class_key == CODE)
+    assert row.kill_switch and not row.speculation
+    assert "cannot pay" in row.reason and "MoE" in row.reason
+    assert row.predicted_speedup is not None and row.predicted_speedup < 1.0
+    assert "cannot pay" in as_table(report)
+    assert report.expected_speedup == 1.0
+
+
+def test_empty_state_renders_in_every_format(tmp_path: Path) -> None:
+    report = load_report(tmp_path)
+    assert not report.found and report.classes == [] and report.expected_speedup is None
+    assert "no policies yet" in as_table(report)
+    assert "no policies yet" in as_markdown(report)
+    document = json.loads(as_json(report))
+    assert document["classes"] == [] and document["overall"]["requests"] == 0
+    assert load_history(tmp_path, CODE) == []
+
+
+def test_odd_documents_do_not_crash() -> None:
+    odd = {"classes": {"x": {"policy": {"speedup": "fast", "since": None}, "arms": {}}}}
+    report = build_report(odd)
+    assert report.classes[0].speedup is None and report.classes[0].reason == "no policy yet"
+    assert as_table(report) and as_json(report)
+
+
+def test_class_history_comes_from_the_optuna_study(learned: Path) -> None:
+    trials = load_history(learned, CODE)
+    assert len(trials) >= 4
+    assert {t.state for t in trials} <= {"complete", "pruned", "fail", "running"}
+    best = max((t for t in trials if t.value is not None), key=lambda t: t.value or 0)
+    assert best.variant.startswith("ngram-simple.n3") and best.value is not None
+    assert best.value > 1.2
+    assert load_history(learned, "no/such/class") == []
+
+
+def test_cli_formats_history_and_plot(
+    learned: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    png = tmp_path / "report.png"
+    assert main(["report", "--state-dir", str(learned), "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert CODE in out and "speculation off" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 50_000
+
+    assert main(["report", "--state-dir", str(learned), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["schema"] == SCHEMA
+
+    assert main(["report", "--state-dir", str(learned), "--class", CODE]) == 0
+    out = capsys.readouterr().out
+    assert f"trials of class {CODE}" in out and "ngram-simple" in out
+
+    assert main(["report", "--state-dir", str(learned), "--class", CODE, "--format", "json"]) == 0
+    history = json.loads(capsys.readouterr().out)
+    assert history["class"] == CODE and len(history["trials"]) >= 4
+
+
+def test_plot_of_empty_state_is_still_a_picture(tmp_path: Path) -> None:
+    from tuner.report.plot import plot_report
+
+    path = plot_report(load_report(tmp_path), {}, tmp_path / "empty.png")
+    assert path.stat().st_size > 10_000
+
+
+def test_readme_documents_every_json_field(learned: Path) -> None:
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    table = readme.split("| field | meaning |", 1)[1].split("\n\n", 1)[0]
+    documented = {
+        name
+        for line in table.splitlines()[2:]
+        for name in re.findall(r"`(\w+)`", line.split("|")[1])
+    }
+    row = json.loads(as_json(load_report(learned)))["classes"][0]
+    assert documented == set(row)

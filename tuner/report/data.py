@@ -1,0 +1,236 @@
+"""What ``tuner report`` shows, computed from the state dir's files. Pure except ``load_*``.
+
+The source is ``<state>/policies.json`` (written atomically by the daemon at most
+every few seconds, so reading it while the daemon runs is safe) and, for trial
+histories, the Optuna studies in ``<state>/studies.db`` (SQLite in WAL mode:
+readers never block the daemon).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tuner.classify.classes import ROOT
+from tuner.measure import ratio_interval, wilson
+from tuner.tuning.state import POLICY_FILE, read_document
+
+if TYPE_CHECKING:
+    from tuner.tuning.studies import TrialRecord
+
+__all__ = [
+    "SCHEMA",
+    "ArmRow",
+    "ClassRow",
+    "Report",
+    "build_report",
+    "load_history",
+    "load_report",
+]
+
+SCHEMA = "spec-tuner/report/1"
+BASELINE = "none"
+Z90 = statistics.NormalDist().inv_cdf(0.95)  # the guard's default 90 % two-sided level
+
+
+@dataclass(frozen=True, slots=True)
+class ArmRow:
+    """One variant's evidence in one class (the plot's alpha-by-variant panel)."""
+
+    variant: str
+    requests: int
+    alpha: float | None
+    speedup: float | None
+    speedup_low: float | None
+    speedup_high: float | None
+    predicted: float | None  # the speedup model's prior for this class
+
+
+@dataclass(frozen=True, slots=True)
+class ClassRow:
+    """One class: its policy with the evidence behind it, and its traffic counters."""
+
+    class_key: str
+    variant: str
+    speculation: bool
+    reason: str
+    kill_switch: bool
+    override: bool
+    alpha: float | None
+    alpha_low: float | None
+    alpha_high: float | None
+    accepted_length: float | None
+    speedup: float | None
+    speedup_low: float | None
+    speedup_high: float | None
+    predicted_speedup: float | None
+    requests: int  # requests of this class routed (its traffic)
+    evidence_requests: int  # measured requests behind the policy
+    explored: int
+    exploration_share: float | None
+    trials: int
+    converged: bool
+    since: float | None
+    served_by: str | None  # whose policy its requests use (itself or a parent)
+    arms: list[ArmRow] = field(default_factory=list)
+
+    def public(self) -> dict[str, Any]:
+        """The stable JSON form (see the README's report schema)."""
+        out = asdict(self)
+        out["class"] = out.pop("class_key")
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    state_dir: str
+    found: bool  # a policy file was there
+    model: str | None = None
+    build: str | None = None
+    hardware: dict[str, Any] | None = None
+    saved: float | None = None
+    classes: list[ClassRow] = field(default_factory=list)
+
+    @property
+    def requests(self) -> int:
+        return sum(row.requests for row in self.classes)
+
+    @property
+    def expected_speedup(self) -> float | None:
+        """Traffic-weighted speedup of the current policies over no speculation.
+
+        Each class's requests count once, at the measured speedup of the policy that
+        serves them (its own or a parent's); 1.0 where that policy is no speculation.
+        """
+        by_key = {row.class_key: row for row in self.classes}
+        total = weighted = 0.0
+        for row in self.classes:
+            if not row.requests:
+                continue
+            policy = by_key.get(row.served_by or row.class_key, row)
+            s = policy.speedup if policy.speculation and policy.speedup else 1.0
+            total += row.requests
+            weighted += row.requests * s
+        return weighted / total if total else None
+
+    def public(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "state_dir": self.state_dir,
+            "found": self.found,
+            "model": self.model,
+            "build": self.build,
+            "hardware": self.hardware,
+            "saved": self.saved,
+            "overall": {"requests": self.requests, "expected_speedup": self.expected_speedup},
+            "classes": [row.public() for row in self.classes],
+        }
+
+
+def _float(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _arms(arms: Mapping[str, Any], predicted: Mapping[str, float]) -> list[ArmRow]:
+    base = arms.get(BASELINE) or {}
+    base_samples = [float(x) for x in base.get("samples", [])]
+    out = []
+    for name, arm in sorted(arms.items()):
+        samples = [float(x) for x in arm.get("samples", [])]
+        alpha = wilson(int(arm.get("accepted", 0)), int(arm.get("drafted", 0)))
+        s = None
+        if name != BASELINE and len(samples) >= 2 and len(base_samples) >= 2:
+            s = ratio_interval(samples, base_samples, Z90)
+        out.append(
+            ArmRow(
+                variant=name,
+                requests=int(arm.get("requests", 0)),
+                alpha=alpha.value if alpha else None,
+                speedup=s.value if s else (1.0 if name == BASELINE else None),
+                speedup_low=s.low if s else None,
+                speedup_high=s.high if s else None,
+                predicted=predicted.get(name),
+            )
+        )
+    return out
+
+
+def _row(key: str, data: Mapping[str, Any]) -> ClassRow:
+    policy: Mapping[str, Any] = data.get("policy") or {}
+    seen, explored = int(data.get("seen", 0)), int(data.get("explored", 0))
+    speculation = bool(policy.get("speculation", False))
+    prior = data.get("prior") or {}
+    predicted = {
+        str(name): float(p) for name, p in prior.get("ranked") or [] if _float(p) is not None
+    }
+    return ClassRow(
+        class_key=key,
+        variant=str(policy.get("variant", BASELINE)),
+        speculation=speculation,
+        reason=str(policy.get("reason", "no policy yet")),
+        kill_switch=bool(policy.get("kill_switch", False)),
+        override=bool(policy.get("override", False)),
+        alpha=_float(policy.get("alpha")),
+        alpha_low=_float(policy.get("alpha_low")),
+        alpha_high=_float(policy.get("alpha_high")),
+        accepted_length=_float(policy.get("tokens_per_step")) if speculation else None,
+        speedup=_float(policy.get("speedup")),
+        speedup_low=_float(policy.get("speedup_low")),
+        speedup_high=_float(policy.get("speedup_high")),
+        predicted_speedup=_float(policy.get("predicted_speedup")),
+        requests=seen,
+        evidence_requests=int(policy.get("requests", 0)),
+        explored=explored,
+        exploration_share=explored / seen if seen else None,
+        trials=int(data.get("trials_done", 0)),
+        converged=bool(data.get("converged", False)),
+        since=_float(policy.get("since")),
+        served_by=data.get("served_by"),
+        arms=_arms(data.get("arms") or {}, predicted),
+    )
+
+
+def _order(key: str) -> tuple[int, str]:
+    return (0 if key == ROOT else 1, key)
+
+
+def build_report(document: Mapping[str, Any] | None, state_dir: str = "") -> Report:
+    """The report for a policy document as ``tuner.tuning.state`` writes it (None: no file)."""
+    if document is None:
+        return Report(state_dir=state_dir, found=False)
+    classes = document.get("classes") or {}
+    rows = [_row(key, classes[key]) for key in sorted(classes, key=_order)]
+    return Report(
+        state_dir=state_dir,
+        found=True,
+        model=document.get("model"),
+        build=document.get("build"),
+        hardware=document.get("hardware"),
+        saved=_float(document.get("saved")),
+        classes=rows,
+    )
+
+
+def load_report(state_dir: Path) -> Report:
+    return build_report(read_document(state_dir / POLICY_FILE), str(state_dir))
+
+
+def load_history(state_dir: Path, class_key: str) -> list[TrialRecord]:
+    """Every Optuna trial of one class in this state dir, oldest first ([] when none).
+
+    The studies of the model and machine in the policy file; all of them when there
+    is no policy file yet.
+    """
+    path = state_dir / "studies.db"
+    if not path.is_file():
+        return []
+    from tuner.tuning.studies import StudyBook  # Optuna: imported only when asked
+
+    document = read_document(state_dir / POLICY_FILE)
+    if document is None:
+        return StudyBook(path, "").history(class_key, any_scope=True)
+    scope = f"{document.get('model_key')}@{document.get('hardware_key')}"
+    return StudyBook(path, scope).history(class_key)

@@ -1,0 +1,139 @@
+"""The report as a terminal table, markdown or JSON; a class's trial history. Pure."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from tuner.render import markdown_table, text_table
+from tuner.report.data import ClassRow, Report
+
+if TYPE_CHECKING:
+    from tuner.tuning.studies import TrialRecord
+
+__all__ = ["as_json", "as_markdown", "as_table", "history_markdown", "history_table"]
+
+HEADERS = (
+    "class",
+    "policy",
+    "alpha [90%]",
+    "acc.len",
+    "speedup [90%]",
+    "predicted",
+    "requests",
+    "explored",
+    "trials",
+    "uses",
+    "since",
+    "why",
+)
+HISTORY_HEADERS = ("trial", "variant", "state", "speedup", "requests", "started", "finished")
+
+
+def when(epoch: float | None) -> str | None:
+    if epoch is None or epoch <= 0:
+        return None
+    return time.strftime("%Y-%m-%d %H:%M", time.gmtime(epoch))
+
+
+def _interval(value: float | None, low: float | None, high: float | None, unit: str = "") -> str:
+    if value is None:
+        return "-"
+    if low is None or high is None:
+        return f"{value:.2f}{unit}"
+    return f"{value:.2f}{unit} [{low:.2f}, {high:.2f}]"
+
+
+def _policy(row: ClassRow) -> str:
+    text = row.variant if row.speculation else "speculation off"
+    return f"{text} (override)" if row.override else text
+
+
+def _cells(row: ClassRow) -> list[object]:
+    share = f"{row.exploration_share:.0%}" if row.exploration_share is not None else None
+    return [
+        row.class_key,
+        _policy(row),
+        _interval(row.alpha, row.alpha_low, row.alpha_high),
+        row.accepted_length,
+        _interval(row.speedup, row.speedup_low, row.speedup_high, "x"),
+        f"{row.predicted_speedup:.2f}x" if row.predicted_speedup is not None else None,
+        row.requests,
+        share,
+        row.trials,
+        row.served_by if row.served_by not in (None, row.class_key) else None,
+        when(row.since),
+        row.reason,
+    ]
+
+
+def _hardware(hw: dict[str, Any] | None) -> str:
+    if not hw:
+        return "unknown"
+    gpus = ", ".join(str(g.get("name")) for g in hw.get("gpus") or []) or "no GPU"
+    return f"{hw.get('cpu')}, {hw.get('cores')} cores, {hw.get('ram_gib')} GiB RAM, {gpus}"
+
+
+def _header(report: Report) -> list[str]:
+    if not report.found:
+        return [
+            f"no policies yet in {report.state_dir}: the daemon writes them there once it "
+            "has served requests with tuning on (TUNER_TUNE=true)"
+        ]
+    expected = report.expected_speedup
+    traffic = sum(1 for row in report.classes if row.requests)
+    return [
+        f"model: {report.model}  build: {report.build}",
+        f"hardware: {_hardware(report.hardware)}",
+        f"state: {report.state_dir}  saved: {when(report.saved) or '-'} UTC",
+        f"traffic: {report.requests} requests in {traffic} classes; expected speedup of the "
+        "current policies over no speculation (traffic-weighted): "
+        + (f"{expected:.2f}x" if expected is not None else "-"),
+    ]
+
+
+def as_table(report: Report) -> str:
+    lines = _header(report)
+    if report.classes:
+        lines += ["", text_table(HEADERS, [_cells(row) for row in report.classes])]
+    return "\n".join(lines) + "\n"
+
+
+def as_markdown(report: Report) -> str:
+    lines = ["# spec-tuner report", ""] + [f"- {line}" for line in _header(report)]
+    if report.classes:
+        lines += ["", markdown_table(HEADERS, [_cells(row) for row in report.classes])]
+    return "\n".join(lines) + "\n"
+
+
+def as_json(report: Report) -> str:
+    return json.dumps(report.public(), indent=2) + "\n"
+
+
+def _history_cells(trials: Sequence[TrialRecord]) -> list[list[object]]:
+    def short(iso: str | None) -> str | None:
+        return iso[:19].replace("T", " ") if iso else None
+
+    return [
+        [t.number, t.variant, t.state, t.value, t.requests, short(t.started), short(t.finished)]
+        for t in trials
+    ]
+
+
+def history_table(class_key: str, trials: Sequence[TrialRecord]) -> str:
+    if not trials:
+        return f"no trials recorded for class {class_key!r}\n"
+    title = f"trials of class {class_key} (speedup over the interleaved baseline):"
+    return f"{title}\n{text_table(HISTORY_HEADERS, _history_cells(trials))}\n"
+
+
+def history_markdown(class_key: str, trials: Sequence[TrialRecord]) -> str:
+    if not trials:
+        return f"No trials recorded for class `{class_key}`.\n"
+    return (
+        f"## Trials of `{class_key}`\n\n"
+        + markdown_table(HISTORY_HEADERS, _history_cells(trials))
+        + "\n"
+    )
