@@ -83,6 +83,9 @@ class _TuningCollector(Collector):
                                   labels=["class_key"])  # fmt: skip
         trials = CounterMetricFamily("tuner_class_trials", "Trials finished in the class",
                                      labels=["class_key"])  # fmt: skip
+        switches = CounterMetricFamily("tuner_policy_switches",
+                                       "Changes of a class's chosen variant",
+                                       labels=["class_key"])  # fmt: skip
         for state, policy in self.engine.summary():
             arm = [state.key, policy.variant]
             speculation.add_metric(arm, float(policy.speculation))
@@ -93,7 +96,8 @@ class _TuningCollector(Collector):
             kill.add_metric([state.key], float(policy.kill_switch))
             share.add_metric([state.key], state.explored / state.seen if state.seen else 0.0)
             trials.add_metric([state.key], state.trials_done)
-        yield from (speedup, alpha, speculation, kill, share, trials)
+            switches.add_metric([state.key], state.switches)
+        yield from (speedup, alpha, speculation, kill, share, trials, switches)
 
 
 class Metrics:

@@ -170,6 +170,11 @@ def test_per_class_decisions_are_prometheus_gauges(tmp_path: Path, caps: Capabil
     assert found[("tuner_class_kill_switch", (("class_key", PROSE),))] == 1.0
     assert 0 < found[("tuner_class_exploration_share", (("class_key", PROSE),))] <= 0.5 + 1e-9
     assert found[("tuner_class_trials_total", (("class_key", PROSE),))] >= 1
+    # The code class moved from none to a speculative variant at least once.
+    assert found[("tuner_policy_switches_total", (("class_key", CODE),))] >= 1
+    assert found[("tuner_policy_switches_total", (("class_key", CODE),))] == (
+        engine.classes[CODE].switches
+    )
 
 
 def test_trial_baseline_is_found_after_the_sample_window_fills(

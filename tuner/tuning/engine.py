@@ -165,6 +165,7 @@ class ClassState:
     none_routed: int = 0  # requests sent without speculation (exploit or control)
     trials_done: int = 0
     converged: bool = False
+    switches: int = 0  # times the chosen variant changed (this process)
     trial: Trial | None = None
     preparing: bool = False
     arms: dict[str, Arm] = field(default_factory=dict)
@@ -420,6 +421,7 @@ class Engine:
         state.policy = new
         if old is None or old.variant != new.variant:
             log.info("policy", class_key=state.key, variant=new.variant, reason=new.reason)
+            state.switches += old is not None
             return True
         return False
 
@@ -623,7 +625,12 @@ class Engine:
         """Each class's counters and policy (copies of the counters, shared frozen policies)."""
         with self._lock:
             return [
-                (ClassState(k, s.seen, s.explored, s.none_routed, s.trials_done, s.converged), p)
+                (
+                    ClassState(
+                        k, s.seen, s.explored, s.none_routed, s.trials_done, s.converged, s.switches
+                    ),
+                    p,
+                )
                 for k, s in sorted(self.classes.items())
                 if (p := s.policy) is not None
             ]
