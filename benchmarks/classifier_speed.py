@@ -60,6 +60,34 @@ def timings(body: dict[str, Any], runs: int) -> dict[str, float]:
     }
 
 
+def _spin(n: int) -> int:
+    total = 0
+    for i in range(n):
+        total += i * i
+    return total
+
+
+def machine_jitter(target_ms: float, runs: int) -> dict[str, float]:
+    """The same percentiles for a fixed pure-Python loop of about the classifier's median.
+
+    What this VM does to a constant amount of work: its p99 / p50 is the floor for the
+    classifier's own ratio, whatever the code does.
+    """
+    n = 1000
+    start = time.perf_counter_ns()
+    _spin(n)
+    per = (time.perf_counter_ns() - start) / 1e6 / n
+    n = max(int(target_ms / per), 1)
+    samples = []
+    for _ in range(runs):
+        start = time.perf_counter_ns()
+        _spin(n)
+        samples.append((time.perf_counter_ns() - start) / 1e6)
+    samples.sort()
+    p50, p99 = statistics.median(samples), samples[int(0.99 * (len(samples) - 1))]
+    return {"p50_ms": round(p50, 4), "p99_ms": round(p99, 4), "p99_over_p50": round(p99 / p50, 2)}
+
+
 def peak_memory_kib(messages: int) -> float:
     history = [
         {"role": "user" if i % 2 == 0 else "assistant", "content": PROSE * 8}
@@ -79,12 +107,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    result = {
+    result: dict[str, Any] = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
         f"Python {platform.python_version()}",
         "prompt_8kb": timings({"prompt": prompt_of(8 * 1024), "temperature": 0}, 3000),
         "prompt_128kb": timings({"prompt": prompt_of(128 * 1024), "temperature": 0}, 400),
         "chat_8kb": timings({"messages": [{"role": "user", "content": prompt_of(8 * 1024)}]}, 3000),
+    }
+    result["machine_jitter"] = machine_jitter(result["prompt_8kb"]["p50_ms"], 3000)
+    result |= {
         "peak_memory_kib_by_history_messages": {
             str(n): peak_memory_kib(n) for n in (10, 100, 1000, 10000)
         },

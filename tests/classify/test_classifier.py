@@ -152,6 +152,16 @@ def test_small_and_numpy_paths_agree(data: bytes) -> None:
     assert f._entropy_small(data) == pytest.approx(f._entropy_numpy(data))
     n = len(data) - 7
     assert f._repeat_small(data, 8, n) == pytest.approx(f._repeat_numpy(data, 8, n))
+    if n > 7:  # the general packing (other window widths) agrees with the small path too
+        assert f._repeat_small(data, 5, n + 3) == pytest.approx(f._repeat_numpy(data, 5, n + 3))
+
+
+@pytest.mark.parametrize("size", [70_000, 200_000])
+def test_entropy_above_the_lookup_table_matches(size: int) -> None:
+    from tuner.classify import features as f
+
+    data = (bytes(range(256)) * (size // 256 + 1))[:size] + b"a" * 70_000  # a count > 2^16
+    assert f._entropy_small(data) == pytest.approx(f._entropy_numpy(data))
 
 
 def test_class_and_feature_agree_under_a_custom_greedy_threshold(tmp_path: Path) -> None:

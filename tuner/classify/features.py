@@ -30,7 +30,7 @@ from tuner.classify.prompt import PromptView
 
 __all__ = ["Features", "byte_entropy", "extract", "repeat_ratio"]
 
-HEAD, TAIL, REPEAT_WINDOW, TAIL_ENTROPY, INSTRUCTION = 256, 1024, 1024, 512, 768
+HEAD, TAIL, REPEAT_WINDOW, TAIL_ENTROPY, INSTRUCTION = 256, 768, 1024, 512, 768
 _SMALL = 256  # bytes: below this, plain Python beats numpy's per-call overhead
 
 
@@ -71,9 +71,18 @@ def _entropy_small(data: bytes) -> float:  # numpy's fixed cost dominates short 
     return abs(-sum(c / total * math.log2(c / total) for c in Counter(data).values()))
 
 
+# c * log2(c) for every count a byte value can have in a prompt of up to 64 KiB (512 KiB):
+# entropy = log2(n) - sum(c log2 c) / n, one table lookup instead of four array operations.
+_TABLE = 1 << 16
+_XLOG2X = np.concatenate(([0.0], np.arange(1, _TABLE) * np.log2(np.arange(1, _TABLE))))
+
+
 def _entropy_numpy(data: bytes) -> float:
+    n = len(data)
     counts = np.bincount(np.frombuffer(data, dtype=np.uint8), minlength=256)
-    p = counts[counts > 0] / len(data)
+    if n < _TABLE:
+        return max(0.0, math.log2(n) - float(_XLOG2X[counts].sum()) / n)
+    p = counts[counts > 0] / n
     return float(abs(-(p * np.log2(p)).sum()))
 
 
@@ -95,10 +104,13 @@ def _repeat_small(data: bytes, width: int, n: int) -> float:
 
 
 def _repeat_numpy(data: bytes, width: int, n: int) -> float:
-    raw = np.frombuffer(data, dtype=np.uint8).astype(np.uint64)
-    h = np.zeros(n, dtype=np.uint64)
-    for j in range(width):  # an exact 64-bit packing of 8 bytes: no collisions
-        h = (h << np.uint64(8)) | raw[j : j + n]
+    if width == 8:  # each window read as one 64-bit integer (overlapping strides): exact
+        h = np.ndarray((n,), dtype="<u8", buffer=data, strides=(1,)).copy()
+    else:
+        raw = np.frombuffer(data, dtype=np.uint8).astype(np.uint64)
+        h = np.zeros(n, dtype=np.uint64)
+        for j in range(width):  # an exact packing of up to 8 bytes: no collisions
+            h = (h << np.uint64(8)) | raw[j : j + n]
     h.sort()
     same = h[1:] == h[:-1]
     # every window equal to a neighbour in sorted order occurs at least twice
@@ -133,17 +145,26 @@ class _Scan:
         lines = text.splitlines()
         code_line: list[bool] = []
         table = log = yaml = 0
-        is_code, add = _is_code_line, code_line.append
-        for line in lines:
-            add(is_code(line))
+        add, log_line, yaml_line, labels = code_line.append, lx.LOG_LINE, lx.YAML_LINE, lx.LABELS
+        for line in lines:  # hot: no helper calls for the common checks
+            stripped = line.rstrip()
+            add(
+                stripped.endswith(_CODE_ENDS)
+                or (line.startswith(_INDENTS) and bool(stripped.strip()))
+            )
             first = line[:1]
-            if first == "|" and line.rstrip().endswith("|"):
+            if first == "|" and stripped.endswith("|"):
                 table += 1
-            if (first.isdigit() or first == "[" or first.isupper()) and lx.LOG_LINE.match(line):
+            if (first.isdigit() or first == "[" or first.isupper()) and log_line.match(line):
                 log += 1
-            if _maybe_yaml(line) and lx.YAML_LINE.match(line) and not lx.LABELS.match(line):
+            if (
+                ":" in line
+                and _maybe_yaml(line)
+                and yaml_line.match(line)
+                and not labels.match(line)
+            ):
                 yaml += 1
-        words = Counter(lx.WORD.findall(lower))
+        words = Counter(lower.translate(lx.WORD_BREAKS).split())
         return cls(text, lower, lines, words, code_line, table, log, yaml)
 
     def marks(self, markers: tuple[str, ...]) -> int:
@@ -170,11 +191,8 @@ def _maybe_yaml(line: str) -> bool:
     return bool(colon) and len(key) <= 60 and not lx.NOT_IN_KEYS.intersection(key)
 
 
-def _is_code_line(line: str) -> bool:
-    stripped = line.rstrip()
-    return stripped.endswith((";", "{", "}", "):")) or (
-        line.startswith(("    ", "\t", "  ")) and bool(stripped.strip())
-    )
+# a code line ends like a statement or block, or is indented
+_CODE_ENDS, _INDENTS = (";", "{", "}", "):"), ("    ", "\t", "  ")
 
 
 def _code_language(scan: _Scan) -> tuple[str | None, int]:
@@ -279,8 +297,8 @@ class _Asks:
 
 def _asks(instruction: str) -> _Asks:
     head = instruction[:INSTRUCTION].lower()
-    words = lx.WORD.findall(head)
-    echo = any(w in lx.ECHO_WORDS for w in words) or any(p in head for p in lx.ECHO_PHRASES)
+    words = head.translate(lx.WORD_BREAKS).split()
+    echo = not lx.ECHO_WORDS.isdisjoint(words) or any(p in head for p in lx.ECHO_PHRASES)
     code = fmt = None
     for i, word in enumerate(words):
         if word not in lx.TRIGGERS:
@@ -292,7 +310,7 @@ def _asks(instruction: str) -> _Asks:
                 rest[0] if rest else "")  # fmt: skip
             echo = noun in lx.REFERENT_NOUNS
         if code is None and word in lx.CODE_VERBS:
-            code = any(w in lx.CODE_NOUNS for w in words[i + 1 : i + 12]) or None
+            code = not lx.CODE_NOUNS.isdisjoint(words[i + 1 : i + 12]) or None
         if fmt is None and word in lx.FORMAT_VERBS:
             for candidate in words[i + 1 : i + 4]:
                 if candidate in lx.FORMATS:
@@ -303,8 +321,8 @@ def _asks(instruction: str) -> _Asks:
     if fmt is None and ("respond with" in head or "give me" in head):
         fmt = next((w for w in words if w in lx.FORMATS), None)
     if not code and "give me" in head:
-        code = any(w in lx.CODE_NOUNS for w in words) or None
-    prose = any(w in lx.PROSE_WORDS for w in words) or any(p in head for p in lx.PROSE_PHRASES)
+        code = not lx.CODE_NOUNS.isdisjoint(words) or None
+    prose = not lx.PROSE_WORDS.isdisjoint(words) or any(p in head for p in lx.PROSE_PHRASES)
     return _Asks(echo, bool(code), fmt, prose)
 
 
@@ -370,10 +388,12 @@ def extract(
     """
     body = body or {}
     # In a chat, what is asked now (not tool output or history) sets the type.
-    scan = _Scan.of(_window(view.instruction if view.chat else view.text))
+    window = _window(view.instruction if view.chat else view.text)
+    scan = _Scan.of(window)
     asks = _asks(view.instruction)
     content, subtype = _content_type(view, scan, asks)
-    material_scan = scan if not view.chat else _Scan.of(_window(view.text))
+    material_window = _window(view.text) if view.chat else window
+    material_scan = scan if material_window == window else _Scan.of(material_window)
     code = subtype if content == "code" else None
     data = subtype if content == "data" else None
     material = _material_lines(material_scan, code, data) / max(len(material_scan.lines), 1)

