@@ -31,5 +31,10 @@ def test_unit_file_verifies(tmp_path: Path) -> None:
 def test_unit_stops_children_itself_and_uses_the_env_file() -> None:
     text = (DEPLOY / "spec-tuner.service").read_text()
     assert "KillMode=mixed" in text
+    # readiness and watchdog come from the daemon (tuner.systemd), reload is SIGHUP
+    for line in ("Type=notify", "NotifyAccess=main", "WatchdogSec=30",
+                 "ExecReload=/bin/kill -HUP $MAINPID", "ProtectSystem=strict",
+                 "NoNewPrivileges=true", "StateDirectory=spec-tuner"):  # fmt: skip
+        assert f"\n{line}\n" in text, line
     assert "EnvironmentFile=-/etc/spec-tuner/spec-tuner.env" in text
     assert (DEPLOY / "spec-tuner.env.example").is_file()

@@ -39,7 +39,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     configure_logging(settings.log_format, settings.log_level)
-    return serve(settings)
+    return serve(settings, reload_settings=lambda: _settings(args))
 
 
 def cmd_provision(args: argparse.Namespace) -> int:

@@ -1,22 +1,34 @@
-"""Wire the daemon together from one ``Settings`` object and run it under uvicorn."""
+"""Wire the daemon together from one ``Settings`` object and run it under uvicorn.
+
+Signals: SIGTERM/SIGINT drain and stop (exit 0); SIGHUP reloads what can change
+without a restart (``reload``). Under systemd (``Type=notify``) it reports readiness,
+status, the watchdog and stopping (``tuner.systemd``).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import signal
+import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
 
 from tuner.classify import classify, load_definitions
+from tuner.errors import ConfigError
+from tuner.logs import configure_logging, get_logger
 from tuner.metrics import Metrics
 from tuner.proxy.app import Service, create_app
 from tuner.records import RecordStore
 from tuner.settings import Settings
+from tuner.systemd import Notifier, notify
+from tuner.tuning.config import load_tuning
 from tuner.tuning.plan import plan_tuning
 from tuner.tuning.service import TuningService
 from tuner.upstream.capabilities import Capabilities
@@ -25,7 +37,12 @@ from tuner.upstream.launch import model_alias, prepare, router_argv, server_argv
 from tuner.upstream.process import ExternalMonitor, ManagedServer, free_port
 from tuner.upstream.provision import Progress, stderr_progress
 
-__all__ = ["Daemon", "build_daemon", "serve"]
+__all__ = ["Daemon", "build_daemon", "reload", "serve"]
+
+log = get_logger(__name__)
+
+# Settings a SIGHUP applies; any other change is logged as needing a restart.
+RELOADABLE = frozenset({"api_keys", "classes_file", "tuning_file", "explore_share", "log_level"})
 
 
 @dataclass(slots=True)
@@ -36,7 +53,14 @@ class Daemon:
     supervisor: ManagedServer | ExternalMonitor
     records: RecordStore
     capabilities: Capabilities | None
+    notifier: Notifier
     tuning: TuningService | None = None
+
+
+def _progress(message: str) -> None:
+    """Provisioning progress to stderr and, under systemd, as the unit's STATUS."""
+    stderr_progress(message)
+    notify(f"STATUS={message}")
 
 
 def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon:
@@ -51,11 +75,12 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
             str(settings.upstream_url), read_timeout_s=settings.request_timeout_s
         )
         supervisor = ExternalMonitor(client)
+        served = f"llama-server at {settings.upstream_url}"
     else:
-        prepared = prepare(settings, progress or stderr_progress)
+        prepared = prepare(settings, progress or _progress)
         caps, model = prepared.capabilities, prepared.model
         port = free_port()
-        alias = model_alias(settings, model)
+        alias = served = model_alias(settings, model)
         plan = plan_tuning(settings, prepared) if settings.tune else None
         client = UpstreamClient(
             f"http://127.0.0.1:{port}",
@@ -79,7 +104,12 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
             tuning = TuningService(plan.engine, settings.state_dir, plan.meta, mode=plan.mode,
                                    flush=records.flush)  # fmt: skip
             records.observers.append(tuning.observe)
-    services: list[Service] = [supervisor] + ([tuning] if tuning else [])
+    notifier = Notifier(
+        lambda: client.ready,
+        f"{served} on http://{settings.host}:{settings.port}",
+        restarts=lambda: client.restarts,
+    )
+    services: list[Service] = [supervisor] + ([tuning] if tuning else []) + [notifier]
     definitions = load_definitions(settings.classes_file)
     metrics = Metrics(client, records)
     if tuning is not None:
@@ -96,15 +126,84 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
         router=tuning.route if tuning else None,
         public_models=public_models,
     )
-    return Daemon(settings, app, client, supervisor, records, caps, tuning)
+    return Daemon(settings, app, client, supervisor, records, caps, notifier, tuning)
+
+
+def reload(daemon: Daemon, settings: Settings) -> dict[str, Any]:
+    """Apply new settings to a running daemon: API keys, classes, tuning file, log level.
+
+    Everything is loaded and validated first; on any error nothing changes (logged).
+    Settings that need a restart (the model, ports, llama-server flags) are named.
+    """
+    old = daemon.settings
+    changed = sorted(n for n in Settings.model_fields if getattr(settings, n) != getattr(old, n))
+    try:
+        definitions = load_definitions(settings.classes_file)
+        tuning = load_tuning(settings.tuning_file) if daemon.tuning is not None else None
+    except ConfigError as exc:
+        log.error("reload_failed", error=str(exc), detail="the running configuration is kept")
+        return {"ok": False, "error": str(exc)}
+    if tuning is not None and settings.explore_share is not None:
+        budget = tuning.budget.model_copy(update={"explore_share": settings.explore_share})
+        tuning = tuning.model_copy(update={"budget": budget})
+    daemon.app.state.keys.set(settings.api_keys)
+    daemon.app.state.handlers.classifier = partial(classify, definitions=definitions)
+    tuning_changed = (
+        daemon.tuning.engine.reconfigure(tuning)
+        if daemon.tuning is not None and tuning is not None
+        else []
+    )
+    if settings.log_level != old.log_level:
+        configure_logging(settings.log_format, settings.log_level)
+    restart = [n for n in changed if n not in RELOADABLE]
+    daemon.settings = settings.model_copy(update={n: getattr(old, n) for n in restart})
+    result = {"ok": True, "changed": changed, "tuning": tuning_changed, "needs_restart": restart}
+    log.info("reloaded", **result)
+    daemon.notifier.send("STATUS=reloaded configuration")
+    return result
 
 
 class _Server(uvicorn.Server):
-    """uvicorn, with signal handlers that only set the exit flag.
+    """uvicorn, with our own signal handling.
 
     Stock uvicorn re-raises the captured signal after its graceful shutdown, so
-    a SIGTERM stop ends with status -15. A drained, clean stop should exit 0.
+    a SIGTERM stop ends with status -15; a drained, clean stop should exit 0. A stop
+    signal also tells systemd STOPPING=1 at once; SIGHUP reloads on the event loop.
     """
+
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        daemon: Daemon,
+        reload_settings: Callable[[], Settings] | None = None,
+    ) -> None:
+        super().__init__(config)
+        self.daemon = daemon
+        self.reload_settings = reload_settings
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        self.loop = asyncio.get_running_loop()
+        await super().startup(sockets)
+        if self.started:
+            self.daemon.notifier.listening = True
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        self.daemon.notifier.stop_requested()
+        super().handle_exit(sig, frame)
+
+    def handle_reload(self, sig: int, frame: Any) -> None:
+        if self.loop is not None and self.reload_settings is not None:
+            self.loop.call_soon_threadsafe(self._reload)
+
+    def _reload(self) -> None:
+        assert self.reload_settings is not None
+        try:
+            settings = self.reload_settings()
+        except ConfigError as exc:
+            log.error("reload_failed", error=str(exc), detail="the running configuration is kept")
+            return
+        reload(self.daemon, settings)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -112,6 +211,7 @@ class _Server(uvicorn.Server):
             yield
             return
         previous = {sig: signal.signal(sig, self.handle_exit) for sig in _STOP_SIGNALS}
+        previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, self.handle_reload)
         try:
             yield
         finally:
@@ -122,8 +222,11 @@ class _Server(uvicorn.Server):
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def serve(settings: Settings) -> int:
-    """Run the daemon until SIGINT/SIGTERM; uvicorn drains in-flight requests."""
+def serve(settings: Settings, reload_settings: Callable[[], Settings] | None = None) -> int:
+    """Run the daemon until SIGINT/SIGTERM; uvicorn drains in-flight requests.
+
+    ``reload_settings`` builds fresh settings for SIGHUP (the same sources as at start).
+    """
     daemon = build_daemon(settings)
     config = uvicorn.Config(
         daemon.app,
@@ -134,5 +237,5 @@ def serve(settings: Settings) -> int:
         lifespan="on",
         timeout_graceful_shutdown=30,
     )
-    _Server(config).run()
+    _Server(config, daemon, reload_settings).run()
     return 0

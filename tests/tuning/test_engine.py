@@ -139,6 +139,34 @@ def test_overrides_win(tmp_path: Path, caps: Capabilities) -> None:
     assert not any(d.variant.startswith(("ngram-cache", "ngram-mod")) for d in other)
 
 
+def test_reconfigure_applies_overrides_and_budget_but_not_the_search(
+    tmp_path: Path, caps: Capabilities
+) -> None:
+    engine = make(tmp_path, config(explore_share=0.5), caps)
+    sim = SimUpstream(truth(list(engine.variants.values())))
+    drive(engine, sim, schedule(100))
+    search = engine.config.search
+    edited = config(explore_share=0.0).model_copy(
+        update={
+            "overrides": {
+                CODE: Override(pin="ngram-simple.n3.m8"),
+                PROSE: Override(pin="ngram-simple.n5.m99"),  # not a running variant
+            },
+            "search": {"ngram-cache": {}},
+        }
+    )
+    changed = engine.reconfigure(edited)
+    assert set(changed) == {"budget", "overrides"}
+    assert engine.config.search == search  # kept: the running presets cannot change
+    assert engine.config.budget.explore_share == 0.0
+    code = drive(engine, sim, [CODE] * 20)
+    assert {d.variant for d in code} == {"ngram-simple.n3.m8"}
+    assert engine.classes[CODE].policy is not None and engine.classes[CODE].policy.override
+    prose = drive(engine, sim, [PROSE] * 20)  # the unknown pin was dropped, not routed
+    assert all(d.variant in engine.variants and d.role == "exploit" for d in prose)
+    assert engine.reconfigure(engine.config) == []
+
+
 def test_budget_validation() -> None:
     with pytest.raises(ValueError, match="min_trial_requests"):
         Budget(trial_requests=2, min_trial_requests=3)

@@ -374,7 +374,8 @@ def create_app(
         Route("/ready", handlers.ready, methods=["GET"]),
         Route("/metrics", exposition, methods=["GET"]),
     ]
-    middleware = [Middleware(BearerAuth, keys=tuple(api_keys))] if api_keys else []
+    ring = KeyRing(api_keys)
+    middleware = [Middleware(BearerAuth, ring=ring)]
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
@@ -382,20 +383,38 @@ def create_app(
         exception_handlers={HTTPException: _http_error, Exception: _internal_error},
     )
     app.state.handlers = handlers
+    app.state.keys = ring  # SIGHUP replaces the keys (tuner.daemon.reload)
     return app
 
 
+class KeyRing:
+    """The accepted API keys; replaced as a whole on reload (no keys: no authentication)."""
+
+    def __init__(self, keys: Sequence[str] = ()) -> None:
+        self.keys: tuple[bytes, ...] = ()
+        self.set(keys)
+
+    def set(self, keys: Sequence[str]) -> None:
+        self.keys = tuple(key.encode() for key in keys)
+
+
 class BearerAuth:
-    """ASGI middleware: every route but /health and /ready needs ``Authorization: Bearer <key>``."""
+    """ASGI middleware: every route but /health and /ready needs ``Authorization: Bearer <key>``
+    once the key ring holds any key."""
 
     OPEN = frozenset({"/health", "/ready"})
 
-    def __init__(self, app: ASGIApp, keys: tuple[str, ...]) -> None:
+    def __init__(self, app: ASGIApp, ring: KeyRing) -> None:
         self.app = app
-        self.keys = tuple(key.encode() for key in keys)
+        self.ring = ring
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in self.OPEN or self._allowed(scope):
+        if (
+            not self.ring.keys
+            or scope["type"] != "http"
+            or scope["path"] in self.OPEN
+            or self._allowed(scope)
+        ):
             await self.app(scope, receive, send)
             return
         error = OpenAIError(
@@ -410,7 +429,7 @@ class BearerAuth:
         if scheme.lower() != b"bearer" or not token:
             return False
         # compare against every key, always, in constant time per key
-        return any([hmac.compare_digest(token.strip(), key) for key in self.keys])
+        return any([hmac.compare_digest(token.strip(), key) for key in self.ring.keys])
 
 
 async def _forward(

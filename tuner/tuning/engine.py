@@ -429,7 +429,7 @@ class Engine:
         now = self.clock()
         override = self._override(state.key)
         prior = state.prior
-        if override.pin is not None:
+        if override.pin is not None and override.pin in self.variants:
             return Policy(
                 class_key=state.key,
                 variant=override.pin,
@@ -558,13 +558,16 @@ class Engine:
             if t in types and t not in forbid
         }
 
+    def _rank(self, key: str) -> PriorView:
+        return rank(
+            key, list(self.variants.values()), self.config.prior, self.cost, self.draft_step
+        )
+
     def _state(self, key: str) -> ClassState:
         state = self.classes.get(key)
         if state is None:
             state = self.classes[key] = ClassState(key)
-            state.prior = rank(
-                key, list(self.variants.values()), self.config.prior, self.cost, self.draft_step
-            )
+            state.prior = self._rank(key)
             state.policy = self._policy(state)
         return state
 
@@ -616,6 +619,45 @@ class Engine:
         if reopened:
             self._changed()
         return reopened
+
+    def reconfigure(self, config: TuningConfig) -> list[str]:
+        """Apply an edited tuning file (SIGHUP): budget, guard, prior and overrides at once.
+
+        The search space stays: its variants are llama-server presets fixed at start, so a
+        changed space is kept for the next start (and said so). Returns what changed.
+        """
+        with self._lock:
+            old = self.config
+            if config.search != old.search:
+                log.warning("tuning_search_needs_restart",
+                            detail="search-space changes apply at the next start")  # fmt: skip
+                config = config.model_copy(update={"search": old.search})
+            overrides = {}
+            for key, override in config.overrides.items():
+                if override.pin is not None and override.pin not in self.variants:
+                    log.warning(
+                        "tuning_pin_needs_restart",
+                        class_key=key,
+                        pin=override.pin,
+                        detail="not among the running variants; applies at next start",
+                    )
+                    override = override.model_copy(update={"pin": None})
+                overrides[key] = override
+            config = config.model_copy(update={"overrides": overrides})
+            changed = [
+                name for name in ("budget", "guard", "prior", "overrides")
+                if getattr(config, name) != getattr(old, name)
+            ]  # fmt: skip
+            self.config = config
+            self.z = _z(config.guard.confidence)
+            self._overrides.clear()
+            for state in self.classes.values():
+                if "prior" in changed:
+                    state.prior = self._rank(state.key)
+                self._decide(state)
+        if changed:
+            self._changed()
+        return changed
 
     def _changed(self) -> None:
         if self.on_change is not None:

@@ -1,0 +1,84 @@
+"""The real daemon as systemd runs it: sd_notify readiness, watchdog, SIGHUP reload, stop."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.integration.conftest import start_daemon
+from tests.test_systemd import Listener
+
+pytestmark = pytest.mark.llama
+
+PIN = "ngram-simple.n3.m8"
+SPACE = "[search.ngram-simple]\nsize_n = [3]\nsize_m = [8]\n"  # the pin is a running preset
+
+
+def _until(check: Callable[[], bool], timeout_s: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _complete(url: str, key: str | None = None) -> httpx.Response:
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    body = {"prompt": "def add(a, b):", "max_tokens": 8, "temperature": 0}
+    return httpx.post(url + "/v1/completions", json=body, headers=headers, timeout=120)
+
+
+def test_notify_reload_and_stop_under_systemd_protocol(tmp_path: Path) -> None:
+    notify = Listener(str(tmp_path / "notify"))
+    tuning = tmp_path / "tuning.toml"
+    tuning.write_text("[budget]\nexplore_share = 0.0\n" + SPACE)
+    config = tmp_path / "spec-tuner.toml"
+    config.write_text(f'tuning_file = "{tuning}"\n')
+    env = {
+        "NOTIFY_SOCKET": str(tmp_path / "notify"),
+        "WATCHDOG_USEC": "2000000",  # WatchdogSec=2: a ping every second
+        "TUNER_CONFIG": str(config),
+    }
+    state = tmp_path / "state"
+    state.mkdir()
+    running = start_daemon(state, env=env)
+    try:
+        seen: list[str] = []
+        assert _until(lambda: bool(seen.extend(notify.messages())) or "READY=1" in "".join(seen))
+        assert seen[0] == "STATUS=starting llama-server"
+        ready = next(m for m in seen if "READY=1" in m)
+        assert "STATUS=serving gemma-3-270m" in ready
+        assert _until(lambda: bool(seen.extend(notify.messages())) or seen.count("WATCHDOG=1") >= 3)
+
+        first = _complete(running.url)
+        assert first.status_code == 200 and first.headers["x-spec-variant"] == "none"
+
+        # Edit the configuration: an API key and a pinned variant; SIGHUP applies both.
+        pin = f'[overrides.all]\npin = "{PIN}"\n'
+        tuning.write_text("[budget]\nexplore_share = 0.0\n" + SPACE + pin)
+        config.write_text(f'tuning_file = "{tuning}"\napi_keys = ["sesame"]\n')
+        running.process.send_signal(signal.SIGHUP)
+        assert _until(lambda: _complete(running.url).status_code == 401)
+        pinned = _complete(running.url, "sesame")
+        assert pinned.status_code == 200, pinned.text
+        assert pinned.headers["x-spec-variant"] == PIN
+        assert any("STATUS=reloaded configuration" in m for m in notify.messages())
+
+        # A broken edit is refused as a whole: the daemon keeps the last good configuration.
+        config.write_text("api_keys = [unterminated\n")
+        running.process.send_signal(signal.SIGHUP)
+        assert _until(lambda: "reload_failed" in running.log.read_text())
+        assert _complete(running.url).status_code == 401
+        assert _complete(running.url, "sesame").headers["x-spec-variant"] == PIN
+    finally:
+        code = running.stop()
+    assert code == 0
+    stopping = [m for m in notify.messages() if "STOPPING=1" in m]
+    assert len(stopping) == 1 and "draining" in stopping[0]
+    notify.sock.close()
