@@ -124,3 +124,52 @@ async def test_keep_alive_connections_are_reused(
         await client.aclose()
         await asyncio.sleep(0.05)
     assert connections == 1
+
+
+async def test_a_pooled_connection_the_server_dropped_is_retried_once(
+    client_for: Callable[..., UpstreamClient],
+) -> None:
+    """cpp-httplib closes keep-alive connections on its own schedule; the next request on one
+    must not become a 503 for the user."""
+    served = 0
+
+    async def one_per_connection(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        nonlocal served
+        await read_request(reader)
+        served += 1
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                     b"content-length: 2\r\n\r\n{}")  # fmt: skip
+        await writer.drain()
+        await read_request(reader)  # the next request on this pooled connection: dropped
+
+    server, url = await serve(one_per_connection)
+    async with server:
+        client = client_for(url)
+        for _ in range(4):
+            response = await client.open("POST", "/completion", content=b"{}")
+            assert response.status_code == 200 and await response.aread() == b"{}"
+            await response.aclose()
+        await client.aclose()
+    assert served == 4
+    assert client.reconnects >= 1
+
+
+async def test_a_server_that_keeps_dropping_is_not_ready(
+    client_for: Callable[..., UpstreamClient],
+) -> None:
+    attempts = 0
+
+    async def drop(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal attempts
+        attempts += 1
+        await read_request(reader)  # and close without an answer
+
+    server, url = await serve(drop)
+    async with server:
+        client = client_for(url)
+        with pytest.raises(UpstreamNotReady):
+            await client.open("POST", "/completion", content=b"{}")
+        await client.aclose()
+    assert attempts == 2  # the request and one retry, no more

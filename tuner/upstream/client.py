@@ -105,6 +105,7 @@ class UpstreamClient:
         ).as_dict()
         self.http = httpx.AsyncClient(base_url=self.base_url, transport=self._transport)
         self._session: aiohttp.ClientSession | None = None
+        self.reconnects = 0  # requests re-sent after the server closed a pooled connection
         self._ready = False
         self.model_ids: tuple[str, ...] = (default_model,) if default_model else ()
         # Input kinds the model accepts beyond text (from /props); None when unknown.
@@ -215,9 +216,19 @@ class UpstreamClient:
     async def _open_aiohttp(self, out: _Outgoing) -> UpstreamResponse:
         session = self._aiohttp_session()
         try:
-            response = await session.request(
-                out.method, out.url, data=out.content, params=out.params, headers=out.headers
-            )
+            try:
+                response = await session.request(
+                    out.method, out.url, data=out.content, params=out.params, headers=out.headers
+                )
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+                # The server closed the connection before answering (a pooled keep-alive
+                # connection it had just dropped, or a reset while the body was written):
+                # the request was not processed. Once more, on a fresh connection.
+                self.reconnects += 1
+                response = await session.request(
+                    out.method, out.url, data=out.content, params=out.params,
+                    headers={**out.headers, "connection": "close"},
+                )  # fmt: skip
         except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
             raise UpstreamTimeout(f"the model server did not answer in time: {exc!r}") from exc
         except aiohttp.ClientError as exc:
