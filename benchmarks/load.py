@@ -7,9 +7,9 @@ Reports:
 - requests, errors (non-200, an error event, a stream without ``[DONE]``), 429s;
 - the daemon's open file descriptors and TCP connections before the load and after it
   (settled), to catch leaks;
-- the proxy's added latency under load from its request records
-  (``proxy_ms - upstream_ms``: time spent in the proxy around the upstream call), and the
-  client-side time to first token.
+- the proxy's added latency under load from its request records (``overhead_ms``: time
+  in the proxy around the upstream call, queueing excluded), how long requests waited for
+  their variant's turn (``wait_ms``, exclusive variants), and the client's time to first token.
 
 Usage: python benchmarks/load.py [--clients 32] [--seconds 60] [--out FILE.json]
 """
@@ -128,7 +128,8 @@ def run(clients: int, seconds: float) -> dict[str, Any]:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(120)
     records = [r for r in read_records(state / "records") if r.ts >= started]
-    added = [r.proxy_ms - r.upstream_ms for r in records if r.upstream_ms is not None and r.stream]
+    added = [r.overhead_ms for r in records if r.overhead_ms is not None and r.stream]
+    waits = [r.wait_ms for r in records if r.wait_ms is not None]
     errors = (
         sum(v for k, v in counts["status"].items() if k != 429)
         + counts["truncated"]
@@ -153,6 +154,11 @@ def run(clients: int, seconds: float) -> dict[str, Any]:
             "p50": _quantile(added, 0.5),
             "p99": _quantile(added, 0.99),
             "mean": round(statistics.fmean(added), 3) if added else None,
+        },
+        "variant_wait_ms": {
+            "p50": _quantile(waits, 0.5),
+            "p99": _quantile(waits, 0.99),
+            "waited": sum(1 for w in waits if w > 1),
         },
         "client_ttft_ms": {"p50": _quantile(ttft, 0.5), "p99": _quantile(ttft, 0.99)},
         "variants": sorted({r.variant or "-" for r in records}),

@@ -25,6 +25,7 @@ from tuner.errors import ConfigError
 from tuner.logs import configure_logging, get_logger
 from tuner.metrics import Metrics
 from tuner.proxy.app import Service, create_app
+from tuner.proxy.gate import VariantGate
 from tuner.records import RecordStore
 from tuner.settings import Settings
 from tuner.systemd import Notifier, notify
@@ -70,6 +71,7 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
     supervisor: ManagedServer | ExternalMonitor
     tuning: TuningService | None = None
     public_models: list[str] = []
+    gate: VariantGate | None = None
     if settings.upstream_url is not None:
         client = UpstreamClient(
             str(settings.upstream_url), read_timeout_s=settings.request_timeout_s
@@ -90,6 +92,11 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
         if plan is not None and plan.mode == "router":
             argv = router_argv(prepared.binary, settings, caps, plan.presets, plan.capacity, port)
             public_models = [alias]
+            cpu = "cuda" not in str(prepared.binary)
+            if settings.exclusive_variants == "on" or (
+                settings.exclusive_variants == "auto" and cpu
+            ):
+                gate = VariantGate()
         else:
             argv = server_argv(
                 prepared.binary, settings, caps, model=model, draft=prepared.draft, port=port
@@ -125,6 +132,7 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
         metrics=metrics,
         router=tuning.route if tuning else None,
         public_models=public_models,
+        gate=gate,
     )
     return Daemon(settings, app, client, supervisor, records, caps, notifier, tuning)
 

@@ -134,8 +134,8 @@ class Metrics:
         arm = (record.class_key or "unknown", record.variant or "default")
         self.requests.labels(record.endpoint, *arm, str(record.status)).inc()
         self.duration.labels(record.endpoint).observe(record.proxy_ms / 1000)
-        if record.upstream_ms is not None:
-            self.overhead.observe(max(record.proxy_ms - record.upstream_ms, 0.0) / 1000)
+        if record.overhead_ms is not None:
+            self.overhead.observe(max(record.overhead_ms, 0.0) / 1000)
         t = record.timings
         if t is None:
             return

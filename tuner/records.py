@@ -62,6 +62,7 @@ class RequestRecord(BaseModel):
     proxy_ms: float  # arrival to last byte handed back
     upstream_ms: float | None = None  # request sent upstream to last byte received
     ttfb_ms: float | None = None  # request sent upstream to response headers
+    wait_ms: float | None = None  # queued behind another variant (exclusive variants)
     timings: Timings | None = None
     # Filled in by the classifier and the tuner.
     class_key: str | None = None
@@ -72,8 +73,10 @@ class RequestRecord(BaseModel):
 
     @property
     def overhead_ms(self) -> float | None:
-        """Time the proxy itself added: everything not spent waiting on upstream."""
-        return None if self.upstream_ms is None else self.proxy_ms - self.upstream_ms
+        """Time the proxy itself added: everything not spent on upstream or in the queue."""
+        if self.upstream_ms is None:
+            return None
+        return self.proxy_ms - self.upstream_ms - (self.wait_ms or 0.0)
 
 
 RecordSource = RequestRecord | Callable[[], "RequestRecord | None"]

@@ -95,6 +95,11 @@ class Settings(BaseSettings):
     max_instances: int = Field(
         4, ge=1, description="most variants loaded at once (fewer if memory is short)"
     )
+    exclusive_variants: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="one variant decoding at a time (auto: on for CPU builds, whose "
+        "instances compete for the same cores)",
+    )
     seed: int | None = Field(None, description="seed of the search, for reproducible runs")
 
     # Where things live.

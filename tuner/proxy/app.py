@@ -38,6 +38,7 @@ from tuner.classify import Classification
 from tuner.errors import RequestError, TunerError
 from tuner.logs import get_logger
 from tuner.metrics import Metrics
+from tuner.proxy.gate import VariantGate
 from tuner.proxy.openai_errors import (
     OpenAIError,
     error_for_exception,
@@ -111,6 +112,7 @@ class _Trace:
     variant: str | None = None
     role: str | None = None
     trial: int | None = None
+    wait_ms: float | None = None
     finished: bool = False
 
     def note_body(self, body: dict[str, Any]) -> None:
@@ -166,6 +168,7 @@ class _Trace:
             if self.t_send is None or self.t_headers is None
             else (self.t_headers - self.t_send) * 1000,
             timings=parsed,
+            wait_ms=self.wait_ms,
             class_key=self.class_key,
             features=self.features,
             variant=self.variant,
@@ -200,8 +203,10 @@ class _Handlers:
         max_concurrent: int,
         router: Router | None = None,
         public_models: Sequence[str] = (),
+        gate: VariantGate | None = None,
     ):
         self.router = router
+        self.gate = gate
         self.public_models = tuple(public_models)
         self.upstream = upstream
         self.records = records
@@ -242,7 +247,7 @@ class _Handlers:
                 trace.finish(429, error=busy.message)
                 return _error_response(busy, request_id)
             self.in_flight += 1
-            handed_over = False
+            handed_over = gated = False
             try:
                 raw = await self.read_body(request)
                 body = parse_body(raw)
@@ -253,9 +258,16 @@ class _Handlers:
                     trace.class_key, trace.features = found.key, found.features.as_dict()
                 if self.router is not None:
                     raw = self._route(trace, body) or raw
+                    if self.gate is not None and trace.variant is not None:
+                        queued = time.perf_counter()
+                        await self.gate.acquire(trace.variant)
+                        trace.wait_ms = (time.perf_counter() - queued) * 1000
+                        gated = True
                 response = await _forward(self.upstream, trace, body, raw)
                 if isinstance(response, _RelayResponse):
                     response.close_hooks.append(self._release)  # held until the stream ends
+                    if gated:
+                        response.close_hooks.append(self._open_gate)
                     handed_over = True
                 return response
             except TunerError as exc:
@@ -265,6 +277,8 @@ class _Handlers:
             finally:
                 if not handed_over:
                     await self._release()
+                    if gated:
+                        await self._open_gate()
                 structlog.contextvars.unbind_contextvars("request_id")
 
         return handler
@@ -284,6 +298,10 @@ class _Handlers:
 
     async def _release(self) -> None:
         self.in_flight -= 1
+
+    async def _open_gate(self) -> None:
+        assert self.gate is not None
+        self.gate.release()
 
     async def models(self, request: Request) -> Response:
         if self.public_models:  # router mode: the presets are variants, not models
@@ -337,6 +355,7 @@ def create_app(
     max_concurrent: int = 256,
     router: Router | None = None,
     public_models: Sequence[str] = (),
+    gate: VariantGate | None = None,
 ) -> Starlette:
     """Build the proxy app around one upstream client and one record store.
 
@@ -344,7 +363,7 @@ def create_app(
     ``metrics`` (created here when not given) serves ``GET /metrics``.
     """
     handlers = _Handlers(
-        upstream, records, max_body_bytes, classifier, max_concurrent, router, public_models
+        upstream, records, max_body_bytes, classifier, max_concurrent, router, public_models, gate
     )
     metrics = metrics or Metrics(upstream, records)
     records.observers.append(metrics.observe)

@@ -46,7 +46,12 @@ def read_document(path: Path) -> dict[str, Any] | None:
 
 
 def load_policies(path: Path, meta: PolicyMeta) -> dict[str, Any]:
-    """The learned classes, if the file was learned on this model, build and machine."""
+    """The learned classes, if the file was learned on this model, build and machine.
+
+    Also removes temporary files a crash left mid-write (the policy file itself is whole).
+    """
+    for stale in path.parent.glob(f".{path.stem}-*.tmp"):
+        stale.unlink(missing_ok=True)
     data = read_document(path)
     if data is None:
         return {}
