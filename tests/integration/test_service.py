@@ -82,3 +82,24 @@ def test_notify_reload_and_stop_under_systemd_protocol(tmp_path: Path) -> None:
     stopping = [m for m in notify.messages() if "STOPPING=1" in m]
     assert len(stopping) == 1 and "draining" in stopping[0]
     notify.sock.close()
+
+
+def test_a_state_dir_that_refuses_writes_keeps_serving(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "records").write_text("a file where the records directory should be")
+    (state / "policies.json").mkdir()  # the policy file cannot be replaced
+    running = start_daemon(state)
+    try:
+        for _ in range(3):
+            assert _complete(running.url).status_code == 200
+        metrics = httpx.get(running.url + "/metrics", timeout=10).text
+        assert _until(
+            lambda: "tuner_record_write_errors_total 0.0" not in httpx.get(
+                running.url + "/metrics", timeout=10).text
+        ), metrics  # fmt: skip
+    finally:
+        code = running.stop()
+    assert code == 0
+    log = running.log.read_text()
+    assert "policies_write_failed" in log and "policies_unreadable" in log
