@@ -11,7 +11,8 @@ run:
 - median added latency per non-streaming request, paired, on short requests
   (a few prompt tokens, ``max_tokens`` 1) where generation noise is smallest,
   target <= 2 ms;
-- the proxy's own overhead from its request records (``proxy_ms - upstream_ms``).
+- the proxy's own overhead from its request records (``overhead_ms``: ``proxy_ms -
+  upstream_ms``, less any wait for a variant's turn).
 
 Usage: python benchmarks/proxy_overhead.py [--workload FILE] [--rounds N] [--out FILE.json]
 """
@@ -115,9 +116,9 @@ def run(workload: Path, rounds: int) -> dict[str, Any]:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
     overhead = [
-        rec.proxy_ms - rec.upstream_ms
+        rec.overhead_ms
         for rec in read_records(state / "records")
-        if rec.upstream_ms is not None and rec.status == 200
+        if rec.overhead_ms is not None and rec.status == 200
     ]
     tput = {a: sum(v["tokens"]) / sum(v["wall"]) for a, v in arms.items()}
     added = [(p - d) * 1000 for p, d in zip(short["proxy"], short["direct"], strict=True)]

@@ -251,7 +251,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     """The chosen policy per class with its evidence, read from the state dir."""
     from dataclasses import asdict
 
-    from tuner.report.data import load_history, load_report
+    from tuner.report.data import load_histories, load_history, load_report
     from tuner.report.render import (
         as_json,
         as_markdown,
@@ -278,7 +278,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.plot:
         from tuner.report.plot import plot_report
 
-        histories = {r.class_key: load_history(state_dir, r.class_key) for r in report.classes}
+        histories = load_histories(state_dir, [r.class_key for r in report.classes])
         path = plot_report(report, histories, Path(args.plot))
         print(f"plot written to {path}", file=sys.stderr)
     return 0

@@ -29,8 +29,7 @@ from tuner.proxy.gate import VariantGate
 from tuner.records import RecordStore
 from tuner.settings import Settings
 from tuner.systemd import Notifier, notify
-from tuner.tuning.config import load_tuning
-from tuner.tuning.plan import plan_tuning
+from tuner.tuning.plan import plan_tuning, tuning_config
 from tuner.tuning.service import TuningService
 from tuner.upstream.capabilities import Capabilities
 from tuner.upstream.client import UpstreamClient
@@ -92,9 +91,8 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
         if plan is not None and plan.mode == "router":
             argv = router_argv(prepared.binary, settings, caps, plan.presets, plan.capacity, port)
             public_models = [alias]
-            cpu = "cuda" not in str(prepared.binary)
             if settings.exclusive_variants == "on" or (
-                settings.exclusive_variants == "auto" and cpu
+                settings.exclusive_variants == "auto" and not plan.gpu
             ):
                 gate = VariantGate()
         else:
@@ -137,23 +135,22 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
     return Daemon(settings, app, client, supervisor, records, caps, notifier, tuning)
 
 
-def reload(daemon: Daemon, settings: Settings) -> dict[str, Any]:
-    """Apply new settings to a running daemon: API keys, classes, tuning file, log level.
+def reload(daemon: Daemon, load: Callable[[], Settings]) -> dict[str, Any]:
+    """Apply fresh settings (from ``load``) to a running daemon: API keys, classes, tuning
+    file, log level.
 
     Everything is loaded and validated first; on any error nothing changes (logged).
     Settings that need a restart (the model, ports, llama-server flags) are named.
     """
     old = daemon.settings
-    changed = sorted(n for n in Settings.model_fields if getattr(settings, n) != getattr(old, n))
     try:
+        settings = load()
         definitions = load_definitions(settings.classes_file)
-        tuning = load_tuning(settings.tuning_file) if daemon.tuning is not None else None
+        tuning = tuning_config(settings) if daemon.tuning is not None else None
     except ConfigError as exc:
         log.error("reload_failed", error=str(exc), detail="the running configuration is kept")
         return {"ok": False, "error": str(exc)}
-    if tuning is not None and settings.explore_share is not None:
-        budget = tuning.budget.model_copy(update={"explore_share": settings.explore_share})
-        tuning = tuning.model_copy(update={"budget": budget})
+    changed = sorted(n for n in Settings.model_fields if getattr(settings, n) != getattr(old, n))
     daemon.app.state.keys.set(settings.api_keys)
     daemon.app.state.handlers.classifier = partial(classify, definitions=definitions)
     tuning_changed = (
@@ -206,12 +203,7 @@ class _Server(uvicorn.Server):
 
     def _reload(self) -> None:
         assert self.reload_settings is not None
-        try:
-            settings = self.reload_settings()
-        except ConfigError as exc:
-            log.error("reload_failed", error=str(exc), detail="the running configuration is kept")
-            return
-        reload(self.daemon, settings)
+        reload(self.daemon, self.reload_settings)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:

@@ -9,13 +9,13 @@ readers never block the daemon).
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.classify.classes import ROOT
-from tuner.measure import ratio_interval, wilson
+from tuner.measure import BASELINE, ratio_interval, wilson
 from tuner.tuning.state import POLICY_FILE, read_document
 
 if TYPE_CHECKING:
@@ -27,12 +27,12 @@ __all__ = [
     "ClassRow",
     "Report",
     "build_report",
+    "load_histories",
     "load_history",
     "load_report",
 ]
 
 SCHEMA = "spec-tuner/report/1"
-BASELINE = "none"
 Z90 = statistics.NormalDist().inv_cdf(0.95)  # the guard's default 90 % two-sided level
 
 
@@ -219,18 +219,22 @@ def load_report(state_dir: Path) -> Report:
 
 
 def load_history(state_dir: Path, class_key: str) -> list[TrialRecord]:
-    """Every Optuna trial of one class in this state dir, oldest first ([] when none).
+    """Every Optuna trial of one class in this state dir, oldest first ([] when none)."""
+    return load_histories(state_dir, [class_key])[class_key]
+
+
+def load_histories(state_dir: Path, class_keys: Sequence[str]) -> dict[str, list[TrialRecord]]:
+    """The trials of each class (oldest first), read through one connection to the studies.
 
     The studies of the model and machine in the policy file; all of them when there
     is no policy file yet.
     """
     path = state_dir / "studies.db"
     if not path.is_file():
-        return []
+        return {key: [] for key in class_keys}
     from tuner.tuning.studies import StudyBook  # Optuna: imported only when asked
 
     document = read_document(state_dir / POLICY_FILE)
-    if document is None:
-        return StudyBook(path, "").history(class_key, any_scope=True)
-    scope = f"{document.get('model_key')}@{document.get('hardware_key')}"
-    return StudyBook(path, scope).history(class_key)
+    scope = f"{document.get('model_key')}@{document.get('hardware_key')}" if document else ""
+    book = StudyBook(path, scope)
+    return {key: book.history(key, any_scope=document is None) for key in class_keys}

@@ -37,7 +37,7 @@ from tuner.tuning.variants import Variant, grid, parse_name, presets_ini
 from tuner.upstream.capabilities import Capabilities
 from tuner.upstream.launch import Prepared, model_alias
 
-__all__ = ["TuningPlan", "default_cost", "plan_tuning", "shared_flags"]
+__all__ = ["TuningPlan", "default_cost", "plan_tuning", "shared_flags", "tuning_config"]
 
 log = get_logger(__name__)
 
@@ -53,6 +53,7 @@ class TuningPlan:
     meta: PolicyMeta
     presets: Path
     capacity: int
+    gpu: bool  # a CUDA build: instances share a GPU, not the CPU cores
 
 
 def shared_flags(settings: Settings, caps: Capabilities, model: Path) -> list[str]:
@@ -90,12 +91,18 @@ def _variants(config: TuningConfig, caps: Capabilities, draft: Path | None) -> l
     return variants
 
 
-def plan_tuning(settings: Settings, prepared: Prepared) -> TuningPlan | None:
-    """The tuning plan for this build, or None when tuning is not possible (logged)."""
+def tuning_config(settings: Settings) -> TuningConfig:
+    """The tuning file with the settings' exploration share, if given, over its budget's."""
     config = load_tuning(settings.tuning_file)
     if settings.explore_share is not None:
         budget = config.budget.model_copy(update={"explore_share": settings.explore_share})
         config = config.model_copy(update={"budget": budget})
+    return config
+
+
+def plan_tuning(settings: Settings, prepared: Prepared) -> TuningPlan | None:
+    """The tuning plan for this build, or None when tuning is not possible (logged)."""
+    config = tuning_config(settings)
     caps, model, draft = prepared.capabilities, prepared.model, prepared.draft
     if caps.router and caps.has_flag("--spec-type"):
         mode: Mode = "router"
@@ -124,9 +131,8 @@ def plan_tuning(settings: Settings, prepared: Prepared) -> TuningPlan | None:
         "hardware_key": fingerprint_key(fingerprint),
         "variants": [v.name for v in variants],
     }
-    capacity = instances_that_fit(
-        facts, settings.ctx_size, gpu="cuda" in str(prepared.binary), limit=settings.max_instances
-    )
+    gpu = "cuda" in str(prepared.binary)
+    capacity = instances_that_fit(facts, settings.ctx_size, gpu=gpu, limit=settings.max_instances)
     presets = settings.state_dir / "router" / "presets.ini"
     if mode == "router":
         shared = shared_flags(settings, caps, model)
@@ -144,4 +150,4 @@ def plan_tuning(settings: Settings, prepared: Prepared) -> TuningPlan | None:
         loaded_at_once=capacity.instances,
         capacity=capacity.explain(),
     )
-    return TuningPlan(mode, engine, meta, presets, capacity.instances)
+    return TuningPlan(mode, engine, meta, presets, capacity.instances, gpu)
