@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from tests.tuning.sim import CODE, HELP, PROSE, SimUpstream, config, drive, make, schedule, truth
 from tuner.cli import main
+from tuner.errors import TunerError
 from tuner.model.envelope import cost_model
 from tuner.report.data import SCHEMA, build_report, load_history, load_report
 from tuner.report.render import as_json, as_markdown, as_table
@@ -126,6 +129,22 @@ def test_empty_state_renders_in_every_format(tmp_path: Path) -> None:
     document = json.loads(as_json(report))
     assert document["classes"] == [] and document["overall"]["requests"] == 0
     assert load_history(tmp_path, CODE) == []
+
+
+def test_damaged_state_files_are_reported_not_raised(tmp_path: Path) -> None:
+    (tmp_path / POLICY_FILE).write_text("{broken")
+    (tmp_path / "studies.db").write_text("not a database")
+    report = load_report(tmp_path)
+    assert report.unreadable and not report.found
+    assert "could not be read" in as_table(report)
+    assert json.loads(as_json(report))["unreadable"] is True
+    with pytest.raises(TunerError, match="cannot read the Optuna studies"):
+        load_history(tmp_path, CODE)
+    done = subprocess.run(
+        [sys.executable, "-m", "tuner", "report", "--state-dir", str(tmp_path), "--class", CODE],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2 and "tuner: error: cannot read the Optuna studies" in done.stderr
 
 
 def test_odd_documents_do_not_crash() -> None:

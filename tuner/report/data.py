@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.classify.classes import ROOT
+from tuner.errors import TunerError
 from tuner.measure import BASELINE, ratio_interval, wilson
 from tuner.tuning.state import POLICY_FILE, read_document
 
@@ -87,7 +88,8 @@ class ClassRow:
 @dataclass(frozen=True, slots=True)
 class Report:
     state_dir: str
-    found: bool  # a policy file was there
+    found: bool  # a readable policy file was there
+    unreadable: bool = False  # a policy file was there but could not be read (logged)
     model: str | None = None
     build: str | None = None
     hardware: dict[str, Any] | None = None
@@ -121,6 +123,7 @@ class Report:
             "schema": SCHEMA,
             "state_dir": self.state_dir,
             "found": self.found,
+            "unreadable": self.unreadable,
             "model": self.model,
             "build": self.build,
             "hardware": self.hardware,
@@ -215,7 +218,11 @@ def build_report(document: Mapping[str, Any] | None, state_dir: str = "") -> Rep
 
 
 def load_report(state_dir: Path) -> Report:
-    return build_report(read_document(state_dir / POLICY_FILE), str(state_dir))
+    path = state_dir / POLICY_FILE
+    document = read_document(path)
+    if document is None and path.exists():
+        return Report(state_dir=str(state_dir), found=False, unreadable=True)
+    return build_report(document, str(state_dir))
 
 
 def load_history(state_dir: Path, class_key: str) -> list[TrialRecord]:
@@ -236,5 +243,8 @@ def load_histories(state_dir: Path, class_keys: Sequence[str]) -> dict[str, list
 
     document = read_document(state_dir / POLICY_FILE)
     scope = f"{document.get('model_key')}@{document.get('hardware_key')}" if document else ""
-    book = StudyBook(path, scope)
-    return {key: book.history(key, any_scope=document is None) for key in class_keys}
+    try:
+        book = StudyBook(path, scope)
+        return {key: book.history(key, any_scope=document is None) for key in class_keys}
+    except Exception as exc:  # sqlite3 / SQLAlchemy / Optuna: a damaged or foreign file
+        raise TunerError(f"cannot read the Optuna studies in {path}: {exc}") from exc

@@ -77,6 +77,11 @@ def _hardware(hw: dict[str, Any] | None) -> str:
 
 
 def _header(report: Report) -> list[str]:
+    if report.unreadable:
+        return [
+            f"the policy file in {report.state_dir} could not be read (the reason is logged); "
+            "the daemon replaces it with its next save"
+        ]
     if not report.found:
         return [
             f"no policies yet in {report.state_dir}: the daemon writes them there once it "
