@@ -50,9 +50,11 @@ __all__ = [
     "DEFAULT_VARIANTS",
     "VariantRun",
     "calibrate",
+    "decode_step_ms",
     "predicted_speedup",
     "replay_each",
     "temporary_server",
+    "verify_curve",
 ]
 
 VERIFY_NS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64)
@@ -144,7 +146,7 @@ async def temporary_server(
         await client.aclose()
 
 
-async def _decode_ms(client: UpstreamClient, repeats: int = 3, n: int = 64) -> float:
+async def decode_step_ms(client: UpstreamClient, repeats: int = 3, n: int = 64) -> float:
     times = []
     for i in range(repeats):
         body = {"prompt": f"{i}. Once upon a time", "n_predict": n, "ignore_eos": True,
@@ -154,7 +156,7 @@ async def _decode_ms(client: UpstreamClient, repeats: int = 3, n: int = 64) -> f
     return float(statistics.median(times))
 
 
-async def _verify_curve(
+async def verify_curve(
     client: UpstreamClient, ns: Sequence[int], repeats: int, seed: int = 0
 ) -> list[tuple[int, float]]:
     """Median ms to process n new tokens on a cached prefix, per n."""
@@ -224,8 +226,8 @@ async def calibrate(
     # A full-size sliding-window cache lets the prefix be reused exactly (Gemma 3 and kin).
     base_flags = ["--spec-type", "none"] + (["--swa-full"] if caps.has_flag("--swa-full") else [])
     async with temporary_server(binary, settings, caps, model, base_flags, "none") as client:
-        decode_ms = await _decode_ms(client, repeats)
-        raw_curve = await _verify_curve(client, VERIFY_NS, repeats)
+        decode_ms = await decode_step_ms(client, repeats)
+        raw_curve = await verify_curve(client, VERIFY_NS, repeats)
         progress(f"replaying {len(items)} prompts without speculation")
         baseline = await _replay(client, items, max_tokens)
     curve = [(n, ms / decode_ms) for n, ms in raw_curve]
@@ -233,7 +235,7 @@ async def calibrate(
     if draft is not None:
         progress("measuring the draft model's decode step")
         async with temporary_server(binary, settings, caps, draft, [], "draft") as client:
-            draft_cost = await _decode_ms(client, repeats) / decode_ms
+            draft_cost = await decode_step_ms(client, repeats) / decode_ms
         variants = {**variants, "draft-simple": ["--spec-type", "draft-simple", "-md", str(draft)]}
     verify = interpolated_curve(curve)
     checks = []

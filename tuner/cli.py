@@ -185,6 +185,77 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Replay a workload against no speculation, a static-variant matrix and the tuner."""
+    import asyncio
+
+    from tuner.bench.render import markdown
+    from tuner.bench.run import DEFAULT_MATRIX, BenchOptions, finish, run_bench
+    from tuner.workload import load_workload
+
+    if args.analyse:
+        print(markdown(finish(Path(args.analyse))))
+        return 0
+    if not args.workload:
+        raise ConfigError("bench needs --workload FILE.jsonl (or --analyse DIR)")
+    settings = _settings(args)
+    items = load_workload(Path(args.workload))
+    if args.prompts:
+        items = items[: args.prompts]
+    options = BenchOptions(
+        out=Path(args.out),
+        requests=args.requests,
+        repeats=args.repeats,
+        seed=args.seed,
+        matrix=tuple(args.matrix.split(",")) if args.matrix else DEFAULT_MATRIX,
+        explore_share=args.explore_share,
+        max_tokens=args.max_tokens,
+    )
+    summary = asyncio.run(
+        run_bench(settings, items, options, lambda m: print(f"[bench] {m}", file=sys.stderr))
+    )
+    print((options.out / "summary.md").read_text())
+    print(f"wrote {options.out}/summary.json, summary.md, summary.png, requests.jsonl")
+    return 0 if summary["errors"] == 0 else 1
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    """Write a random-weight small-active MoE GGUF (or its dense twin) for experiments."""
+    from tuner.model.synth import SynthSpec, vocab_from_sdist, write_moe
+    from tuner.upstream.provision import llama_cpp_sources
+
+    try:
+        spec = SynthSpec(
+            experts=args.experts, active=args.active, layers=args.layers, hidden=args.hidden,
+            expert_ffn=args.expert_ffn, seed=args.seed,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    if args.vocab:
+        vocab = Path(args.vocab)
+    else:
+        settings = _settings(args)
+        sources = llama_cpp_sources(settings.cache_dir)
+        vocab = vocab_from_sdist(sources, settings.cache_dir / "vocab")
+    path = write_moe(Path(args.out), vocab, spec, dense=args.dense)
+    print(f"wrote {path} ({path.stat().st_size / 2**20:.0f} MiB)")
+    return 0
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
 def cmd_classify(args: argparse.Namespace) -> int:
     """Classify each line of a workload file and show the class and features."""
     from tuner.classify import classify, load_definitions
@@ -355,6 +426,40 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--format", choices=["table", "json"], default="table")
     calibrate.add_argument("--state-dir", dest="state_dir")
     calibrate.set_defaults(func=cmd_calibrate)
+
+    bench = sub.add_parser("bench", help="replay a workload: baseline, static matrix, tuner")
+    bench.add_argument("--workload", help="JSONL workload (prompt or messages)")
+    bench.add_argument("--analyse", metavar="DIR", help="only summarize an earlier run's DIR")
+    bench.add_argument("--out", default="bench-out", help="directory for summary.json and more")
+    bench.add_argument("--requests", type=_count, default=500, help="tuner requests (0: none)")
+    bench.add_argument("--repeats", type=_positive, default=1, help="matrix runs of each prompt")
+    bench.add_argument("--seed", type=int, default=0, help="schedule and tuner seed")
+    bench.add_argument("--matrix", help="comma list of static variant names (default: a few "
+                       "settings of every spec type the build supports)")  # fmt: skip
+    bench.add_argument(
+        "--explore-share", type=_fraction, dest="explore_share",
+        help="the tuner's exploration share (default: the tuning file's)",
+    )  # fmt: skip
+    bench.add_argument("--max-tokens", type=_positive, dest="max_tokens",
+                       help="override every item's max_tokens")  # fmt: skip
+    bench.add_argument("--prompts", type=_positive, help="use only the first N prompts")
+    bench.add_argument("--model", help="target GGUF (default: the configured model)")
+    bench.set_defaults(func=cmd_bench)
+
+    synth = sub.add_parser("synth-moe", help="write a random-weight small-active MoE GGUF")
+    synth.add_argument("out", help="the GGUF file to write")
+    synth.add_argument("--experts", type=_positive, default=128, help="routed experts per layer")
+    synth.add_argument("--active", type=_positive, default=8, help="experts routed per token")
+    synth.add_argument("--layers", type=_positive, default=8)
+    synth.add_argument("--hidden", type=_positive, default=512, help="embedding width")
+    synth.add_argument("--expert-ffn", type=_positive, default=512, dest="expert_ffn")
+    synth.add_argument(
+        "--dense", action="store_true",
+        help="the dense twin: one FFN as wide as the active experts together",
+    )  # fmt: skip
+    synth.add_argument("--vocab", help="tokenizer GGUF (default: llama.cpp's llama-spm vocab)")
+    synth.add_argument("--seed", type=int, default=0)
+    synth.set_defaults(func=cmd_synth)
 
     classify = sub.add_parser("classify", help="classify a workload file's prompts")
     classify.add_argument(

@@ -1,6 +1,7 @@
 """Workload files: one JSON object per line with an ``id`` and a ``prompt`` or ``messages``.
 
-Optional per line: ``max_tokens``, ``temperature``, ``class_hint``. Used by
+Optional per line: ``max_tokens``, ``temperature``, ``seed`` (sampling seed, so a
+sampled line replays the same way), ``class_hint``. Used by
 ``tuner calibrate`` (and the classifier and bench commands). Errors name the
 line. ``DEFAULT_WORKLOAD`` is a copy of the project's development workload,
 shipped with the package.
@@ -29,6 +30,7 @@ class WorkloadItem(BaseModel):
     messages: list[dict[str, Any]] | None = None
     max_tokens: int = 128
     temperature: float = 0.0
+    seed: int | None = None
     class_hint: str | None = None
 
     @model_validator(mode="after")
@@ -43,6 +45,8 @@ class WorkloadItem(BaseModel):
             "max_tokens": max_tokens or self.max_tokens,
             "temperature": self.temperature,
         }
+        if self.seed is not None:
+            body["seed"] = self.seed
         if self.messages is not None:
             return "/v1/chat/completions", {**body, "messages": self.messages}
         return "/v1/completions", {**body, "prompt": self.prompt}

@@ -218,3 +218,34 @@ def test_trial_baseline_is_found_after_the_sample_window_fills(
     for speed in (1000.0, 1001.0, 1002.0):  # the trial's controls
         base.add(speed, 64, 0, 0)
     assert engine._baseline_since(state, mark) == [1000.0, 1001.0, 1002.0]
+
+
+def test_young_classes_are_served_by_what_their_parents_learned(
+    tmp_path: Path, caps: Capabilities
+) -> None:
+    """Six classes share 10 % of exploration; evidence pools at the parents. Five classes
+    gain from short-lookup ngram-simple, one loses with every variant."""
+    winners = ["code/echo/greedy", "code/echo/sampled", "code/fresh/greedy",
+               "code/fresh/sampled", "text/echo/greedy"]  # fmt: skip
+    loser = "text/fresh/greedy"
+    engine = make(tmp_path, config(explore_share=0.1), caps)
+    variants = list(engine.variants.values())
+    gains = {v.name: 1.3 if v.spec_type == "ngram-simple" and v.param("size_n") == 3 else 0.95
+             for v in variants}  # fmt: skip
+    sim = SimUpstream({**{c: gains for c in winners}, loser: {v.name: 0.85 for v in variants}})
+    import random
+
+    rng = random.Random(5)
+    plan = [rng.choice([*winners, loser]) for _ in range(900)]
+    decisions = drive(engine, sim, plan)
+    late = list(zip(plan[-300:], decisions[-300:], strict=True))
+    served = [
+        sim.true_speedup(c, d.variant) for c, d in late if c in winners and d.role == "exploit"
+    ]
+    # most winners' traffic gets a winning variant: found once, confirmed by the siblings
+    assert sum(s >= 1.3 for s in served) >= 0.8 * len(served), served
+    root = engine.classes["all"].policy
+    assert root is not None and sim.true_speedup(winners[0], root.variant) == 1.3
+    # the class where speculation loses is not served the parents' choice for long
+    lost = [d.variant for c, d in late if c == loser and d.role == "exploit"]
+    assert sum(v == "none" for v in lost) >= 0.9 * len(lost), lost

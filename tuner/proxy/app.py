@@ -465,6 +465,10 @@ async def _forward(
     headers = {"x-request-id": trace.request_id}
     if trace.variant is not None:
         headers["x-spec-variant"] = trace.variant
+    if trace.role is not None:
+        headers["x-spec-role"] = trace.role
+    if trace.class_key is not None:
+        headers["x-spec-class"] = trace.class_key
 
     if response.status_code >= 400:
         data = await response.aread()

@@ -17,11 +17,18 @@ Decisions, per class:
 - A trial runs ``trial_requests`` requests; after ``min_trial_requests`` it stops
   early when its whole speedup interval is below 1. Its value (speedup over the
   baseline measured meanwhile) is told to the class's Optuna study.
+- Trials: a variant a parent class measured best, not yet measured here, goes
+  first (siblings' findings are confirmed before anything new); then, for the
+  first few, the prior's best that no parent measured slower than baseline; then
+  the class's Optuna study decides.
 - Policy: the speculative variant with the highest lower confidence bound,
   if that bound is above 1 and its measured speedup at least ``min_gain``;
-  else no speculation. A class with too few measured requests borrows the
-  policy of its nearest parent that has enough (``code/echo/greedy`` ->
-  ``code/echo`` -> ``code`` -> ``all``).
+  else no speculation. A class whose own policy is not settled yet (no variant
+  measured to clear the guard, no kill-switch verdict, search not finished) is
+  served by its nearest parent's settled policy (``code/echo/greedy`` ->
+  ``code/echo`` -> ``code`` -> ``all``; every request counts at every level, so
+  parents learn first), unless the class's own requests already measured that
+  variant slower than its baseline.
 - Kill switch: before data, when the speedup model predicts no variant above 1
   (small-active MoE, hybrid recurrent targets) the class starts off with that
   reason and explores only inside the budget; after ``max_trials`` trials with
@@ -325,9 +332,10 @@ class Engine:
                 return
             if first:
                 self.studies.fail_running(key, space)
-            if first and prior is not None and state.trials_done == 0:
-                picks = [v for v, _ in prior.ranked if v.spec_type in space]
-                self.studies.enqueue(key, space, picks[: self.config.prior.enqueue])
+            with self._lock:
+                pick = self._suggest(key, space, prior)
+            if pick is not None:
+                self.studies.enqueue(key, space, [pick])
             number, variant = self._ask_new(key, space)
             with self._lock:
                 mark = state.arm(BASELINE.name).requests
@@ -338,6 +346,48 @@ class Engine:
         finally:
             with self._lock:
                 self._state(key).preparing = False
+
+    def _suggest(self, key: str, space: Space, prior: PriorView | None) -> Variant | None:
+        """The next trial to put ahead of the search, if any (caller holds the lock).
+
+        First, the variant a parent measured best (clearing ``min_gain``) that this class
+        has not measured: what siblings found is confirmed here before anything new.
+        Then, for the first ``prior.enqueue`` trials, the prior's best that this class has
+        not measured and no parent has measured slower than baseline.
+        """
+        budget, guard = self.config.budget, self.config.guard
+        state = self._state(key)
+
+        def candidate(name: str) -> bool:
+            variant = self.variants.get(name)
+            if variant is None or not variant.speculative or variant.spec_type not in space:
+                return False
+            arm = state.arms.get(name)
+            return arm is None or arm.requests < budget.min_trial_requests
+
+        above = [self.classes[lv] for lv in dict.fromkeys(parents(key)) if lv != key
+                 and lv in self.classes]  # fmt: skip
+        losing: set[str] = set()
+        for parent in above:
+            base = parent.arms.get(BASELINE.name)
+            if base is None or len(base.samples) < 2:
+                continue
+            scored = []
+            for name, arm in parent.arms.items():
+                if name == BASELINE.name or arm.requests < budget.min_trial_requests:
+                    continue
+                value = ratio_interval(arm.samples, base.samples, self.z).value
+                if value < 1.0:
+                    losing.add(name)
+                elif value >= guard.min_gain and candidate(name):
+                    scored.append((value, name))
+            if scored:
+                return self.variants[max(scored)[1]]
+        if prior is None or state.trials_done >= self.config.prior.enqueue:
+            return None
+        return next(
+            (v for v, _ in prior.ranked if candidate(v.name) and v.name not in losing), None
+        )
 
     def _ask_new(self, key: str, space: Space) -> tuple[int, Variant]:
         """Ask; a variant already measured enough in this class is told its value at once."""
@@ -526,18 +576,52 @@ class Engine:
         return best, best_any
 
     def _effective_policy(self, key: str) -> tuple[str, Policy]:
-        """The class's own policy if it has enough evidence, else the nearest parent's."""
+        """The policy that serves a class, and whose it is.
+
+        The class's own once it is settled (a measured choice, a kill-switch verdict, or
+        a finished search) on enough requests; until then the nearest parent's that is
+        settled on enough requests, unless the class's own measurements already show
+        that parent's variant slower than baseline here; failing both, the class's own
+        (or, with too few requests, the nearest parent's with enough, as before).
+        """
         need = self.config.budget.min_class_requests
+        own = self._state(key)
+        if own.policy is None:
+            own.policy = self._policy(own)
+        fallback: tuple[str, Policy] | None = None
         for level in dict.fromkeys(parents(key)):
             state = self.classes.get(level)
             if state is None or state.policy is None:
                 continue
-            if state.measured >= need or state.policy.override or level == ROOT:
-                return level, state.policy
-        own = self._state(key)
-        if own.policy is None:
-            own.policy = self._policy(own)
-        return key, own.policy
+            policy = state.policy
+            if policy.override:
+                return level, policy
+            enough = state.measured >= need
+            if enough and fallback is None:
+                fallback = (level, policy)
+            if not (enough and self._settled(state)):
+                continue
+            if level != key and policy.speculation and self._contradicted(own, policy.variant):
+                continue
+            return level, policy
+        if own.measured >= need:
+            return key, own.policy
+        return fallback or (ROOT, self._state(ROOT).policy or own.policy)
+
+    @staticmethod
+    def _settled(state: ClassState) -> bool:
+        """The class's policy rests on its evidence or a verdict, not on a lack of data."""
+        policy = state.policy
+        return policy is not None and (policy.speculation or policy.kill_switch or state.converged)
+
+    def _contradicted(self, state: ClassState, variant: str) -> bool:
+        """This class measured ``variant`` slower than its own baseline."""
+        arm, base = state.arms.get(variant), state.arms.get(BASELINE.name)
+        if arm is None or base is None or len(base.samples) < 2:
+            return False
+        if arm.requests < self.config.budget.min_trial_requests:
+            return False
+        return ratio_interval(arm.samples, base.samples, self.z).value < 1.0
 
     def _override(self, key: str) -> Override:
         found = self._overrides.get(key)

@@ -154,6 +154,11 @@ def build_llama_server(
     return target
 
 
+def llama_cpp_sources(cache_dir: Path, progress: Progress = stderr_progress) -> Path:
+    """The pinned llama-cpp-python sdist (llama.cpp sources), downloaded once into the cache."""
+    return _download_sdist(cache_dir / "downloads", progress)
+
+
 def _download_sdist(dest: Path, progress: Progress) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     name = f"llama_cpp_python-{SDIST_VERSION}.tar.gz"

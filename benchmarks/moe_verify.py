@@ -1,0 +1,100 @@
+"""How verify cost grows with draft length on a small-active MoE, next to its dense twin.
+
+Writes (once, into the cache) the synthetic ``qwen3moe`` target (``tuner synth-moe``
+defaults: 128 experts, 8 routed, 8 layers, hidden 512) and its dense twin (one FFN as
+wide as the 8 active experts: the same active weights per token). For each, with no
+speculation: one decode step, and ``T(n)``, the time to process n new tokens on a
+cached prefix relative to one decode step (``tuner calibrate``'s method). Then the
+speedup model's MoE curve for the same file (from its GGUF facts alone), and what the
+measured curves mean: predicted speedups of n-gram drafting (cost ~0) at a few
+acceptances and draft lengths, dense versus MoE.
+
+Usage: python benchmarks/moe_verify.py [--repeats 3] [--out F.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.common import emit  # noqa: E402
+from tuner.calibrate import decode_step_ms, temporary_server, verify_curve  # noqa: E402
+from tuner.model.envelope import cost_model_from_facts  # noqa: E402
+from tuner.model.gguf_facts import read_facts  # noqa: E402
+from tuner.model.speedup import CostModel, interpolated_curve, speedup  # noqa: E402
+from tuner.model.synth import SynthSpec, vocab_from_sdist, write_moe  # noqa: E402
+from tuner.settings import load_settings  # noqa: E402
+from tuner.upstream.launch import prepare  # noqa: E402
+from tuner.upstream.provision import llama_cpp_sources  # noqa: E402
+
+NS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64)
+CASES = [(0.5, 4), (0.7, 4), (0.7, 8), (0.8, 4), (0.8, 8), (0.9, 8), (0.9, 16)]
+
+
+def models(cache: Path) -> dict[str, Path]:
+    vocab = vocab_from_sdist(llama_cpp_sources(cache), cache / "vocab")
+    out = {}
+    for name, dense in (("moe", False), ("dense", True)):
+        path = cache / "synth" / f"synth-{name}-e128-k8.gguf"
+        if not path.is_file():
+            print(f"writing {path}", file=sys.stderr, flush=True)
+            write_moe(path, vocab, SynthSpec(), dense=dense)
+        out[name] = path
+    return out
+
+
+async def measure(repeats: int) -> dict[str, Any]:
+    settings = load_settings()
+    prepared = prepare(settings)
+    result: dict[str, Any] = {"spec": repr(SynthSpec()), "targets": {}}
+    curves = {}
+    for name, path in models(settings.cache_dir).items():
+        print(f"measuring {name}", file=sys.stderr, flush=True)
+        flags = ["--spec-type", "none"]
+        caps = prepared.capabilities
+        async with temporary_server(prepared.binary, settings, caps, path, flags, name) as client:
+            step = await decode_step_ms(client, repeats)
+            raw = await verify_curve(client, NS, repeats)
+        curve = [(n, round(ms / step, 3)) for n, ms in raw]
+        curves[name] = interpolated_curve(curve)
+        facts = read_facts(path)
+        entry: dict[str, Any] = {
+            "file": path.name,
+            "decode_ms": round(step, 3),
+            "tok_s": round(1000 / step, 1),
+            "verify_measured": curve,
+        }
+        if facts.is_moe:
+            model = cost_model_from_facts(facts)
+            entry["routed_expert_share"] = round(facts.expert_fraction, 3)
+            entry["verify_predicted"] = [(n, round(model.verify(n), 3)) for n, _ in curve]
+        result["targets"][name] = entry
+    moe_cost = cost_model_from_facts(read_facts(models(settings.cache_dir)["moe"]))
+    predicted = []
+    for alpha, gamma in CASES:
+        row: dict[str, Any] = {"alpha": alpha, "gamma": gamma}
+        for name, verify in curves.items():
+            row[name] = round(speedup(alpha, gamma, CostModel(verify=verify)), 3)
+        row["moe_model_from_facts"] = round(speedup(alpha, gamma, moe_cost), 3)
+        predicted.append(row)
+    result["predicted_speedup_ngram"] = predicted
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    result = asyncio.run(measure(args.repeats))
+    emit(result, args.out)
+
+
+if __name__ == "__main__":
+    main()

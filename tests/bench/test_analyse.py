@@ -1,0 +1,122 @@
+"""The bench summary on rows whose true ratios are known."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tuner.bench.analyse import SCHEMA, FinalPolicy, summarize
+
+# two classes of two items each; per item (tokens, ms) for each static arm
+CLASSES = ["code", "code", "prose", "prose"]
+MS = {  # 100 tokens each: tok/s = 100000 / ms
+    "none": [1000, 1000, 1000, 1000],
+    "fast-code": [500, 500, 1100, 1100],  # 2x on code, 0.91x on prose
+    "meh": [900, 900, 950, 950],  # small gain everywhere
+}
+
+
+def static_rows(repeats: int = 2) -> list[dict[str, Any]]:
+    rows = []
+    for arm, values in MS.items():
+        for item, ms in enumerate(values):
+            for r in range(repeats):
+                rows.append({"arm": arm, "item": item, "tokens": 100, "ms": ms + r, "repeat": r})
+    return rows
+
+
+def tuner_row(item: int, variant: str, role: str = "exploit") -> dict[str, Any]:
+    ms = MS[variant][item] if variant in MS else 1000
+    return {"arm": "tuner", "item": item, "tokens": 100, "ms": ms, "variant": variant, "role": role}
+
+
+def test_static_ratios_oracles_and_best_single_arm() -> None:
+    s = summarize(static_rows(), CLASSES)
+    assert s["schema"] == SCHEMA and s["errors"] == 0 and s["targets"] is None
+    code, prose = s["classes"]["code"], s["classes"]["prose"]
+    assert code["oracle"] == "fast-code" and code["oracle_ratio"] == pytest.approx(2.0, rel=0.01)
+    assert prose["oracle"] == "meh" and prose["oracle_ratio"] == pytest.approx(1000 / 950, rel=0.01)
+    overall = s["overall"]
+    # fast-code over all four items: 400 tokens in 3.2 s vs 4.0 s
+    assert overall["arms"]["fast-code"]["ratio"] == pytest.approx(4.0 / 3.2, rel=0.01)
+    assert overall["best_static"] == "fast-code"
+    assert overall["oracle_ratio"] == pytest.approx(4.0 / (1.0 + 1.9), rel=0.01)
+    assert overall["per_prompt_oracle_ratio"] == pytest.approx(overall["oracle_ratio"], rel=0.01)
+
+
+def test_a_class_where_every_arm_loses_has_baseline_as_its_oracle() -> None:
+    rows = [r for r in static_rows() if r["arm"] != "meh"]
+    s = summarize(rows, CLASSES)
+    assert s["classes"]["prose"]["oracle"] == "none"
+    assert s["classes"]["prose"]["oracle_ratio"] == 1.0
+
+
+def test_tuner_ratio_convergence_and_targets() -> None:
+    rows = static_rows()
+    # code: two exploit requests on baseline, a trial, then fast-code for good
+    rows += [tuner_row(0, "none"), tuner_row(1, "none"), tuner_row(0, "fast-code", "trial")]
+    rows += [tuner_row(i % 2, "fast-code") for i in range(10)]
+    # prose: baseline throughout (a control among them)
+    rows += [tuner_row(2, "none"), tuner_row(3, "none", "control"), tuner_row(2, "none")]
+    s = summarize(
+        rows,
+        CLASSES,
+        final_policies={"code": FinalPolicy("fast-code"), "prose": FinalPolicy("none")},
+    )
+    code, prose = s["classes"]["code"], s["classes"]["prose"]
+    assert code["converged_after"] == 2 and code["converged"]
+    assert code["tuner_ratio_after_convergence"] == pytest.approx(2.0, rel=0.01)
+    assert code["tuner_vs_oracle_after_convergence"] == pytest.approx(1.0, rel=0.01)
+    assert code["tuner_roles"] == {"exploit": 12, "trial": 1}
+    assert prose["converged_after"] == 0
+    assert prose["tuner_ratio_after_convergence"] == pytest.approx(1.0, rel=0.01)
+    t = s["targets"]
+    assert t["requests_to_converge"] == {
+        "value": 2, "target": "<= 100", "met": True, "unconverged_classes": [],
+    }  # fmt: skip
+    # prose stays at baseline where its oracle is 1.05x: 0.97 of the oracle not reached
+    assert t["worst_class_after_convergence"]["met"]
+    overall = s["overall"]
+    assert overall["tuner_requests"] == 16
+    # after convergence: code 11 requests at 2x (1 trial + 10), prose 3 at 1x
+    late_tok, late_time = 14 * 100, 11 * 500 + 3 * 1000
+    base_time = 14 * 1000
+    assert overall["tuner_ratio_after_convergence"] == pytest.approx(
+        (late_tok / late_time) / (late_tok / base_time), rel=0.01
+    )
+    assert t["tuner_vs_oracle_after_convergence"]["value"] < 1.0
+
+
+def test_a_class_that_never_settles_fails_the_convergence_target() -> None:
+    rows = static_rows()
+    rows += [tuner_row(0, v) for v in ["none", "fast-code", "none", "meh"]]
+    s = summarize(rows, CLASSES, final_policies={"code": FinalPolicy("fast-code")})
+    code = s["classes"]["code"]
+    assert code["converged_after"] == 4 and not code["converged"]
+    assert not s["targets"]["requests_to_converge"]["met"]
+    assert s["targets"]["requests_to_converge"]["unconverged_classes"] == ["code"]
+
+
+def test_failed_requests_are_counted_and_left_out() -> None:
+    rows = [*static_rows(), {"arm": "none", "item": 0, "error": "boom"}]
+    s = summarize(rows, CLASSES)
+    assert s["errors"] == 1 and s["requests"] == len(rows)
+
+
+def test_without_a_baseline_there_is_nothing_to_compare() -> None:
+    rows = [r for r in static_rows() if r["arm"] != "none"]
+    with pytest.raises(ValueError, match="baseline"):
+        summarize(rows, CLASSES)
+
+
+def test_a_class_still_off_for_want_of_evidence_has_not_converged() -> None:
+    rows = [*static_rows(), *(tuner_row(2, "none") for _ in range(5))]
+    unsettled = {"prose": FinalPolicy("none", settled=False, reason="no evidence yet")}
+    s = summarize(rows, CLASSES, final_policies=unsettled)
+    prose = s["classes"]["prose"]
+    assert prose["converged_after"] == 0 and not prose["converged"]
+    assert prose["final_reason"] == "no evidence yet"
+    assert s["targets"]["requests_to_converge"]["unconverged_classes"] == ["prose"]
+    settled = {"prose": FinalPolicy("none", settled=True, reason="kill switch")}
+    assert summarize(rows, CLASSES, final_policies=settled)["classes"]["prose"]["converged"]

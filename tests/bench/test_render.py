@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.bench.test_analyse import CLASSES, static_rows, tuner_row
+from tuner.bench.analyse import summarize
+from tuner.bench.render import markdown, plot
+
+
+def test_markdown_has_targets_arms_and_classes(tmp_path: Path) -> None:
+    rows = static_rows() + [tuner_row(i % 4, "meh") for i in range(8)]
+    summary = summarize(rows, CLASSES, meta={"model": "m.gguf", "workload": 4})
+    text = markdown(summary)
+    assert "## Targets" in text and "| fast-code |" in text
+    assert "| code | 2 |" in text and "| prose | 2 |" in text
+    assert "Best single static arm: **fast-code**" in text
+    out = plot(summary, rows, tmp_path / "p.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_markdown_without_a_tuner_arm() -> None:
+    text = markdown(summarize(static_rows(), CLASSES))
+    assert "## Targets" not in text and "tuner" not in text.split("## Per class")[1]
+
+
+def documented_fields() -> set[str]:
+    """Every backticked name in the README's summary.json table."""
+    import re
+
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = text.split("`summary.json` (schema `spec-tuner/bench/1`):")[1].split("\n###")[0]
+    names = set()
+    for cell in re.findall(r"^\| ([^|]+) \|", table, re.M):
+        for name in re.findall(r"`([^`]+)`", cell):
+            names.update(re.split(r"[.,]\s*", name.replace("<key>", "").replace("<arm>", "")))
+    for cell in re.findall(r"^\|[^|]+\| ([^|]+) \|", table, re.M):
+        names.update(re.findall(r"`([a-z_]+)`", cell))
+    return {n.strip() for n in names if n.strip()}
+
+
+def assert_documented(summary: dict[str, object]) -> None:
+    fields = documented_fields()
+    overall = summary["overall"]
+    classes = summary["classes"]
+    assert isinstance(overall, dict) and isinstance(classes, dict)
+    keys = set(summary) | set(overall) | {k for c in classes.values() for k in c}
+    keys |= {k for arms in [overall["arms"]] for a in arms.values() for k in a}
+    missing = keys - fields
+    assert not missing, f"summary fields missing from the README: {sorted(missing)}"
+
+
+def test_readme_documents_every_summary_field() -> None:
+    rows = static_rows() + [tuner_row(i % 4, "meh") for i in range(8)]
+    summary = summarize(rows, CLASSES, meta={"model": "m.gguf", "workload": 4})
+    assert_documented(summary)

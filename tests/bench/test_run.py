@@ -1,0 +1,68 @@
+"""Summarizing a run directory: rows, meta and the tuner's final policies."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.bench.test_analyse import CLASSES, static_rows, tuner_row
+from tuner.bench.run import _final_policies, finish
+from tuner.errors import ConfigError
+
+
+def write_run(out: Path, policies: dict[str, object] | None) -> None:
+    rows = static_rows() + [tuner_row(i % 2, "fast-code") for i in range(6)]
+    for row in rows:
+        row["class"] = CLASSES[int(row["item"])]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (out / "run.json").write_text(json.dumps({"model": "m.gguf", "seed": 3}))
+    if policies is not None:
+        (out / "tuner-state").mkdir()
+        (out / "tuner-state" / "policies.json").write_text(json.dumps({"classes": policies}))
+
+
+def test_finish_writes_the_summary_from_the_directory(tmp_path: Path) -> None:
+    policy = {"variant": "fast-code", "speculation": True, "reason": "measured 2.00x"}
+    write_run(tmp_path, {"code": {"policy": policy, "served_by": "code"}})
+    summary = finish(tmp_path)
+    assert summary["model"] == "m.gguf" and summary["seed"] == 3
+    code = summary["classes"]["code"]
+    assert code["final_variant"] == "fast-code" and code["converged"]
+    assert code["final_reason"] == "measured 2.00x"
+    assert json.loads((tmp_path / "summary.json").read_text()) == summary
+    assert (tmp_path / "summary.md").is_file() and (tmp_path / "summary.png").is_file()
+
+
+def test_a_class_served_by_its_parent_takes_the_parents_policy(tmp_path: Path) -> None:
+    parent = {"variant": "meh", "speculation": True, "reason": "measured"}
+    young = {"variant": "none", "speculation": False, "reason": "no evidence yet"}
+    state = tmp_path / "tuner-state"
+    state.mkdir()
+    (state / "policies.json").write_text(json.dumps({"classes": {
+        "code": {"policy": parent, "served_by": "code"},
+        "code/echo/greedy": {"policy": young, "served_by": "code"},
+        "prose": {"policy": young, "served_by": "prose"},
+        "odd": "not a mapping",
+    }}))  # fmt: skip
+    final = _final_policies(state)
+    assert final["code/echo/greedy"].variant == "meh" and final["code/echo/greedy"].settled
+    assert final["prose"].variant == "none" and not final["prose"].settled
+    assert "odd" not in final
+
+
+def test_no_state_and_broken_state_give_no_policies(tmp_path: Path) -> None:
+    assert _final_policies(tmp_path / "missing") == {}
+    (tmp_path / "policies.json").write_text("{half")
+    assert _final_policies(tmp_path) == {}
+
+
+def test_a_directory_without_requests_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"requests\.jsonl"):
+        finish(tmp_path)
+    (tmp_path / "requests.jsonl").write_text(json.dumps({"arm": "x", "item": 0, "class": "c",
+                                                         "tokens": 1, "ms": 1}) + "\n")  # fmt: skip
+    with pytest.raises(ConfigError, match="baseline"):
+        finish(tmp_path)

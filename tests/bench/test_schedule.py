@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tuner.bench.schedule import TUNER, schedule, tuner_stream
+
+
+@given(
+    n_items=st.integers(1, 12),
+    arms=st.integers(1, 5),
+    requests=st.integers(0, 60),
+    repeats=st.integers(1, 3),
+    seed=st.integers(0, 5),
+)
+def test_every_cell_once_and_the_stream_in_full(
+    n_items: int, arms: int, requests: int, repeats: int, seed: int
+) -> None:
+    names = ["none", *(f"v{i}" for i in range(arms - 1))]
+    steps = schedule(n_items, names, requests=requests, repeats=repeats, seed=seed)
+    cells = Counter((s.arm, s.item, s.repeat) for s in steps if s.arm != TUNER)
+    assert set(cells.values()) == {1}
+    assert len(cells) == n_items * len(names) * repeats
+    stream = [s for s in steps if s.arm == TUNER]
+    assert [s.repeat for s in stream] == list(range(requests))
+    assert steps == schedule(n_items, names, requests=requests, repeats=repeats, seed=seed)
+
+
+def test_the_arms_of_one_item_run_back_to_back_and_spread_through_the_stream() -> None:
+    names = ["none", "a", "b"]
+    steps = schedule(10, names, requests=100, repeats=1, seed=3)
+    matrix = [(i, s) for i, s in enumerate(steps) if s.arm != TUNER]
+    for k in range(0, len(matrix), 3):
+        block = matrix[k : k + 3]
+        assert len({s.item for _, s in block}) == 1  # one item's arms together
+        assert block[-1][0] - block[0][0] == 2  # and nothing in between
+    positions = [i for i, _ in matrix]
+    assert positions[0] < len(steps) * 0.2 and positions[-1] > len(steps) * 0.8
+
+
+def test_the_tuner_sees_every_item_once_per_cycle() -> None:
+    import random
+
+    stream = tuner_stream(5, 23, random.Random(1))
+    assert len(stream) == 23
+    for start in range(0, 20, 5):
+        assert sorted(stream[start : start + 5]) == [0, 1, 2, 3, 4]
+    assert tuner_stream(0, 10, random.Random(1)) == []

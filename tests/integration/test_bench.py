@@ -1,0 +1,102 @@
+"""``tuner bench`` and ``tuner synth-moe`` against the real llama-server."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.bench.test_render import assert_documented
+from tuner.model.gguf_facts import read_facts
+
+pytestmark = pytest.mark.llama
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKLOAD = ROOT / "benchmarks" / "workloads" / "dev.jsonl"
+
+
+def tuner(*args: str, state: Path, timeout: int = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tuner", *args],
+        capture_output=True, text=True, timeout=timeout, check=False,
+        env={"PATH": "/usr/bin:/bin", "TUNER_STATE_DIR": str(state), "HOME": str(Path.home())},
+    )  # fmt: skip
+
+
+def test_bench_replays_the_matrix_and_the_tuner_and_writes_its_summary(tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    result = tuner(
+        "bench", "--workload", str(WORKLOAD), "--prompts", "4", "--requests", "8",
+        "--max-tokens", "16", "--matrix", "ngram-simple,ngram-mod", "--out", str(out),
+        state=tmp_path / "state",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "[bench] [20/20]" in result.stderr  # progress while running
+    rows = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    assert len(rows) == 8 + 4 * 3 and not [r for r in rows if r.get("error")]
+    tuner_rows = [r for r in rows if r["arm"] == "tuner"]
+    # the daemon classified each prompt as the bench did, and said what it served and why
+    assert all(r["daemon_class"] == r["class"] for r in tuner_rows)
+    assert all(r["role"] in ("exploit", "trial", "control") and r["variant"] for r in tuner_rows)
+    assert all(r["tokens"] > 0 and r["ms"] > 0 for r in rows)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["schema"] == "spec-tuner/bench/1"
+    assert summary["static_arms"] == ["none", "ngram-mod", "ngram-simple"]
+    assert summary["overall"]["tuner_requests"] == 8
+    assert set(summary["classes"]) == {r["class"] for r in rows}
+    assert all("converged_after" in c for c in summary["classes"].values())
+    assert set(summary["targets"]) >= {"tuner_vs_best_static_whole_run", "requests_to_converge"}
+    assert (out / "summary.png").read_bytes()[:4] == b"\x89PNG"
+    assert "| ngram-simple |" in (out / "summary.md").read_text()
+    assert (out / "tuner-state" / "policies.json").is_file()  # the daemon's own fresh state
+    assert_documented(summary)
+
+
+def test_bench_refuses_a_matrix_name_it_cannot_parse(tmp_path: Path) -> None:
+    result = tuner(
+        "bench", "--workload", str(WORKLOAD), "--matrix", "ngram-simple.x3", "--out",
+        str(tmp_path), state=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 2 and "not a variant name" in result.stderr
+
+
+def test_synth_moe_writes_a_model_llama_server_runs(tmp_path: Path) -> None:
+    path = tmp_path / "moe.gguf"
+    result = tuner(
+        "synth-moe", str(path), "--experts", "16", "--active", "2", "--layers", "2",
+        "--hidden", "128", "--expert-ffn", "128", state=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    facts = read_facts(path)
+    assert facts.is_moe and facts.expert_count == 16 and facts.expert_used == 2
+    dense = tmp_path / "dense.gguf"
+    assert tuner("synth-moe", str(dense), "--dense", "--experts", "16", "--active", "2",
+                 "--layers", "2", "--hidden", "128", "--expert-ffn", "128",
+                 state=tmp_path).returncode == 0  # fmt: skip
+    assert not read_facts(dense).is_moe
+    import asyncio
+
+    from tuner.settings import load_settings
+    from tuner.upstream.launch import prepare
+
+    settings = load_settings(state_dir=tmp_path)
+    prepared = prepare(settings)
+
+    async def complete(model: Path) -> dict[str, object]:
+        from tuner.calibrate import temporary_server
+
+        caps = prepared.capabilities
+        async with temporary_server(prepared.binary, settings, caps, model, [], "synth") as c:
+            response = await c.open(
+                "POST", "/completion", content=b'{"prompt": "Hello", "n_predict": 8}'
+            )
+            data: dict[str, object] = json.loads(await response.aread())
+            await response.aclose()
+            return data
+
+    for model in (path, dense):
+        answer = asyncio.run(complete(model))
+        assert answer["tokens_predicted"] == 8, answer

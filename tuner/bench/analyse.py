@@ -1,0 +1,372 @@
+"""From a bench run's requests to its summary: ratios to baseline, oracles, convergence. Pure.
+
+Throughput is decode tokens per second (llama-server's ``predicted_n / predicted_ms``;
+prompt processing is the same for every arm). A ratio compares an arm with no
+speculation *over the same prompts*: for a multiset of prompt occurrences ``S``,
+``tok/s(arm, S) = sum(tokens) / sum(seconds)`` over ``S``, and the ratio is that over
+the baseline's. Static arms measured an item ``repeats`` times count with their mean
+per item; the tuner counts each of its own requests. Classes are the daemon's class
+keys.
+
+- ``oracle``: per class, the static arm with the best ratio on that class; the
+  overall oracle serves every class with its own best arm.
+- ``per_prompt_oracle``: every prompt served by its best static arm (an upper bound
+  no class-level policy can reach).
+- ``best_static``: the one static arm with the best overall ratio.
+- convergence: a class has converged once the tuner serves it (``exploit`` and
+  ``pinned`` requests) with its final variant, and that final policy is settled (it
+  rests on measured evidence, a kill-switch verdict, or a finished search; "off, no
+  evidence yet" is not settled); ``converged_after`` counts the class's requests up to
+  the last exploit request with another variant (0: never another).
+- intervals: 90 % percentile bootstrap over prompt occurrences (tuner: its requests).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tuner.bench.schedule import TUNER
+
+__all__ = ["SCHEMA", "FinalPolicy", "Measured", "summarize"]
+
+SCHEMA = "spec-tuner/bench/1"
+BASELINE = "none"
+SERVING_ROLES = ("exploit", "pinned")
+TARGETS = {
+    "tuner_vs_oracle_after_convergence": 0.97,
+    "tuner_vs_best_static_whole_run": 1.0,
+    "worst_class_after_convergence": 0.98,
+    "requests_to_converge": 100,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class FinalPolicy:
+    """The policy serving a class when the run ended."""
+
+    variant: str
+    settled: bool = True  # rests on evidence or a verdict, not on "no evidence yet"
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """Tokens, decode seconds and draft counts of one request (or an item's mean)."""
+
+    tokens: float
+    seconds: float
+    drafted: float = 0.0
+    accepted: float = 0.0
+
+    @classmethod
+    def of(cls, row: Mapping[str, Any]) -> Measured:
+        return cls(
+            float(row["tokens"]),
+            float(row["ms"]) / 1000.0,
+            float(row.get("drafted") or 0),
+            float(row.get("accepted") or 0),
+        )
+
+
+def _mean(values: Sequence[Measured]) -> Measured:
+    n = len(values)
+    return Measured(
+        sum(v.tokens for v in values) / n,
+        sum(v.seconds for v in values) / n,
+        sum(v.drafted for v in values) / n,
+        sum(v.accepted for v in values) / n,
+    )
+
+
+def _tok_s(values: Iterable[Measured]) -> float:
+    tokens = seconds = 0.0
+    for v in values:
+        tokens += v.tokens
+        seconds += v.seconds
+    return tokens / seconds if seconds > 0 else 0.0
+
+
+def _alpha(values: Iterable[Measured]) -> float | None:
+    drafted = accepted = 0.0
+    for v in values:
+        drafted += v.drafted
+        accepted += v.accepted
+    return round(accepted / drafted, 4) if drafted else None
+
+
+def _ratio(arm: Sequence[Measured], base: Sequence[Measured]) -> float:
+    b = _tok_s(base)
+    return _tok_s(arm) / b if b else 0.0
+
+
+def _bootstrap(
+    arm: Sequence[Measured], base: Sequence[Measured], rng: np.random.Generator, n: int = 400
+) -> tuple[float, float] | None:
+    """90 % interval of the ratio, resampling (arm, baseline) pairs together."""
+    if len(arm) < 2:
+        return None
+    a = np.array([[m.tokens, m.seconds] for m in arm])
+    b = np.array([[m.tokens, m.seconds] for m in base])
+    idx = rng.integers(0, len(arm), size=(n, len(arm)))
+    at, as_ = a[idx, 0].sum(axis=1), a[idx, 1].sum(axis=1)
+    bt, bs = b[idx, 0].sum(axis=1), b[idx, 1].sum(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = (at / as_) / (bt / bs)
+    ratios = ratios[np.isfinite(ratios)]
+    if not len(ratios):
+        return None
+    low, high = np.percentile(ratios, [5, 95])
+    return round(float(low), 4), round(float(high), 4)
+
+
+def _arm_entry(
+    arm: Sequence[Measured], base: Sequence[Measured], rng: np.random.Generator
+) -> dict[str, Any]:
+    interval = _bootstrap(arm, base, rng)
+    return {
+        "ratio": round(_ratio(arm, base), 4),
+        "interval": list(interval) if interval else None,
+        "alpha": _alpha(arm),
+        "tok_s": round(_tok_s(arm), 2),
+    }
+
+
+def _convergence(served: Sequence[tuple[str, str]], final: str | None) -> int:
+    """Class requests up to the last serving request with a variant other than the final."""
+    last = 0
+    for index, (role, variant) in enumerate(served, 1):
+        if role in SERVING_ROLES and final is not None and variant != final:
+            last = index
+    return last
+
+
+def summarize(
+    rows: Sequence[Mapping[str, Any]],
+    item_classes: Sequence[str],
+    *,
+    final_policies: Mapping[str, FinalPolicy] | None = None,
+    meta: Mapping[str, Any] | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """The summary document (schema ``spec-tuner/bench/1``) of a run's request rows.
+
+    ``rows``: one mapping per request (``arm``, ``item``, ``tokens``, ``ms``, ``drafted``,
+    ``accepted``; tuner rows also ``variant``, ``role`` and ``class``; failed requests an
+    ``error``). ``item_classes``: the class key of each workload item.
+    ``final_policies``: class key -> the policy serving it when the run ended (without
+    it, the variant of the class's last exploit request, taken as settled).
+    """
+    rng = np.random.default_rng(seed)
+    ok = [r for r in rows if not r.get("error") and float(r.get("ms") or 0) > 0]
+    tuner = [r for r in ok if r["arm"] == TUNER]
+    means = _item_means([r for r in ok if r["arm"] != TUNER])
+    statics = sorted(a for a in means if a != BASELINE)
+    # the prompts every static arm measured: ratios are only taken over those
+    common = set(means[BASELINE]).intersection(*(means[a] for a in statics))
+    tuner = [r for r in tuner if int(r["item"]) in common]
+    # the occurrences the ratios are taken over: the tuner's stream, else each item once
+    occurrences = [int(r["item"]) for r in tuner] if tuner else sorted(common)
+    by_class: dict[str, list[int]] = defaultdict(list)
+    for item in occurrences:
+        by_class[item_classes[item]].append(item)
+    tuner_by_class: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for row in tuner:
+        tuner_by_class[item_classes[int(row["item"])]].append(row)
+
+    def static(arm: str, items: Sequence[int]) -> list[Measured]:
+        return [means[arm][i] for i in items]
+
+    classes: dict[str, Any] = {}
+    oracle_parts: list[Measured] = []
+    for key in sorted(by_class):
+        items = by_class[key]
+        entry = _static_class(items, means, statics, rng)
+        oracle_parts += static(entry["oracle"], items)
+        if tuner:
+            entry.update(_tuner_class(tuner_by_class[key], means, final_policies, key, rng))
+            late = entry["tuner_ratio_after_convergence"]
+            if late is not None:
+                entry["tuner_vs_oracle_after_convergence"] = round(late / entry["oracle_ratio"], 4)
+        classes[key] = entry
+
+    base_all = static(BASELINE, occurrences)
+    overall_arms = {arm: _arm_entry(static(arm, occurrences), base_all, rng) for arm in statics}
+    best_static = max(statics, key=lambda a: overall_arms[a]["ratio"]) if statics else None
+    per_prompt = [
+        max((means[a][i] for a in [BASELINE, *statics]), key=lambda m: m.tokens / m.seconds)
+        for i in occurrences
+    ]
+    overall: dict[str, Any] = {
+        "prompts": len(set(occurrences)),
+        "occurrences": len(occurrences),
+        "baseline_tok_s": round(_tok_s(base_all), 2),
+        "arms": overall_arms,
+        "oracle_ratio": round(_ratio(oracle_parts, base_all), 4),
+        "per_prompt_oracle_ratio": round(_ratio(per_prompt, base_all), 4),
+        "best_static": best_static,
+        "best_static_ratio": overall_arms[best_static]["ratio"] if best_static else None,
+    }
+    if tuner:
+        overall.update(_tuner_overall(tuner, means, classes, item_classes, rng))
+        if best_static:
+            overall["tuner_vs_best_static"] = round(
+                overall["tuner_ratio"] / overall_arms[best_static]["ratio"], 4
+            )
+        overall["tuner_vs_oracle"] = round(overall["tuner_ratio"] / overall["oracle_ratio"], 4)
+    return {
+        "schema": SCHEMA,
+        **dict(meta or {}),
+        "requests": len(rows),
+        "errors": len(rows) - len(ok),
+        "static_arms": [BASELINE, *statics],
+        "overall": overall,
+        "classes": classes,
+        "targets": _targets(overall, classes) if tuner else None,
+    }
+
+
+def _item_means(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[int, Measured]]:
+    """Static arm -> item -> the mean of its measurements."""
+    per_item: dict[str, dict[int, list[Measured]]] = defaultdict(lambda: defaultdict(list))
+    for row in rows:
+        per_item[row["arm"]][int(row["item"])].append(Measured.of(row))
+    if BASELINE not in per_item:
+        raise ValueError("the run has no successful baseline ('none') request")
+    return {arm: {i: _mean(v) for i, v in items.items()} for arm, items in per_item.items()}
+
+
+def _static_class(
+    items: Sequence[int],
+    means: Mapping[str, Mapping[int, Measured]],
+    statics: Sequence[str],
+    rng: np.random.Generator,
+) -> dict[str, Any]:
+    base = [means[BASELINE][i] for i in items]
+    arms = {arm: _arm_entry([means[arm][i] for i in items], base, rng) for arm in statics}
+    best = max(statics, key=lambda a: arms[a]["ratio"], default=BASELINE)
+    oracle = best if best != BASELINE and arms[best]["ratio"] > 1.0 else BASELINE
+    return {
+        "prompts": len(set(items)),
+        "occurrences": len(items),
+        "baseline_tok_s": round(_tok_s(base), 2),
+        "arms": arms,
+        "oracle": oracle,
+        "oracle_ratio": arms[oracle]["ratio"] if oracle != BASELINE else 1.0,
+    }
+
+
+def _tuner_class(
+    rows: Sequence[Mapping[str, Any]],
+    means: Mapping[str, Mapping[int, Measured]],
+    final_policies: Mapping[str, FinalPolicy] | None,
+    key: str,
+    rng: np.random.Generator,
+) -> dict[str, Any]:
+    served = [(str(r.get("role")), str(r.get("variant"))) for r in rows]
+    policy = (final_policies or {}).get(key)
+    if policy is None:
+        last = next((v for role, v in reversed(served) if role in SERVING_ROLES), None)
+        policy = FinalPolicy(last) if last is not None else None
+    final = policy.variant if policy else None
+    after = _convergence(served, final)
+    measured = [Measured.of(r) for r in rows]
+    base = [means[BASELINE][int(r["item"])] for r in rows]
+    late, late_base = measured[after:], base[after:]
+    exploit = [i for i in range(after, len(rows)) if served[i][0] in SERVING_ROLES]
+    roles: dict[str, int] = defaultdict(int)
+    for role, _ in served:
+        roles[role] += 1
+    late_ratio = round(_ratio(late, late_base), 4) if late else None
+    return {
+        "tuner_requests": len(rows),
+        "tuner_roles": dict(sorted(roles.items())),
+        "tuner_ratio": _arm_entry(measured, base, rng)["ratio"] if rows else None,
+        "tuner_interval": list(interval) if (interval := _bootstrap(measured, base, rng)) else None,
+        "final_variant": final,
+        "final_reason": policy.reason if policy else None,
+        "converged_after": after,
+        "converged": bool(rows) and after < len(rows) and policy is not None and policy.settled,
+        "tuner_ratio_after_convergence": late_ratio,
+        "tuner_exploit_ratio_after_convergence": round(
+            _ratio([measured[i] for i in exploit], [base[i] for i in exploit]), 4
+        )
+        if exploit
+        else None,
+    }
+
+
+def _tuner_overall(
+    rows: Sequence[Mapping[str, Any]],
+    means: Mapping[str, Mapping[int, Measured]],
+    classes: Mapping[str, Any],
+    item_classes: Sequence[str],
+    rng: np.random.Generator,
+) -> dict[str, Any]:
+    measured = [Measured.of(r) for r in rows]
+    base = [means[BASELINE][int(r["item"])] for r in rows]
+    entry = _arm_entry(measured, base, rng)
+    # after convergence: each class's requests after its own convergence point
+    late: list[Measured] = []
+    late_base: list[Measured] = []
+    oracle_late: list[Measured] = []
+    seen: dict[str, int] = defaultdict(int)
+    for row, m, b in zip(rows, measured, base, strict=True):
+        key = item_classes[int(row["item"])]
+        seen[key] += 1
+        cls = classes.get(key)
+        if cls is not None and seen[key] > cls["converged_after"]:
+            late.append(m)
+            late_base.append(b)
+            oracle_late.append(means[cls["oracle"]][int(row["item"])])
+    return {
+        "tuner_requests": len(rows),
+        "tuner_ratio": entry["ratio"],
+        "tuner_interval": entry["interval"],
+        "tuner_alpha": entry["alpha"],
+        "tuner_ratio_after_convergence": round(_ratio(late, late_base), 4) if late else None,
+        "oracle_ratio_after_convergence": round(_ratio(oracle_late, late_base), 4)
+        if late
+        else None,
+    }
+
+
+def _targets(overall: Mapping[str, Any], classes: Mapping[str, Any]) -> dict[str, Any]:
+    """The issue's targets, each with the measured value and whether it is met."""
+    out: dict[str, Any] = {}
+    after, oracle_after = (
+        overall.get("tuner_ratio_after_convergence"),
+        overall.get("oracle_ratio_after_convergence"),
+    )
+    if after is not None and oracle_after:
+        value = round(after / oracle_after, 4)
+        out["tuner_vs_oracle_after_convergence"] = _target(
+            value, ">=", TARGETS["tuner_vs_oracle_after_convergence"]
+        )
+    if overall.get("tuner_vs_best_static") is not None:
+        out["tuner_vs_best_static_whole_run"] = _target(
+            overall["tuner_vs_best_static"], ">=", TARGETS["tuner_vs_best_static_whole_run"]
+        )
+    late = [c["tuner_ratio_after_convergence"] for c in classes.values()
+            if c.get("tuner_ratio_after_convergence") is not None]  # fmt: skip
+    if late:
+        out["worst_class_after_convergence"] = _target(
+            min(late), ">=", TARGETS["worst_class_after_convergence"]
+        )
+    counts = [c["converged_after"] for c in classes.values() if "converged_after" in c]
+    if counts:
+        unconverged = [k for k, c in classes.items() if c.get("converged") is False]
+        target = _target(max(counts), "<=", TARGETS["requests_to_converge"])
+        target["unconverged_classes"] = unconverged
+        target["met"] = target["met"] and not unconverged
+        out["requests_to_converge"] = target
+    return out
+
+
+def _target(value: float, op: str, threshold: float) -> dict[str, Any]:
+    met = value >= threshold if op == ">=" else value <= threshold
+    return {"value": value, "target": f"{op} {threshold}", "met": bool(met)}

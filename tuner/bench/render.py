@@ -1,0 +1,173 @@
+"""A bench summary as a markdown report and a figure.
+
+The figure has two panels: the ratio to baseline per class for every static arm
+(grey), the per-class oracle (black) and the tuner after convergence (green); and
+the tuner's running ratio to baseline over its request stream, next to the best
+single static arm and the oracle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tuner.bench.schedule import TUNER
+
+__all__ = ["markdown", "plot"]
+
+ON, STATIC, ORACLE = "#1b7837", "#bbbbbb", "#222222"
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _interval(entry: Mapping[str, Any] | None) -> str:
+    if not entry or not entry.get("interval"):
+        return ""
+    low, high = entry["interval"]
+    return f" [{low:.2f}, {high:.2f}]"
+
+
+def markdown(summary: Mapping[str, Any]) -> str:
+    """The summary as markdown: run facts, targets, overall arms, per-class table."""
+    overall = summary["overall"]
+    hardware = summary.get("hardware") or {}
+    lines = [
+        "# spec-tuner bench",
+        "",
+        f"- model: {summary.get('model', '?')}, build {summary.get('build', '?')}",
+        f"- machine: {hardware.get('cpu', '?')}, {hardware.get('cores', '?')} cores",
+        f"- workload: {summary.get('workload')} prompts; {summary['requests']} requests "
+        f"({summary['errors']} errors); seed {summary.get('seed')}; "
+        f"tuner exploration share {summary.get('explore_share')}",
+        f"- baseline decode: {overall['baseline_tok_s']:.1f} tok/s",
+        "",
+    ]
+    targets = summary.get("targets") or {}
+    if targets:
+        lines += ["## Targets", "", "| target | measured | wanted | met |", "|---|---|---|---|"]
+        for name, t in targets.items():
+            extra = (
+                f" (not converged: {', '.join(t['unconverged_classes'])})"
+                if t.get("unconverged_classes")
+                else ""
+            )
+            lines.append(
+                f"| {name} | {t['value']}{extra} | {t['target']} | {'yes' if t['met'] else 'no'} |"
+            )
+        lines.append("")
+    lines += ["## Overall (ratio to no speculation, 90 % interval)", ""]
+    lines += ["| arm | ratio | alpha |", "|---|---|---|"]
+    for arm, entry in sorted(overall["arms"].items(), key=lambda kv: -kv[1]["ratio"]):
+        lines.append(f"| {arm} | {_x(entry['ratio'])}{_interval(entry)} | {_x(entry['alpha'])} |")
+    lines += [
+        f"| **per-class oracle** | {_x(overall['oracle_ratio'])} | |",
+        f"| per-prompt oracle | {_x(overall['per_prompt_oracle_ratio'])} | |",
+    ]
+    if "tuner_ratio" in overall:
+        interval = _interval({"interval": overall.get("tuner_interval")})
+        lines += [
+            f"| **tuner, whole run** | {_x(overall['tuner_ratio'])}{interval} | "
+            f"{_x(overall.get('tuner_alpha'))} |",
+            f"| tuner, after convergence | {_x(overall['tuner_ratio_after_convergence'])} "
+            f"(oracle on the same requests: {_x(overall['oracle_ratio_after_convergence'])}) | |",
+        ]
+        lines += [
+            "",
+            f"Best single static arm: **{overall['best_static']}** "
+            f"({_x(overall['best_static_ratio'])}); tuner / best static = "
+            f"{_x(overall.get('tuner_vs_best_static'))}; tuner / oracle = "
+            f"{_x(overall.get('tuner_vs_oracle'))}.",
+        ]
+    lines += ["", "## Per class", ""]
+    header = "| class | prompts | baseline tok/s | oracle | best static here |"
+    rule = "|---|---|---|---|---|"
+    if "tuner_ratio" in overall:
+        header += " tuner | tuner after conv. | final variant | converged after | roles |"
+        rule += "---|---|---|---|---|"
+    lines += [header, rule]
+    for key, c in summary["classes"].items():
+        best = f"{c['oracle']} {_x(c['oracle_ratio'])}"
+        static = overall.get("best_static")
+        here = c["arms"].get(static) if static else None
+        row = (
+            f"| {key} | {c['prompts']} | {c['baseline_tok_s']:.1f} | {best} | "
+            f"{_x(here['ratio']) if here else '-'} |"
+        )
+        if "tuner_ratio" in overall:
+            roles = ", ".join(f"{r} {n}" for r, n in (c.get("tuner_roles") or {}).items())
+            row += (
+                f" {_x(c.get('tuner_ratio'))} | {_x(c.get('tuner_ratio_after_convergence'))} | "
+                f"{c.get('final_variant') or '-'} | {c.get('converged_after', '-')} of "
+                f"{c.get('tuner_requests', 0)} | {roles} |"
+            )
+        lines.append(row)
+    return "\n".join(lines) + "\n"
+
+
+def plot(summary: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """Write the two-panel figure (PNG or any format matplotlib knows)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(16, 7), layout="constrained")
+    fig.suptitle(f"spec-tuner bench: {summary.get('model', '?')}, {summary['requests']} requests")
+    _per_class(left, summary)
+    _running(right, summary, rows)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _per_class(ax: Any, summary: Mapping[str, Any]) -> None:
+    classes = list(summary["classes"].items())
+    ax.axvline(1.0, color=ORACLE, lw=1, ls="--")
+    for y, (_, c) in enumerate(classes):
+        ratios = [a["ratio"] for a in c["arms"].values()]
+        ax.scatter(ratios, [y] * len(ratios), color=STATIC, s=18, zorder=2)
+        ax.scatter([c["oracle_ratio"]], [y], color=ORACLE, marker="|", s=300, zorder=3)
+        late = c.get("tuner_ratio_after_convergence")
+        if late is not None:
+            ax.scatter([late], [y], color=ON, marker="D", s=40, zorder=4)
+    ax.set_yticks(range(len(classes)), [k for k, _ in classes], fontsize=8)
+    ax.set_xlabel("decode tok/s relative to no speculation")
+    ax.set_title("Per class: static arms (grey), oracle (|), tuner after convergence (green)")
+    ax.grid(alpha=0.3)
+
+
+def _running(ax: Any, summary: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> None:
+    base: dict[int, list[tuple[float, float]]] = {}
+    for r in rows:
+        if r["arm"] == "none" and not r.get("error") and r.get("ms"):
+            base.setdefault(int(r["item"]), []).append((float(r["tokens"]), float(r["ms"])))
+    tokens = seconds = base_tokens = base_seconds = 0.0
+    xs: list[int] = []
+    ys: list[float] = []
+    for r in rows:
+        if r["arm"] != TUNER or r.get("error") or not r.get("ms") or int(r["item"]) not in base:
+            continue
+        samples = base[int(r["item"])]
+        tokens += float(r["tokens"])
+        seconds += float(r["ms"])
+        base_tokens += sum(t for t, _ in samples) / len(samples)
+        base_seconds += sum(s for _, s in samples) / len(samples)
+        xs.append(len(xs) + 1)
+        ys.append((tokens / seconds) / (base_tokens / base_seconds))
+    overall = summary["overall"]
+    if xs:
+        ax.plot(xs, ys, color=ON, label="tuner (cumulative)")
+    if overall.get("best_static"):
+        ax.axhline(overall["best_static_ratio"], color=STATIC, lw=2,
+                   label=f"best static: {overall['best_static']}")  # fmt: skip
+    ax.axhline(overall["oracle_ratio"], color=ORACLE, lw=1, ls=":", label="per-class oracle")
+    ax.axhline(1.0, color=ORACLE, lw=1, ls="--", label="no speculation")
+    ax.set_xlabel("tuner requests")
+    ax.set_ylabel("cumulative ratio to no speculation")
+    ax.set_title("The tuner learning online")
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(alpha=0.3)

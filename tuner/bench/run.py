@@ -1,0 +1,384 @@
+"""``tuner bench``: replay a workload against no speculation, a static matrix, and the tuner.
+
+Two servers run side by side, both on the configured model and build:
+
+- the **matrix**: one llama-server in router mode with a preset per static arm
+  (``none`` and every matrix variant), asked directly with ``model`` = the arm;
+- the **tuner**: the real daemon (``python -m tuner serve``) from a fresh state dir
+  with a fixed seed, learning online from the run's own stream; the proxy's
+  ``x-spec-variant``, ``x-spec-role`` and ``x-spec-class`` headers say what it did.
+
+Requests go one at a time in the order of ``tuner.bench.schedule`` (so no two
+decode at once and the matrix is spread through the tuner's stream). Every answer
+is appended to ``DIR/requests.jsonl`` as it arrives; at the end ``DIR/summary.json``
+(``tuner.bench.analyse``), ``DIR/summary.md`` and ``DIR/summary.png`` are written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tuner.atomic import write_atomic
+from tuner.bench.analyse import FinalPolicy, summarize
+from tuner.bench.schedule import TUNER, Step, schedule
+from tuner.classify import classify, load_definitions
+from tuner.errors import ConfigError, UpstreamError
+from tuner.model.gguf_facts import read_facts
+from tuner.model.profile import hardware_fingerprint
+from tuner.settings import Settings
+from tuner.tuning.capacity import instances_that_fit
+from tuner.tuning.plan import shared_flags, tuning_config
+from tuner.tuning.state import POLICY_FILE
+from tuner.tuning.variants import BASELINE, Variant, parse_name, presets_ini
+from tuner.upstream.client import UpstreamClient
+from tuner.upstream.launch import Prepared, prepare, router_argv
+from tuner.upstream.process import ManagedServer, free_port
+from tuner.upstream.provision import Progress, stderr_progress
+from tuner.workload import WorkloadItem
+
+__all__ = ["DEFAULT_MATRIX", "BenchOptions", "finish", "matrix_variants", "run_bench"]
+
+# One or more settings per spec type: each type's build defaults, and a few tuned ones.
+DEFAULT_MATRIX = (
+    "ngram-simple",
+    "ngram-simple.n3.m16",
+    "ngram-simple.n12.m48",
+    "ngram-map-k",
+    "ngram-map-k4v",
+    "ngram-mod",
+    "ngram-mod.match12.max16",
+    "ngram-cache",
+    "draft-simple",
+    "draft-simple.max8",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class BenchOptions:
+    out: Path
+    requests: int = 500
+    repeats: int = 1
+    seed: int = 0
+    matrix: tuple[str, ...] = DEFAULT_MATRIX
+    explore_share: float | None = None
+    max_tokens: int | None = None
+
+
+def matrix_variants(names: Sequence[str], prepared: Prepared) -> list[Variant]:
+    """The matrix's variants this build can run (draft types only with a draft model)."""
+    out: list[Variant] = []
+    for name in names:
+        try:
+            variant = parse_name(name)
+        except ValueError as exc:
+            raise ConfigError(f"matrix: {exc}") from exc
+        try:
+            variant.flags(prepared.capabilities, prepared.draft)
+        except ValueError:
+            continue  # not in this build, or no draft model
+        if variant != BASELINE and variant not in out:
+            out.append(variant)
+    return out
+
+
+def _timings(row: dict[str, Any], data: dict[str, Any]) -> None:
+    timings = data.get("timings") or {}
+    row["tokens"] = int(timings.get("predicted_n", 0))
+    row["ms"] = float(timings.get("predicted_ms", 0.0))
+    row["drafted"] = int(timings.get("draft_n", 0) or 0)
+    row["accepted"] = int(timings.get("draft_n_accepted", 0) or 0)
+    if not timings:
+        row["error"] = "the answer had no timings"
+
+
+async def _send(
+    http: httpx.AsyncClient, url: str, item: WorkloadItem, model: str | None, max_tokens: int | None
+) -> tuple[dict[str, Any], httpx.Headers]:
+    path, body = item.request(max_tokens)
+    if model is not None:
+        body["model"] = model
+    try:
+        response = await http.post(url + path, json=body)
+    except httpx.RemoteProtocolError:  # llama-server closed a pooled connection: once more
+        response = await http.post(url + path, json=body)
+    if response.status_code >= 400:
+        raise UpstreamError(f"{response.status_code}: {response.text[:300]}")
+    data: dict[str, Any] = response.json()
+    return data, response.headers
+
+
+@asynccontextmanager
+async def _matrix_server(
+    settings: Settings, prepared: Prepared, variants: Sequence[Variant], workdir: Path
+) -> AsyncIterator[str]:
+    presets = workdir / "matrix-presets.ini"
+    shared = shared_flags(settings, prepared.capabilities, prepared.model)
+    arms = [BASELINE, *variants]
+    write_atomic(
+        presets, presets_ini(arms, prepared.capabilities, shared=shared, draft_model=prepared.draft)
+    )
+    facts = read_facts(prepared.model)
+    gpu = "cuda" in str(prepared.binary)
+    capacity = instances_that_fit(facts, settings.ctx_size, gpu=gpu, limit=len(arms))
+    port = free_port()
+    client = UpstreamClient(f"http://127.0.0.1:{port}", read_timeout_s=settings.request_timeout_s)
+    argv = router_argv(
+        prepared.binary, settings, prepared.capabilities, presets, capacity.instances, port
+    )
+    server = ManagedServer(argv, client, log_path=workdir / "matrix-llama-server.log")
+    await server.start()
+    try:
+        await server.wait_ready(settings.startup_timeout_s)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await server.stop()
+        await client.aclose()
+
+
+def _daemon_env(
+    settings: Settings, prepared: Prepared, state: Path, port: int, options: BenchOptions
+) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("TUNER_UPSTREAM_URL", None)
+    env.update(
+        TUNER_STATE_DIR=str(state),
+        TUNER_PORT=str(port),
+        TUNER_HOST="127.0.0.1",
+        TUNER_SEED=str(options.seed),
+        TUNER_TUNE="true",
+        TUNER_API_KEYS="",
+        TUNER_LOG_FORMAT="json",
+        TUNER_LLAMA_SERVER=str(prepared.binary),
+        TUNER_MODEL=str(prepared.model),
+        TUNER_CACHE_DIR=str(settings.cache_dir),
+        TUNER_CTX_SIZE=str(settings.ctx_size),
+    )
+    if prepared.draft is not None:
+        env["TUNER_DRAFT_MODEL"] = str(prepared.draft)
+    if options.explore_share is not None:
+        env["TUNER_EXPLORE_SHARE"] = str(options.explore_share)
+    return env
+
+
+@asynccontextmanager
+async def _tuner_daemon(
+    settings: Settings, prepared: Prepared, options: BenchOptions, workdir: Path
+) -> AsyncIterator[tuple[str, Path]]:
+    """The real daemon from a fresh state dir; yields its URL and state dir."""
+    state = workdir / "tuner-state"
+    shutil.rmtree(state, ignore_errors=True)
+    state.mkdir(parents=True)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = (workdir / "tuner-daemon.log").open("ab")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tuner", "serve",
+        env=_daemon_env(settings, prepared, state, port, options),
+        stdout=log, stderr=log, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + settings.startup_timeout_s
+        async with httpx.AsyncClient(timeout=5.0) as http:
+            while True:
+                if process.returncode is not None:
+                    raise UpstreamError(f"the daemon exited ({process.returncode}); see {log.name}")
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await http.get(url + "/ready")).status_code == 200:
+                        break
+                if time.monotonic() > deadline:
+                    raise UpstreamError(f"the daemon was not ready in time; see {log.name}")
+                await asyncio.sleep(0.25)
+        yield url, state
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(process.wait(), 60)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+        log.close()
+
+
+def _final_policies(state: Path) -> dict[str, FinalPolicy]:
+    """Class key -> its policy when the daemon stopped (it writes the file on the way out).
+
+    A class without a policy of its own is served by its parent's (``served_by``).
+    """
+    try:
+        data = json.loads((state / POLICY_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    classes = data.get("classes") if isinstance(data, dict) else None
+    if not isinstance(classes, dict):
+        return {}
+
+    def own(key: object) -> FinalPolicy | None:
+        entry = classes.get(key) if isinstance(key, str) else None
+        policy = entry.get("policy") if isinstance(entry, dict) else None
+        if not isinstance(entry, dict) or not isinstance(policy, dict):
+            return None
+        if not isinstance(policy.get("variant"), str):
+            return None
+        settled = bool(
+            policy.get("speculation") or policy.get("kill_switch") or entry.get("converged")
+        )
+        return FinalPolicy(policy["variant"], settled, str(policy.get("reason", "")))
+
+    out: dict[str, FinalPolicy] = {}
+    for key, entry in classes.items():
+        parent = entry.get("served_by") if isinstance(entry, dict) else None
+        found = own(parent) if parent and parent != key else own(key)
+        if found is not None:
+            out[key] = found
+    return out
+
+
+async def run_bench(
+    settings: Settings,
+    items: Sequence[WorkloadItem],
+    options: BenchOptions,
+    progress: Progress = stderr_progress,
+) -> dict[str, Any]:
+    """Run the bench; writes ``requests.jsonl``, ``summary.json``, ``summary.md``, the plot."""
+    out = options.out
+    out.mkdir(parents=True, exist_ok=True)
+    prepared = prepare(settings, progress)
+    variants = matrix_variants(options.matrix, prepared)
+    arms = [BASELINE.name, *(v.name for v in variants)]
+    definitions = load_definitions(settings.classes_file)
+    item_classes = [classify(i.model_dump(exclude_none=True), definitions).key for i in items]
+    steps = schedule(
+        len(items), arms, requests=options.requests, repeats=options.repeats, seed=options.seed
+    )
+    progress(
+        f"bench: {len(items)} prompts, {len(arms)} static arms x {options.repeats}, "
+        f"{options.requests} tuner requests: {len(steps)} requests"
+    )
+    meta = {
+        "workload": len(items),
+        "model": prepared.model.name,
+        "build": prepared.capabilities.commit,
+        "hardware": hardware_fingerprint(),
+        "seed": options.seed,
+        "repeats": options.repeats,
+        "tuner_requests_planned": options.requests,
+        "explore_share": options.explore_share
+        if options.explore_share is not None
+        else tuning_config(settings).budget.explore_share,
+        "max_tokens": options.max_tokens,
+    }
+    write_atomic(out / "run.json", json.dumps(meta, indent=2) + "\n")
+    rows_path = out / "requests.jsonl"
+    rows: list[dict[str, Any]] = []
+    async with contextlib.AsyncExitStack() as stack:
+        progress("starting the static-matrix llama-server (router mode)")
+        matrix_url = await stack.enter_async_context(
+            _matrix_server(settings, prepared, variants, out)
+        )
+        tuner_url = ""
+        if options.requests:
+            progress("starting the tuner daemon from a fresh state")
+            tuner_url, _ = await stack.enter_async_context(
+                _tuner_daemon(settings, prepared, options, out)
+            )
+        timeout = settings.request_timeout_s
+        http = await stack.enter_async_context(httpx.AsyncClient(timeout=timeout))
+        with rows_path.open("w") as sink:
+            started = time.monotonic()
+            for number, step in enumerate(steps, 1):
+                row = await _one(http, step, items, item_classes, matrix_url, tuner_url, options)
+                rows.append(row)
+                sink.write(json.dumps(row) + "\n")
+                sink.flush()
+                if number % 10 == 0 or number == len(steps):
+                    _report_progress(progress, number, len(steps), started, rows)
+    return finish(out)
+
+
+def finish(out: Path) -> dict[str, Any]:
+    """Summarize a run directory (again): ``requests.jsonl``, ``run.json``, the tuner's state.
+
+    Writes ``summary.json``, ``summary.md`` and ``summary.png``; ``tuner bench --analyse``.
+    """
+    from tuner.bench.render import markdown, plot
+
+    try:
+        lines = (out / "requests.jsonl").read_text().splitlines()
+        rows = [json.loads(line) for line in lines if line.strip()]
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{out}: no readable requests.jsonl: {exc}") from exc
+    try:
+        meta: dict[str, Any] = json.loads((out / "run.json").read_text())
+    except (OSError, ValueError):
+        meta = {}
+    classes: dict[int, str] = {int(r["item"]): str(r["class"]) for r in rows}
+    item_classes = [classes.get(i, "?") for i in range(max(classes, default=-1) + 1)]
+    final = _final_policies(out / "tuner-state")
+    try:
+        summary = summarize(
+            rows, item_classes, final_policies=final, meta=meta, seed=int(meta.get("seed", 0))
+        )
+    except ValueError as exc:
+        raise ConfigError(f"{out}: {exc}") from exc
+    write_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+    write_atomic(out / "summary.md", markdown(summary))
+    plot(summary, rows, out / "summary.png")
+    return summary
+
+
+async def _one(
+    http: httpx.AsyncClient,
+    step: Step,
+    items: Sequence[WorkloadItem],
+    item_classes: Sequence[str],
+    matrix_url: str,
+    tuner_url: str,
+    options: BenchOptions,
+) -> dict[str, Any]:
+    item = items[step.item]
+    row: dict[str, Any] = {
+        "arm": step.arm, "item": step.item, "id": item.id, "repeat": step.repeat,
+        "class": item_classes[step.item], "t": time.time(),
+    }  # fmt: skip
+    try:
+        if step.arm == TUNER:
+            data, headers = await _send(http, tuner_url, item, None, options.max_tokens)
+            row["variant"] = headers.get("x-spec-variant")
+            row["role"] = headers.get("x-spec-role")
+            row["daemon_class"] = headers.get("x-spec-class")
+        else:
+            data, headers = await _send(http, matrix_url, item, step.arm, options.max_tokens)
+            row["variant"] = step.arm
+        _timings(row, data)
+    except (httpx.HTTPError, UpstreamError, ValueError) as exc:
+        row["error"] = str(exc) or type(exc).__name__
+    return row
+
+
+def _report_progress(
+    progress: Progress, done: int, total: int, started: float, rows: Sequence[dict[str, Any]]
+) -> None:
+    elapsed = time.monotonic() - started
+    eta = elapsed / done * (total - done)
+    errors = sum(1 for r in rows if r.get("error"))
+    last = rows[-1]
+    what = f"{last['arm']} {last.get('variant') or ''} {last['class']}".strip()
+    progress(
+        f"[{done}/{total}] {elapsed / 60:.1f} min, about {eta / 60:.1f} min left, "
+        f"{errors} errors; last: {what}"
+    )

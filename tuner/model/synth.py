@@ -1,0 +1,183 @@
+"""Random-weight GGUF targets for controlled experiments: a small-active MoE and its dense twin.
+
+``write_moe`` writes a ``qwen3moe`` model (the Qwen3 MoE architecture: E routed
+experts per layer, k of them per token) that llama.cpp loads and runs; ``dense=True``
+writes a ``qwen3`` model whose feed-forward width is ``k * expert_ffn``: the same
+active weights per token, no routing. The tokenizer (vocabulary, scores, types,
+special ids) is copied from a tokenizer-only GGUF such as llama.cpp's
+``models/ggml-vocab-llama-spm.gguf``; ``vocab_from_sdist`` takes it out of the
+cached llama.cpp sources.
+
+What such a model can show: how the cost of verifying a batch of n tokens grows with n
+when each token routes to different experts (memory traffic and compute are real);
+whether the speedup model's MoE term predicts it; and that the tuner's kill switch
+keeps such a target at baseline. What it cannot show: acceptance. Its output is noise,
+so n-gram and draft acceptance on it says nothing about a trained model; use measured
+alpha from a real model with this cost curve instead.
+"""
+
+from __future__ import annotations
+
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["SynthSpec", "vocab_from_sdist", "write_moe"]
+
+VOCAB_MEMBER = "vendor/llama.cpp/models/ggml-vocab-{name}.gguf"
+
+
+@dataclass(frozen=True, slots=True)
+class SynthSpec:
+    """Shape of the synthetic target (defaults: ~1.7 GB F16, 128 experts, 8 routed)."""
+
+    experts: int = 128
+    active: int = 8
+    layers: int = 8
+    hidden: int = 512
+    expert_ffn: int = 512
+    heads: int = 8
+    kv_heads: int = 4
+    head_dim: int = 64
+    context: int = 4096
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.experts and not 0 < self.active <= self.experts:
+            raise ValueError(f"need 0 < active <= experts, got {self.active} of {self.experts}")
+        if self.heads % self.kv_heads:
+            raise ValueError("heads must be a multiple of kv_heads")
+        for name in ("layers", "hidden", "expert_ffn", "heads", "head_dim", "context"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+
+
+def vocab_from_sdist(sdist: Path, dest_dir: Path, name: str = "llama-spm") -> Path:
+    """Extract ``ggml-vocab-<name>.gguf`` from the llama-cpp-python sdist (once)."""
+    dest = dest_dir / f"ggml-vocab-{name}.gguf"
+    if dest.is_file():
+        return dest
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(sdist) as archive:
+        member = next(
+            (m for m in archive.getmembers() if m.name.endswith(VOCAB_MEMBER.format(name=name))),
+            None,
+        )
+        if member is None:
+            raise FileNotFoundError(f"{sdist.name} has no ggml-vocab-{name}.gguf")
+        source = archive.extractfile(member)
+        assert source is not None
+        tmp = dest.with_suffix(".tmp")
+        tmp.write_bytes(source.read())
+        tmp.replace(dest)
+    return dest
+
+
+def _tokenizer_fields(vocab: Path) -> list[tuple[str, Any, Any]]:
+    """``(key, value, sub_type)`` for every ``tokenizer.*`` field of a GGUF."""
+    import gguf
+
+    reader = gguf.GGUFReader(vocab)
+    out = []
+    for key, field in reader.fields.items():
+        if not key.startswith("tokenizer."):
+            continue
+        types = field.types
+        if types[0] == gguf.GGUFValueType.ARRAY:
+            out.append((key, field.contents(), types[1]))
+        else:
+            out.append((key, field.contents(), types[0]))
+    return out
+
+
+def _vocab_size(fields: list[tuple[str, Any, Any]]) -> int:
+    tokens = next((v for k, v, _ in fields if k == "tokenizer.ggml.tokens"), None)
+    if not tokens:
+        raise ValueError("the vocabulary file has no tokenizer.ggml.tokens")
+    return len(tokens)
+
+
+def write_moe(
+    path: Path, vocab: Path, spec: SynthSpec = SynthSpec(), *, dense: bool = False
+) -> Path:
+    """Write the random-weight model to ``path`` (F16 matrices, F32 norms); returns ``path``."""
+    import gguf
+
+    fields = _tokenizer_fields(vocab)
+    n_vocab = _vocab_size(fields)
+    arch = "qwen3" if dense else "qwen3moe"
+    rng = np.random.default_rng(spec.seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    writer = gguf.GGUFWriter(str(tmp), arch)
+    kind = "dense twin" if dense else f"{spec.experts} experts, {spec.active} routed"
+    writer.add_name(f"spec-tuner synthetic {arch} ({kind}, random weights)")
+    writer.add_block_count(spec.layers)
+    writer.add_context_length(spec.context)
+    writer.add_embedding_length(spec.hidden)
+    writer.add_head_count(spec.heads)
+    writer.add_head_count_kv(spec.kv_heads)
+    writer.add_key_length(spec.head_dim)
+    writer.add_value_length(spec.head_dim)
+    writer.add_rope_freq_base(1_000_000.0)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    if dense:
+        writer.add_feed_forward_length(spec.active * spec.expert_ffn)
+    else:
+        writer.add_feed_forward_length(spec.expert_ffn)
+        writer.add_expert_count(spec.experts)
+        writer.add_expert_used_count(spec.active)
+        writer.add_expert_feed_forward_length(spec.expert_ffn)
+    for key, value, sub_type in fields:
+        if isinstance(value, list):
+            writer.add_array(key, value)
+        elif sub_type == gguf.GGUFValueType.STRING:
+            writer.add_string(key, value)
+        elif sub_type == gguf.GGUFValueType.BOOL:
+            writer.add_bool(key, bool(value))
+        elif sub_type == gguf.GGUFValueType.FLOAT32:
+            writer.add_float32(key, float(value))
+        else:
+            writer.add_uint32(key, int(value))
+
+    def matrix(*shape: int, scale: float = 0.02) -> np.ndarray[Any, np.dtype[np.float16]]:
+        return (rng.standard_normal(shape, dtype=np.float32) * scale).astype(np.float16)
+
+    def norm(n: int) -> np.ndarray[Any, np.dtype[np.float32]]:
+        return np.ones(n, dtype=np.float32)
+
+    q, kv = spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
+    writer.add_tensor("token_embd.weight", matrix(n_vocab, spec.hidden))
+    writer.add_tensor("output_norm.weight", norm(spec.hidden))
+    writer.add_tensor("output.weight", matrix(n_vocab, spec.hidden))
+    for i in range(spec.layers):
+        b = f"blk.{i}."
+        writer.add_tensor(b + "attn_norm.weight", norm(spec.hidden))
+        writer.add_tensor(b + "attn_q.weight", matrix(q, spec.hidden))
+        writer.add_tensor(b + "attn_k.weight", matrix(kv, spec.hidden))
+        writer.add_tensor(b + "attn_v.weight", matrix(kv, spec.hidden))
+        writer.add_tensor(b + "attn_output.weight", matrix(spec.hidden, q))
+        writer.add_tensor(b + "attn_q_norm.weight", norm(spec.head_dim))
+        writer.add_tensor(b + "attn_k_norm.weight", norm(spec.head_dim))
+        writer.add_tensor(b + "ffn_norm.weight", norm(spec.hidden))
+        if dense:
+            ffn = spec.active * spec.expert_ffn
+            writer.add_tensor(b + "ffn_gate.weight", matrix(ffn, spec.hidden))
+            writer.add_tensor(b + "ffn_up.weight", matrix(ffn, spec.hidden))
+            writer.add_tensor(b + "ffn_down.weight", matrix(spec.hidden, ffn))
+        else:
+            e, f, h = spec.experts, spec.expert_ffn, spec.hidden
+            writer.add_tensor(b + "ffn_gate_inp.weight", matrix(e, h, scale=0.5).astype(np.float32))
+            writer.add_tensor(b + "ffn_gate_exps.weight", matrix(e, f, h))
+            writer.add_tensor(b + "ffn_up_exps.weight", matrix(e, f, h))
+            writer.add_tensor(b + "ffn_down_exps.weight", matrix(e, h, f))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    tmp.replace(path)
+    return path
