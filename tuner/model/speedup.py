@@ -116,6 +116,12 @@ class CostModel:
     replay: bool = False
     moe: bool = False  # verify grows because a batch routes to more experts
 
+    @property
+    def structural(self) -> bool:
+        """A cost the target's architecture imposes (MoE expert growth, recurrent state),
+        known from its facts before any request: enough for a verdict before data."""
+        return self.moe or self.checkpoint > 0 or self.restore > 0 or self.replay
+
     def round_time(self, alpha: float, gamma: int) -> float:
         p_reject = 1.0 - alpha**gamma
         time = gamma * self.draft_step + self.verify(gamma + 1) + self.checkpoint

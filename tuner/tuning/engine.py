@@ -29,9 +29,10 @@ Decisions, per class:
   ``code/echo`` -> ``code`` -> ``all``; every request counts at every level, so
   parents learn first), unless the class's own requests already measured that
   variant slower than its baseline.
-- Kill switch: before data, when the speedup model predicts no variant above 1
-  (small-active MoE, hybrid recurrent targets) the class starts off with that
-  reason and explores only inside the budget; after ``max_trials`` trials with
+- Kill switch: before data, on targets with a structural verify cost (small-active
+  MoE, hybrid recurrent) where the speedup model predicts no variant above 1, the
+  class starts off with that reason and explores only inside the budget (on a
+  dense target the prior only orders the first trials: its acceptance is a guess); after ``max_trials`` trials with
   no variant faster than baseline it is off with the measured reason.
 - Drift: ``check_drift`` compares the chosen variant's recent requests with the
   interval it was chosen on; leaving it re-opens exploration.
@@ -519,7 +520,7 @@ class Engine:
                 f"{best_any[0]:.2f}x after {state.trials_done} trials"
             )
             return self._off(state, reason, kill_switch=True, predicted_speedup=predicted)
-        if prior is not None and not prior.pays:
+        if prior is not None and not prior.pays and self.cost.structural:
             return self._off(state, prior.reason, kill_switch=True, predicted_speedup=predicted)
         reason = (
             f"no variant measured faster yet ({state.trials_done} trials)"
