@@ -51,6 +51,7 @@ __all__ = [
     "VariantRun",
     "calibrate",
     "decode_step_ms",
+    "post_json",
     "predicted_speedup",
     "replay_each",
     "temporary_server",
@@ -110,7 +111,7 @@ def predicted_speedup(
     return run.tokens / time
 
 
-async def _post(client: UpstreamClient, path: str, body: dict[str, Any]) -> dict[str, Any]:
+async def post_json(client: UpstreamClient, path: str, body: dict[str, Any]) -> dict[str, Any]:
     response = await client.open("POST", path, content=json.dumps(body).encode())
     data = await response.aread()
     await response.aclose()
@@ -151,7 +152,7 @@ async def decode_step_ms(client: UpstreamClient, repeats: int = 3, n: int = 64) 
     for i in range(repeats):
         body = {"prompt": f"{i}. Once upon a time", "n_predict": n, "ignore_eos": True,
                 "temperature": 0, "cache_prompt": False}  # fmt: skip
-        timings = (await _post(client, "/completion", body))["timings"]
+        timings = (await post_json(client, "/completion", body))["timings"]
         times.append(float(timings["predicted_ms"]) / float(timings["predicted_n"]))
     return float(statistics.median(times))
 
@@ -160,17 +161,17 @@ async def verify_curve(
     client: UpstreamClient, ns: Sequence[int], repeats: int, seed: int = 0
 ) -> list[tuple[int, float]]:
     """Median ms to process n new tokens on a cached prefix, per n."""
-    prefix: list[int] = (await _post(client, "/tokenize", {"content": _PREFIX}))["tokens"]
+    prefix: list[int] = (await post_json(client, "/tokenize", {"content": _PREFIX}))["tokens"]
     pool = sorted(set(prefix))
     rng = random.Random(seed)
     base = {"n_predict": 0, "cache_prompt": True, "id_slot": 0, "temperature": 0}
-    await _post(client, "/completion", {**base, "prompt": prefix})
+    await post_json(client, "/completion", {**base, "prompt": prefix})
     samples: dict[int, list[float]] = {}
     for n in ns:
         for _ in range(repeats):
             extra = [rng.choice(pool) for _ in range(n)]
             body = {**base, "prompt": prefix + extra}
-            timings = (await _post(client, "/completion", body))["timings"]
+            timings = (await post_json(client, "/completion", body))["timings"]
             # Key by what was processed: a random token may match the cache, and
             # sliding-window models may re-process more than the new tokens.
             processed = int(timings.get("prompt_n", 0))
@@ -188,7 +189,7 @@ async def replay_each(
     results = []
     for item in items:
         path, body = item.request(max_tokens)
-        results.append((await _post(client, path, body))["timings"])
+        results.append((await post_json(client, path, body))["timings"])
     return results
 
 

@@ -68,6 +68,11 @@ class Settings(BaseSettings):
     server_args: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="extra llama-server flags, shell-quoted"
     )
+    spec_args: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="extra flags for every speculative preset only, shell-quoted "
+        "(draft offload, benchmarking switches such as --spec-synth-len)",
+    )
     ctx_size: int = Field(4096, ge=256, description="llama-server context size")
     threads: int | None = Field(None, ge=1, description="llama-server threads; default: its own")
     startup_timeout_s: float = Field(600.0, gt=0, description="wait this long for /health")
@@ -116,7 +121,7 @@ class Settings(BaseSettings):
     log_format: Literal["auto", "json", "console"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
-    _split_server_args = field_validator("server_args", mode="before")(_split_args)
+    _split_server_args = field_validator("server_args", "spec_args", mode="before")(_split_args)
     _split_api_keys = field_validator("api_keys", mode="before")(_split_keys)
 
     @classmethod

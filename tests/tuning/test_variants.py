@@ -72,6 +72,18 @@ def test_presets_file() -> None:
     assert "spec-ngram-mod-n-min = 12" in text  # 3/4 of n-max
 
 
+def test_speculative_only_flags_stay_out_of_the_baseline_preset() -> None:
+    text = presets_ini(
+        [Variant("none"), parse_name("ngram-simple.n3.m16")],
+        caps_of("0c1e570"),
+        shared=["-m", "/m.gguf"],
+        speculative=["--spec-synth-len", "3"],
+    )
+    none, ngram = text.split("[none]")[1].split("[ngram-simple.n3.m16]")
+    assert "spec-synth-len" not in none
+    assert "spec-synth-len = 3" in ngram
+
+
 @given(
     st.sampled_from(sorted(t for t in PARAMS if t != "none")).flatmap(
         lambda t: st.fixed_dictionaries(

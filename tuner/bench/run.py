@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import sys
@@ -129,7 +130,14 @@ async def _matrix_server(
     shared = shared_flags(settings, prepared.capabilities, prepared.model)
     arms = [BASELINE, *variants]
     write_atomic(
-        presets, presets_ini(arms, prepared.capabilities, shared=shared, draft_model=prepared.draft)
+        presets,
+        presets_ini(
+            arms,
+            prepared.capabilities,
+            shared=shared,
+            draft_model=prepared.draft,
+            speculative=settings.spec_args,
+        ),
     )
     facts = read_facts(prepared.model)
     gpu = "cuda" in str(prepared.binary)
@@ -169,6 +177,8 @@ def _daemon_env(
     )
     if prepared.draft is not None:
         env["TUNER_DRAFT_MODEL"] = str(prepared.draft)
+    if settings.spec_args:
+        env["TUNER_SPEC_ARGS"] = shlex.join(settings.spec_args)
     if options.explore_share is not None:
         env["TUNER_EXPLORE_SHARE"] = str(options.explore_share)
     return env

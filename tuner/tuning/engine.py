@@ -32,8 +32,9 @@ Decisions, per class:
 - Kill switch: before data, on targets with a structural verify cost (small-active
   MoE, hybrid recurrent) where the speedup model predicts no variant above 1, the
   class starts off with that reason and explores only inside the budget (on a
-  dense target the prior only orders the first trials: its acceptance is a guess); after ``max_trials`` trials with
-  no variant faster than baseline it is off with the measured reason.
+  dense target the prior only orders the first trials: its acceptance is a guess);
+  after ``max_trials`` trials with no variant faster than baseline it is off with
+  the measured reason.
 - Drift: ``check_drift`` compares the chosen variant's recent requests with the
   interval it was chosen on; leaving it re-opens exploration.
 """

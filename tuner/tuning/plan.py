@@ -136,7 +136,10 @@ def plan_tuning(settings: Settings, prepared: Prepared) -> TuningPlan | None:
     presets = settings.state_dir / "router" / "presets.ini"
     if mode == "router":
         shared = shared_flags(settings, caps, model)
-        write_atomic(presets, presets_ini(variants, caps, shared=shared, draft_model=draft))
+        text = presets_ini(
+            variants, caps, shared=shared, draft_model=draft, speculative=settings.spec_args
+        )
+        write_atomic(presets, text)
     studies = StudyBook(
         settings.state_dir / "studies.db",
         f"{meta['model_key']}@{meta['hardware_key']}",

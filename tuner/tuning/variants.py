@@ -204,8 +204,11 @@ def presets_ini(
     *,
     shared: Sequence[str],
     draft_model: Path | None = None,
+    speculative: Sequence[str] = (),
 ) -> str:
     """A router-mode presets file: ``shared`` flags in ``[*]``, one section per variant.
+
+    ``speculative`` flags go into every speculative variant's section (not ``none``'s).
 
     Keys are long flag names without dashes; a flag without a value becomes ``true``.
     """
@@ -224,7 +227,10 @@ def presets_ini(
 
     out = ["version = 1", "", "[*]", *section(_long(shared)), ""]
     for variant in variants:
-        out += [f"[{variant.name}]", *section(_long(variant.flags(caps, draft_model))), ""]
+        flags = variant.flags(caps, draft_model) + (
+            list(speculative) if variant.speculative else []
+        )
+        out += [f"[{variant.name}]", *section(_long(flags)), ""]
     return "\n".join(out)
 
 
