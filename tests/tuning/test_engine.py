@@ -71,6 +71,28 @@ def test_kill_switch_before_data_for_a_small_active_moe(tmp_path: Path, caps: Ca
     assert 0 < trials <= 0.1 * 301 + 1
 
 
+def test_a_confirmed_kill_switch_stops_exploring(tmp_path: Path, caps: Capabilities) -> None:
+    """Once the prior's best candidates confirm that nothing pays, the search ends there
+    (exploring on, at a loss, would cost the class its budget's share for good)."""
+    moe = cost_model(experts=256, active=8, expert_fraction=0.7)
+    engine = make(tmp_path, config(explore_share=0.1), caps, cost=moe)
+    sim = SimUpstream({CODE: {v: 0.6 for v in engine.variants}})
+    decisions = drive(engine, sim, [CODE] * 1200)
+    state = engine.classes[CODE]
+    assert state.converged and state.trials_done == engine.config.prior.enqueue
+    assert state.policy is not None and state.policy.kill_switch
+    assert all(d.role == "exploit" and d.variant == "none" for d in decisions[-600:])
+
+
+def test_a_wrong_kill_switch_verdict_is_overturned(tmp_path: Path, caps: Capabilities) -> None:
+    moe = cost_model(experts=256, active=8, expert_fraction=0.7)
+    engine = make(tmp_path, config(explore_share=0.1), caps, cost=moe)
+    sim = SimUpstream({CODE: {v: 1.3 for v in engine.variants}})
+    drive(engine, sim, [CODE] * 600)
+    policy = engine.classes[CODE].policy
+    assert policy is not None and policy.speculation and not policy.kill_switch
+
+
 def test_drift_reopens_exploration(tmp_path: Path, caps: Capabilities) -> None:
     cfg = config(explore_share=0.5, max_trials=4)
     cfg = cfg.model_copy(

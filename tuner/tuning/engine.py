@@ -33,6 +33,7 @@ Decisions, per class:
   MoE, hybrid recurrent) where the speedup model predicts no variant above 1, the
   class starts off with that reason and explores only inside the budget (on a
   dense target the prior only orders the first trials: its acceptance is a guess);
+  if its ``prior.enqueue`` best candidates confirm the verdict the search stops there;
   after ``max_trials`` trials with no variant faster than baseline it is off with
   the measured reason.
 - Drift: ``check_drift`` compares the chosen variant's recent requests with the
@@ -423,7 +424,7 @@ class Engine:
                 and len(trial.samples) < self.config.budget.trial_requests
             )
             state.trials_done += 1
-            if state.trials_done >= self.config.budget.max_trials:
+            if state.trials_done >= self._max_trials(state):
                 state.converged = True
             self._decide_all(key)
         attrs = {"requests": len(trial.samples), "variant": trial.variant.name}
@@ -455,6 +456,16 @@ class Engine:
                     return
                 state.preparing = True
             self._next_trial(key)
+
+    def _max_trials(self, state: ClassState) -> int:
+        """Trials before a class is converged: the budget's, or, while the prior's verdict
+        (structural cost, nothing can pay) still holds, only enough to check its best few."""
+        limit = self.config.budget.max_trials
+        policy = state.policy
+        verdict = policy is not None and policy.kill_switch and not policy.override
+        if verdict and not self._best_measured(state)[0]:
+            limit = min(limit, max(1, self.config.prior.enqueue))
+        return limit
 
     # -- policies ---------------------------------------------------------------------
 
