@@ -258,16 +258,45 @@ def test_young_classes_are_served_by_what_their_parents_learned(
     import random
 
     rng = random.Random(5)
-    plan = [rng.choice([*winners, loser]) for _ in range(900)]
+    plan = [rng.choice([*winners, loser]) for _ in range(1200)]
     decisions = drive(engine, sim, plan)
-    late = list(zip(plan[-300:], decisions[-300:], strict=True))
+    late = list(zip(plan[-200:], decisions[-200:], strict=True))
     served = [
         sim.true_speedup(c, d.variant) for c, d in late if c in winners and d.role == "exploit"
     ]
     # most winners' traffic gets a winning variant: found once, confirmed by the siblings
     assert sum(s >= 1.3 for s in served) >= 0.8 * len(served), served
+    for key in winners:
+        policy = engine.classes[key].policy
+        assert policy is not None and sim.true_speedup(key, policy.variant) == 1.3, policy
     root = engine.classes["all"].policy
     assert root is not None and sim.true_speedup(winners[0], root.variant) == 1.3
     # the class where speculation loses is not served the parents' choice for long
     lost = [d.variant for c, d in late if c == loser and d.role == "exploit"]
     assert sum(v == "none" for v in lost) >= 0.9 * len(lost), lost
+
+
+def test_a_parents_choice_is_not_served_untried_once_the_class_has_its_own_trials(
+    tmp_path: Path, caps: Capabilities
+) -> None:
+    """Serving a variant the class never tried is exploration; after its first own trial
+    the class is served its own policy, and the parent's choice comes as a trial."""
+    winner, loser = "code/echo/greedy", "code/fresh/greedy"
+    engine = make(tmp_path, config(explore_share=0.1), caps)
+    variants = list(engine.variants.values())
+    sim = SimUpstream({winner: {v.name: 1.3 for v in variants},
+                       loser: {v.name: 0.85 for v in variants}})  # fmt: skip
+    import random
+
+    rng = random.Random(2)
+    after_own_trial = []
+    for _ in range(1500):
+        key = rng.choice([winner, winner, loser])
+        had_trial = engine.classes[key].trials_done > 0 if key in engine.classes else False
+        decision = engine.route(key)
+        engine.observe(sim.answer(key, decision))
+        if key == loser and had_trial and decision.role == "exploit":
+            after_own_trial.append(decision.variant)
+    root = engine.classes["all"].policy
+    assert root is not None and root.speculation  # the parent had something to lend
+    assert after_own_trial and set(after_own_trial) == {"none"}

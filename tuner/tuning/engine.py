@@ -25,10 +25,10 @@ Decisions, per class:
   if that bound is above 1 and its measured speedup at least ``min_gain``;
   else no speculation. A class whose own policy is not settled yet (no variant
   measured to clear the guard, no kill-switch verdict, search not finished) is
-  served by its nearest parent's settled policy (``code/echo/greedy`` ->
-  ``code/echo`` -> ``code`` -> ``all``; every request counts at every level, so
-  parents learn first), unless the class's own requests already measured that
-  variant slower than its baseline.
+  served, until it has finished a trial of its own, by its nearest parent's settled
+  policy (``code/echo/greedy`` -> ``code/echo`` -> ``code`` -> ``all``; every
+  request counts at every level, so parents learn first), unless its own requests
+  already measured that variant slower than its baseline.
 - Kill switch: before data, on targets with a structural verify cost (small-active
   MoE, hybrid recurrent) where the speedup model predicts no variant above 1, the
   class starts off with that reason and explores only inside the budget (on a
@@ -592,10 +592,11 @@ class Engine:
         """The policy that serves a class, and whose it is.
 
         The class's own once it is settled (a measured choice, a kill-switch verdict, or
-        a finished search) on enough requests; until then the nearest parent's that is
-        settled on enough requests, unless the class's own measurements already show
-        that parent's variant slower than baseline here; failing both, the class's own
-        (or, with too few requests, the nearest parent's with enough, as before).
+        a finished search) on enough requests; until then, while the class has finished
+        no trial of its own, the nearest parent's that is settled on enough requests,
+        unless the class's own requests already measured that variant slower than
+        baseline here; failing both, the class's own (or, with too few requests, the
+        nearest parent's with enough).
         """
         need = self.config.budget.min_class_requests
         own = self._state(key)
@@ -614,7 +615,7 @@ class Engine:
                 fallback = (level, policy)
             if not (enough and self._settled(state)):
                 continue
-            if level != key and policy.speculation and self._contradicted(own, policy.variant):
+            if level != key and policy.speculation and not self._may_borrow(own, policy.variant):
                 continue
             return level, policy
         if own.measured >= need:
@@ -627,14 +628,19 @@ class Engine:
         policy = state.policy
         return policy is not None and (policy.speculation or policy.kill_switch or state.converged)
 
-    def _contradicted(self, state: ClassState, variant: str) -> bool:
-        """This class measured ``variant`` slower than its own baseline."""
+    def _may_borrow(self, state: ClassState, variant: str) -> bool:
+        """Whether a class may be served a parent's speculative ``variant``: only before it
+        has finished a trial of its own (after that, its own evidence decides, and the
+        parent's choice comes back as its next trial), and unless it already measured
+        that variant slower than its own baseline."""
+        if state.trials_done > 0:
+            return False
         arm, base = state.arms.get(variant), state.arms.get(BASELINE.name)
         if arm is None or base is None or len(base.samples) < 2:
-            return False
+            return True
         if arm.requests < self.config.budget.min_trial_requests:
-            return False
-        return ratio_interval(arm.samples, base.samples, self.z).value < 1.0
+            return True
+        return ratio_interval(arm.samples, base.samples, self.z).value >= 1.0
 
     def _override(self, key: str) -> Override:
         found = self._overrides.get(key)
