@@ -88,7 +88,10 @@ def test_engine_settles_per_class_on_real_llama_server(tmp_path: Path) -> None:
     try:
         response = _send(again.url, edits[0].request(32))
         assert response.headers["x-spec-variant"] == edit_policy["variant"]
-        response = _send(again.url, stories[0].request(32))
+        story_path, story = stories[0].request(32)
+        story |= {"temperature": 1.0, "seed": 99}  # the class it learned on (sampled stories)
+        response = _send(again.url, (story_path, story))
+        assert response.headers["x-spec-class"] == story_class
         assert response.headers["x-spec-variant"] == "none"
         # The report reads the same state while the daemon runs (which may still be
         # updating it with these two requests).
