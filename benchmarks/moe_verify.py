@@ -36,10 +36,9 @@ from tuner.calibrate import decode_step_ms, post_json, temporary_server, verify_
 from tuner.model.envelope import cost_model_from_facts  # noqa: E402
 from tuner.model.gguf_facts import read_facts  # noqa: E402
 from tuner.model.speedup import CostModel, interpolated_curve, speedup  # noqa: E402
-from tuner.model.synth import SynthSpec, vocab_from_sdist, write_moe  # noqa: E402
+from tuner.model.synth import SynthSpec, default_vocab, write_moe  # noqa: E402
 from tuner.settings import load_settings  # noqa: E402
 from tuner.upstream.launch import prepare  # noqa: E402
-from tuner.upstream.provision import llama_cpp_sources  # noqa: E402
 
 NS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64)
 CASES = [(0.5, 4), (0.7, 4), (0.7, 8), (0.8, 4), (0.8, 8), (0.9, 8), (0.9, 16)]
@@ -69,10 +68,7 @@ async def synthetic_acceptance(
 ) -> dict[str, Any]:
     draft = settings.cache_dir / "synth" / "synth-draft-tiny.gguf"
     if not draft.is_file():
-        vocab = vocab_from_sdist(
-            llama_cpp_sources(settings.cache_dir), settings.cache_dir / "vocab"
-        )
-        write_moe(draft, vocab, DRAFT, dense=True)
+        write_moe(draft, default_vocab(settings.cache_dir), DRAFT, dense=True)
     caps = prepared.capabilities
     run = partial(temporary_server, prepared.binary, settings, caps)
     async with run(draft, ["--spec-type", "none"], "draft") as client:
@@ -103,12 +99,8 @@ async def synthetic_acceptance(
     return out
 
 
-def _vocab(cache: Path) -> Path:
-    return vocab_from_sdist(llama_cpp_sources(cache), cache / "vocab")
-
-
 def models(cache: Path) -> dict[str, Path]:
-    vocab = _vocab(cache)
+    vocab = default_vocab(cache)
     out = {}
     for name, dense in (("moe", False), ("dense", True)):
         path = cache / "synth" / f"synth-{name}-e128-k8.gguf"
@@ -124,7 +116,8 @@ async def measure(repeats: int) -> dict[str, Any]:
     prepared = prepare(settings)
     result: dict[str, Any] = {"spec": repr(SynthSpec()), "targets": {}}
     curves = {}
-    for name, path in models(settings.cache_dir).items():
+    targets = models(settings.cache_dir)
+    for name, path in targets.items():
         print(f"measuring {name}", file=sys.stderr, flush=True)
         flags = ["--spec-type", "none"]
         caps = prepared.capabilities
@@ -145,7 +138,7 @@ async def measure(repeats: int) -> dict[str, Any]:
             entry["routed_expert_share"] = round(facts.expert_fraction, 3)
             entry["verify_predicted"] = [(n, round(model.verify(n), 3)) for n, _ in curve]
         result["targets"][name] = entry
-    moe_cost = cost_model_from_facts(read_facts(models(settings.cache_dir)["moe"]))
+    moe_cost = cost_model_from_facts(read_facts(targets["moe"]))
     predicted = []
     for alpha, gamma in CASES:
         row: dict[str, Any] = {"alpha": alpha, "gamma": gamma}
@@ -154,7 +147,6 @@ async def measure(repeats: int) -> dict[str, Any]:
         row["moe_model_from_facts"] = round(speedup(alpha, gamma, moe_cost), 3)
         predicted.append(row)
     result["predicted_speedup_ngram"] = predicted
-    targets = models(settings.cache_dir)
     result["synthetic_acceptance"] = await synthetic_acceptance(settings, prepared, targets, curves)
     return result
 

@@ -9,9 +9,10 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import TypeVar
 
 from tuner import __version__
 from tuner.errors import ConfigError, TunerError
@@ -19,6 +20,8 @@ from tuner.logs import configure_logging
 from tuner.settings import Settings, load_settings
 
 __all__ = ["main"]
+
+N = TypeVar("N", int, float)
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -221,8 +224,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_synth(args: argparse.Namespace) -> int:
     """Write a random-weight small-active MoE GGUF (or its dense twin) for experiments."""
-    from tuner.model.synth import SynthSpec, vocab_from_sdist, write_moe
-    from tuner.upstream.provision import llama_cpp_sources
+    from tuner.model.synth import SynthSpec, default_vocab, write_moe
 
     try:
         spec = SynthSpec(
@@ -235,25 +237,10 @@ def cmd_synth(args: argparse.Namespace) -> int:
         vocab = Path(args.vocab)
     else:
         settings = _settings(args)
-        sources = llama_cpp_sources(settings.cache_dir)
-        vocab = vocab_from_sdist(sources, settings.cache_dir / "vocab")
+        vocab = default_vocab(settings.cache_dir)
     path = write_moe(Path(args.out), vocab, spec, dense=args.dense)
     print(f"wrote {path} ({path.stat().st_size / 2**20:.0f} MiB)")
     return 0
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
-    return value
-
-
-def _count(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
 
 
 def cmd_classify(args: argparse.Namespace) -> int:
@@ -360,18 +347,25 @@ def cmd_version(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
-    return value
+def _ranged(kind: Callable[[str], N], low: N, high: N | None = None) -> Callable[[str], N]:
+    """An argparse type: ``kind(text)`` within ``[low, high]``, else a clear usage error."""
+
+    def check(text: str) -> N:
+        value = kind(text)
+        if high is not None and not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be between {low:g} and {high:g}, got {text}")
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low:g}, got {text}")
+        return value
+
+    check.__name__ = kind.__name__  # argparse names it in "invalid int value: 'x'"
+    return check
 
 
-def _non_negative(text: str) -> float:
-    value = float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
+_fraction = _ranged(float, 0.0, 1.0)
+_non_negative = _ranged(float, 0.0)
+_positive = _ranged(int, 1)
+_count = _ranged(int, 0)
 
 
 def build_parser() -> argparse.ArgumentParser:

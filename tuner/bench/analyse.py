@@ -32,7 +32,7 @@ import numpy as np
 
 from tuner.bench.schedule import TUNER
 
-__all__ = ["SCHEMA", "FinalPolicy", "Measured", "summarize"]
+__all__ = ["SCHEMA", "FinalPolicy", "Measured", "item_means", "succeeded", "summarize"]
 
 SCHEMA = "spec-tuner/bench/1"
 BASELINE = "none"
@@ -162,9 +162,9 @@ def summarize(
     it, the variant of the class's last exploit request, taken as settled).
     """
     rng = np.random.default_rng(seed)
-    ok = [r for r in rows if not r.get("error") and float(r.get("ms") or 0) > 0]
+    ok = succeeded(rows)
     tuner = [r for r in ok if r["arm"] == TUNER]
-    means = _item_means([r for r in ok if r["arm"] != TUNER])
+    means = item_means([r for r in ok if r["arm"] != TUNER])
     statics = sorted(a for a in means if a != BASELINE)
     # the prompts every static arm measured: ratios are only taken over those
     common = set(means[BASELINE]).intersection(*(means[a] for a in statics))
@@ -230,7 +230,12 @@ def summarize(
     }
 
 
-def _item_means(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[int, Measured]]:
+def succeeded(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The requests that were answered with decode timings."""
+    return [r for r in rows if not r.get("error") and float(r.get("ms") or 0) > 0]
+
+
+def item_means(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[int, Measured]]:
     """Static arm -> item -> the mean of its measurements."""
     per_item: dict[str, dict[int, list[Measured]]] = defaultdict(lambda: defaultdict(list))
     for row in rows:
@@ -282,11 +287,12 @@ def _tuner_class(
     for role, _ in served:
         roles[role] += 1
     late_ratio = round(_ratio(late, late_base), 4) if late else None
+    entry = _arm_entry(measured, base, rng)
     return {
         "tuner_requests": len(rows),
         "tuner_roles": dict(sorted(roles.items())),
-        "tuner_ratio": _arm_entry(measured, base, rng)["ratio"] if rows else None,
-        "tuner_interval": list(interval) if (interval := _bootstrap(measured, base, rng)) else None,
+        "tuner_ratio": entry["ratio"] if rows else None,
+        "tuner_interval": entry["interval"] if rows else None,
         "final_variant": final,
         "final_reason": policy.reason if policy else None,
         "converged_after": after,

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tuner.bench.analyse import BASELINE, Measured, item_means, succeeded
 from tuner.bench.schedule import TUNER
 
 __all__ = ["markdown", "plot"]
@@ -141,21 +142,17 @@ def _per_class(ax: Any, summary: Mapping[str, Any]) -> None:
 
 
 def _running(ax: Any, summary: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> None:
-    base: dict[int, list[tuple[float, float]]] = {}
-    for r in rows:
-        if r["arm"] == "none" and not r.get("error") and r.get("ms"):
-            base.setdefault(int(r["item"]), []).append((float(r["tokens"]), float(r["ms"])))
+    ok = succeeded(rows)
+    base = item_means([r for r in ok if r["arm"] != TUNER])[BASELINE]
     tokens = seconds = base_tokens = base_seconds = 0.0
     xs: list[int] = []
     ys: list[float] = []
-    for r in rows:
-        if r["arm"] != TUNER or r.get("error") or not r.get("ms") or int(r["item"]) not in base:
+    for r in ok:
+        if r["arm"] != TUNER or int(r["item"]) not in base:
             continue
-        samples = base[int(r["item"])]
-        tokens += float(r["tokens"])
-        seconds += float(r["ms"])
-        base_tokens += sum(t for t, _ in samples) / len(samples)
-        base_seconds += sum(s for _, s in samples) / len(samples)
+        own, baseline = Measured.of(r), base[int(r["item"])]
+        tokens, seconds = tokens + own.tokens, seconds + own.seconds
+        base_tokens, base_seconds = base_tokens + baseline.tokens, base_seconds + baseline.seconds
         xs.append(len(xs) + 1)
         ys.append((tokens / seconds) / (base_tokens / base_seconds))
     overall = summary["overall"]

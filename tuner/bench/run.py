@@ -42,9 +42,9 @@ from tuner.model.gguf_facts import read_facts
 from tuner.model.profile import hardware_fingerprint
 from tuner.settings import Settings
 from tuner.tuning.capacity import instances_that_fit
-from tuner.tuning.plan import shared_flags, tuning_config
+from tuner.tuning.plan import tuning_config, write_presets
 from tuner.tuning.state import POLICY_FILE
-from tuner.tuning.variants import BASELINE, Variant, parse_name, presets_ini
+from tuner.tuning.variants import BASELINE, Variant, parse_name
 from tuner.upstream.client import UpstreamClient
 from tuner.upstream.launch import Prepared, prepare, router_argv
 from tuner.upstream.process import ManagedServer, free_port
@@ -52,6 +52,8 @@ from tuner.upstream.provision import Progress, stderr_progress
 from tuner.workload import WorkloadItem
 
 __all__ = ["DEFAULT_MATRIX", "BenchOptions", "finish", "matrix_variants", "run_bench"]
+
+TUNER_STATE = "tuner-state"  # the daemon's state dir inside the run directory
 
 # One or more settings per spec type: each type's build defaults, and a few tuned ones.
 DEFAULT_MATRIX = (
@@ -127,21 +129,10 @@ async def _matrix_server(
     settings: Settings, prepared: Prepared, variants: Sequence[Variant], workdir: Path
 ) -> AsyncIterator[str]:
     presets = workdir / "matrix-presets.ini"
-    shared = shared_flags(settings, prepared.capabilities, prepared.model)
     arms = [BASELINE, *variants]
-    write_atomic(
-        presets,
-        presets_ini(
-            arms,
-            prepared.capabilities,
-            shared=shared,
-            draft_model=prepared.draft,
-            speculative=settings.spec_args,
-        ),
-    )
+    write_presets(presets, arms, settings, prepared)
     facts = read_facts(prepared.model)
-    gpu = "cuda" in str(prepared.binary)
-    capacity = instances_that_fit(facts, settings.ctx_size, gpu=gpu, limit=len(arms))
+    capacity = instances_that_fit(facts, settings.ctx_size, gpu=prepared.gpu, limit=len(arms))
     port = free_port()
     client = UpstreamClient(f"http://127.0.0.1:{port}", read_timeout_s=settings.request_timeout_s)
     argv = router_argv(
@@ -187,9 +178,9 @@ def _daemon_env(
 @asynccontextmanager
 async def _tuner_daemon(
     settings: Settings, prepared: Prepared, options: BenchOptions, workdir: Path
-) -> AsyncIterator[tuple[str, Path]]:
-    """The real daemon from a fresh state dir; yields its URL and state dir."""
-    state = workdir / "tuner-state"
+) -> AsyncIterator[str]:
+    """The real daemon from a fresh state dir (``TUNER_STATE`` under ``workdir``); its URL."""
+    state = workdir / TUNER_STATE
     shutil.rmtree(state, ignore_errors=True)
     state.mkdir(parents=True)
     port = free_port()
@@ -212,7 +203,7 @@ async def _tuner_daemon(
                 if time.monotonic() > deadline:
                     raise UpstreamError(f"the daemon was not ready in time; see {log.name}")
                 await asyncio.sleep(0.25)
-        yield url, state
+        yield url
     finally:
         if process.returncode is None:
             process.send_signal(signal.SIGTERM)
@@ -303,7 +294,7 @@ async def run_bench(
         tuner_url = ""
         if options.requests:
             progress("starting the tuner daemon from a fresh state")
-            tuner_url, _ = await stack.enter_async_context(
+            tuner_url = await stack.enter_async_context(
                 _tuner_daemon(settings, prepared, options, out)
             )
         timeout = settings.request_timeout_s
@@ -338,7 +329,7 @@ def finish(out: Path) -> dict[str, Any]:
         meta = {}
     classes: dict[int, str] = {int(r["item"]): str(r["class"]) for r in rows}
     item_classes = [classes.get(i, "?") for i in range(max(classes, default=-1) + 1)]
-    final = _final_policies(out / "tuner-state")
+    final = _final_policies(out / TUNER_STATE)
     try:
         summary = summarize(
             rows, item_classes, final_policies=final, meta=meta, seed=int(meta.get("seed", 0))

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["SynthSpec", "vocab_from_sdist", "write_moe"]
+__all__ = ["SynthSpec", "default_vocab", "vocab_from_sdist", "write_moe"]
 
 VOCAB_MEMBER = "vendor/llama.cpp/models/ggml-vocab-{name}.gguf"
 
@@ -74,6 +74,13 @@ def vocab_from_sdist(sdist: Path, dest_dir: Path, name: str = "llama-spm") -> Pa
         tmp.write_bytes(source.read())
         tmp.replace(dest)
     return dest
+
+
+def default_vocab(cache_dir: Path) -> Path:
+    """llama.cpp's llama-spm vocabulary from the cached sources (downloaded once if absent)."""
+    from tuner.upstream.provision import llama_cpp_sources
+
+    return vocab_from_sdist(llama_cpp_sources(cache_dir), cache_dir / "vocab")
 
 
 def _tokenizer_fields(vocab: Path) -> list[tuple[str, Any, Any]]:

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -37,7 +38,9 @@ from tuner.tuning.variants import Variant, grid, parse_name, presets_ini
 from tuner.upstream.capabilities import Capabilities
 from tuner.upstream.launch import Prepared, model_alias
 
-__all__ = ["TuningPlan", "default_cost", "plan_tuning", "shared_flags", "tuning_config"]
+__all__ = [
+    "TuningPlan", "default_cost", "plan_tuning", "shared_flags", "tuning_config", "write_presets",
+]  # fmt: skip
 
 log = get_logger(__name__)
 
@@ -64,6 +67,22 @@ def shared_flags(settings: Settings, caps: Capabilities, model: Path) -> list[st
     if settings.threads is not None:
         out += ["--threads", str(settings.threads)]
     return out + list(settings.server_args)
+
+
+def write_presets(
+    path: Path, variants: Sequence[Variant], settings: Settings, prepared: Prepared
+) -> None:
+    """The router's presets file: the shared flags, then one section per variant (with
+    ``TUNER_SPEC_ARGS`` in every speculative one)."""
+    caps = prepared.capabilities
+    text = presets_ini(
+        variants,
+        caps,
+        shared=shared_flags(settings, caps, prepared.model),
+        draft_model=prepared.draft,
+        speculative=settings.spec_args,
+    )
+    write_atomic(path, text)
 
 
 def default_cost(facts: ModelFacts, draft: ModelFacts | None, settings: Settings) -> CostModel:
@@ -131,15 +150,11 @@ def plan_tuning(settings: Settings, prepared: Prepared) -> TuningPlan | None:
         "hardware_key": fingerprint_key(fingerprint),
         "variants": [v.name for v in variants],
     }
-    gpu = "cuda" in str(prepared.binary)
+    gpu = prepared.gpu
     capacity = instances_that_fit(facts, settings.ctx_size, gpu=gpu, limit=settings.max_instances)
     presets = settings.state_dir / "router" / "presets.ini"
     if mode == "router":
-        shared = shared_flags(settings, caps, model)
-        text = presets_ini(
-            variants, caps, shared=shared, draft_model=draft, speculative=settings.spec_args
-        )
-        write_atomic(presets, text)
+        write_presets(presets, variants, settings, prepared)
     studies = StudyBook(
         settings.state_dir / "studies.db",
         f"{meta['model_key']}@{meta['hardware_key']}",

@@ -98,6 +98,11 @@ class Prepared:
     model: Path
     draft: Path | None
 
+    @property
+    def gpu(self) -> bool:
+        """A CUDA build: its instances share a GPU, not the CPU cores."""
+        return "cuda" in str(self.binary)
+
 
 def prepare(settings: Settings, progress: Progress = stderr_progress) -> Prepared:
     """Locate (or build) llama-server, read what it supports, and resolve the model files."""
