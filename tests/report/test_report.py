@@ -21,6 +21,7 @@ from tuner.tuning.state import POLICY_FILE, save_policies
 from tuner.upstream.capabilities import parse_capabilities
 
 FEW = "code/fresh/greedy"  # a class with too few requests: it borrows its parent's policy
+FRESH = "code/fresh/greedy"  # no echo: on a small-active MoE nothing is predicted to pay
 FORCED = "math/greedy"  # forced off by an override
 META = {
     "model": "sim-model",
@@ -55,7 +56,7 @@ def moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
         parse_capabilities(HELP.read_text()),
         cost=cost_model(experts=256, active=8, expert_fraction=0.7),
     )
-    engine.route(CODE)
+    engine.route(FRESH)
     save_policies(state / POLICY_FILE, META, engine.snapshot())
     return state
 
@@ -113,7 +114,7 @@ def test_markdown_has_one_row_per_class(learned: Path) -> None:
 
 def test_kill_switch_before_data_shows_the_predicted_reason(moe: Path) -> None:
     report = load_report(moe)
-    row = next(r for r in report.classes if r.class_key == CODE)
+    row = next(r for r in report.classes if r.class_key == FRESH)
     assert row.kill_switch and not row.speculation
     assert "cannot pay" in row.reason and "MoE" in row.reason
     assert row.predicted_speedup is not None and row.predicted_speedup < 1.0

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from tuner.errors import ConfigError
 from tuner.model.envelope import cost_model
+from tuner.model.speedup import CostModel, interpolated_curve
 from tuner.tuning.config import Override, TuningConfig, load_tuning
 from tuner.tuning.prior import rank
 from tuner.tuning.variants import PARAMS, Variant, grid, parse_name, presets_ini, request_fields
@@ -142,3 +143,16 @@ def test_prior_ranks_and_kills() -> None:
     killed = rank("chat/fresh/sampled", variants, prior, moe)
     assert not killed.pays and "MoE" in killed.reason
     assert all(s < 1 for _, s in killed.ranked)
+
+
+def test_prior_ranks_ngram_copies_by_what_they_copy() -> None:
+    """N-gram variants go by the copy model: on a dense target, longer copies first (a
+    draft is only made on a match and accepted as a run); ngram-cache (guessed to accept
+    half as much) last."""
+    variants = grid(load_tuning().search, caps_of("0c1e570"))
+    verify = interpolated_curve([(1, 1.06), (8, 2.45), (16, 3.69), (32, 6.40), (64, 11.9)])
+    ranked = rank("code/echo/greedy", variants, load_tuning().prior, CostModel(verify=verify))
+    lengths = [v.draft_length for v, _ in ranked.ranked if v.spec_type == "ngram-simple"]
+    assert lengths == sorted(lengths, reverse=True)
+    assert ranked.ranked[-1][0].spec_type == "ngram-cache"
+    assert ranked.pays

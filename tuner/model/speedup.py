@@ -53,6 +53,7 @@ __all__ = [
     "CostModel",
     "Verdict",
     "best_gamma",
+    "copy_speedup",
     "distinct_experts",
     "effective_draft_cost",
     "expected_tokens",
@@ -137,6 +138,42 @@ def speedup(alpha: float, gamma: int, cost: CostModel) -> float:
     if gamma == 0:
         return 1.0
     return expected_tokens(alpha, gamma) / cost.round_time(alpha, gamma)
+
+
+def copy_speedup(alpha: float, gamma_max: int, cost: CostModel, match: float, copy: float) -> float:
+    """Predicted speedup of n-gram drafting, which copies rather than guesses.
+
+    An n-gram draft is what followed an earlier occurrence of the last few tokens, so
+    a draft is made only in the ``match`` share of rounds (the others are plain decode
+    steps), its length is what that occurrence continues with (about ``copy`` tokens,
+    capped at ``gamma_max``), and it is accepted as a run: ``alpha`` is the share of
+    drafted tokens accepted (what llama-server reports), not an independent per-token
+    chance, so a round that drafts ``d`` tokens yields ``1 + alpha * d`` on average::
+
+        d = copy * (1 - (1 - 1/copy)**gamma_max)
+        S = (match * (1 + alpha * d) + 1 - match) / (match * round_cost(d) + 1 - match)
+
+    where ``round_cost(d)`` is ``d * draft_step + T(d + 1)`` plus the recurrent-state
+    terms (a restore, and the replay, when the run breaks: share ``1 - alpha``).
+
+    >>> f"{copy_speedup(0.7, 16, CostModel(), match=0.2, copy=16):.2f}"
+    '2.40'
+    >>> f"{copy_speedup(0.7, 0, CostModel(), match=0.2, copy=16):.2f}"
+    '1.00'
+    """
+    _check(alpha, gamma_max)
+    if not 0.0 <= match <= 1.0:
+        raise ValueError(f"match must be in [0, 1], got {match}")
+    if copy < 1.0:
+        raise ValueError(f"copy must be >= 1, got {copy}")
+    if gamma_max == 0 or match == 0.0:
+        return 1.0
+    d = max(1, round(copy * (1.0 - (1.0 - 1.0 / copy) ** gamma_max)))
+    broken = 1.0 - alpha
+    time = d * cost.draft_step + cost.verify(d + 1) + cost.checkpoint + broken * cost.restore
+    if cost.replay:
+        time += broken * cost.verify(round(alpha * d) + 1)
+    return (match * (1.0 + alpha * d) + 1.0 - match) / (match * time + 1.0 - match)
 
 
 def distinct_experts(n_experts: int, k: int, n_tokens: int) -> float:

@@ -54,6 +54,8 @@ class Prior(_Strict):
     alpha_fresh: float = Field(0.30, ge=0.0, lt=1.0)
     sampled_scale: float = Field(0.80, ge=0.0, le=1.0)
     enqueue: int = Field(3, ge=0)
+    ngram_match: float = Field(0.15, gt=0.0, le=1.0)
+    ngram_copy_tokens: float = Field(16.0, ge=1.0)
     alpha_scale: dict[str, float] = Field(default_factory=dict)
 
 

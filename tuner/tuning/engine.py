@@ -19,8 +19,9 @@ Decisions, per class:
   baseline measured meanwhile) is told to the class's Optuna study.
 - Trials: a variant a parent class measured best, not yet measured here, goes
   first (siblings' findings are confirmed before anything new); then, for the
-  first few, the prior's best that no parent measured slower than baseline; then
-  the class's Optuna study decides.
+  first few, the prior's best that no parent measured slower than baseline,
+  skipping what other classes are trying or the parents measured already (so
+  siblings cover the prior's list together); then the class's Optuna study decides.
 - Policy: the speculative variant with the highest lower confidence bound,
   if that bound is above 1 and its measured speedup at least ``min_gain``;
   else no speculation. A class whose own policy is not settled yet (no variant
@@ -356,7 +357,9 @@ class Engine:
         First, the variant a parent measured best (clearing ``min_gain``) that this class
         has not measured: what siblings found is confirmed here before anything new.
         Then, for the first ``prior.enqueue`` trials, the prior's best that this class has
-        not measured and no parent has measured slower than baseline.
+        not measured, no parent has measured slower than baseline and, if one is left, no
+        other class is trying now and no parent has measured: siblings starting together
+        split the prior's list instead of all trying its first pick.
         """
         budget, guard = self.config.budget, self.config.guard
         state = self._state(key)
@@ -388,14 +391,22 @@ class Engine:
                 return self.variants[max(scored)[1]]
         if prior is None or state.trials_done >= self.config.prior.enqueue:
             return None
-        return next(
-            (v for v, _ in prior.ranked if candidate(v.name) and v.name not in losing), None
-        )
+        # Siblings split the prior's list: what another class is trying now, or a parent
+        # has measured (and found no gain in), is left to them.
+        elsewhere = {s.trial.variant.name for s in self.classes.values() if s.trial is not None}
+        elsewhere |= {
+            name
+            for parent in above
+            for name, arm in parent.arms.items()
+            if arm.requests >= budget.min_trial_requests
+        }
+        picks = [v for v, _ in prior.ranked if candidate(v.name) and v.name not in losing]
+        return next((v for v in picks if v.name not in elsewhere), picks[0] if picks else None)
 
     def _ask_new(self, key: str, space: Space) -> tuple[int, Variant]:
         """Ask; a variant already measured enough in this class is told its value at once."""
         assert self.studies is not None
-        for _ in range(8):
+        for attempt in range(8):
             number, variant = self.studies.ask(key, space)
             with self._lock:
                 state = self._state(key)
@@ -408,10 +419,10 @@ class Engine:
                     and len(base.samples) >= 2
                 )
                 value = ratio_interval(arm.samples, base.samples, self.z).value if known else None  # type: ignore[union-attr]
-            if value is None:
-                return number, variant
+            if value is None or attempt == 7:
+                return number, variant  # the last one runs again rather than stay told
             self.studies.tell(key, space, number, value, attrs={"reused": True})
-        return number, variant
+        raise AssertionError("unreachable")
 
     def _finish_trial(self, key: str, trial: Trial) -> None:
         """Tell the study and re-decide (IO thread)."""

@@ -1,7 +1,9 @@
 """The speedup model as a prior: which variants to try first, and when not to try at all. Pure.
 
 Before any request of a class is measured, its acceptance is a guess (echo classes
-accept more; sampling accepts less; some spec types draft worse). With the
+accept more; sampling accepts less; some spec types draft worse). N-gram variants
+copy earlier text, so they are predicted with the copy model (drafts only on a
+match, accepted as runs; ``copy_speedup``), model drafts with Leviathan's. With the
 target's cost model (verify curve from a calibration profile or the MoE expert
 coverage, recurrent-state restore) each variant gets a predicted speedup. The
 best few are tried first; if none is predicted to pay, the class starts with
@@ -13,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from tuner.model.speedup import CostModel, largest_overhead, speedup
+from tuner.model.speedup import CostModel, copy_speedup, largest_overhead, speedup
 from tuner.tuning.config import Prior
 from tuner.tuning.variants import Variant
 
@@ -74,7 +76,12 @@ def rank(
             continue
         alpha = alpha_of(variant) if alpha_of else class_alpha(class_key, variant, prior)
         gamma = max(1, min(variant.draft_length, GAMMA_MAX))
-        scored.append((variant, speedup(alpha, gamma, cost_for(variant, base, draft_step)), alpha))
+        cost = cost_for(variant, base, draft_step)
+        if variant.copies:
+            s = copy_speedup(alpha, gamma, cost, prior.ngram_match, prior.ngram_copy_tokens)
+        else:
+            s = speedup(alpha, gamma, cost)
+        scored.append((variant, s, alpha))
     scored.sort(key=lambda t: (-t[1], t[0].name))
     ranked = tuple((v, s) for v, s, _ in scored)
     if not scored:

@@ -135,10 +135,10 @@ class StudyBook:
         study = self.study(class_key, space)
         with self._lock:
             trial_id = self.storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
+            if self.storage.get_trial(trial_id).state.is_finished():
+                return  # told already (a crash's restart failed it): keep what it says
             for key, val in (attrs or {}).items():
                 self.storage.set_trial_user_attr(trial_id, key, val)
-            if self.storage.get_trial(trial_id).state.is_finished():
-                return
             if pruned:
                 study.tell(number, state=TrialState.PRUNED)
             elif value is None:

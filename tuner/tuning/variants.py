@@ -106,6 +106,11 @@ class Variant:
         return self.spec_type != "none"
 
     @property
+    def copies(self) -> bool:
+        """An n-gram type: drafts by copying earlier text (no draft model)."""
+        return self.spec_type.startswith("ngram-")
+
+    @property
     def needs_draft_model(self) -> bool:
         return self.spec_type in NEEDS_DRAFT_MODEL
 
