@@ -29,6 +29,8 @@ from tuner.proxy.gate import VariantGate
 from tuner.records import RecordStore
 from tuner.settings import Settings
 from tuner.systemd import Notifier, notify
+from tuner.tuning.engine import Decision
+from tuner.tuning.offline import OfflineTuner, Samples
 from tuner.tuning.plan import plan_tuning, tuning_config
 from tuner.tuning.service import TuningService
 from tuner.upstream.capabilities import Capabilities
@@ -106,8 +108,14 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
             startup_timeout_s=settings.startup_timeout_s,
         )
         if plan is not None:
-            tuning = TuningService(plan.engine, settings.state_dir, plan.meta, mode=plan.mode,
-                                   flush=records.flush)  # fmt: skip
+            tuning = TuningService(
+                plan.engine,
+                settings.state_dir,
+                plan.meta,
+                mode=plan.mode,
+                flush=records.flush,
+                single_reload_s=plan.reload_guess_s if plan.single else None,
+            )
             records.observers.append(tuning.observe)
     notifier = Notifier(
         lambda: client.ready,
@@ -132,7 +140,26 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
         public_models=public_models,
         gate=gate,
     )
+    if tuning is not None and tuning.single is None:  # one variant at a time: no replays
+        _offline(tuning, app.state.handlers)
     return Daemon(settings, app, client, supervisor, records, caps, notifier, tuning)
+
+
+def _offline(tuning: TuningService, handlers: Any) -> None:
+    """Idle-time tuning: the proxy keeps a sample of bodies (while the tuning file's
+    ``[offline] enabled`` is on) and replays them through itself when idle."""
+    engine = tuning.engine
+    samples = Samples(engine.config.offline.samples, engine.config.offline.max_prompt_bytes)
+
+    def sample(class_key: str | None, endpoint: str, body: dict[str, Any]) -> None:
+        if engine.config.offline.enabled:
+            samples.add(class_key, endpoint, body)
+
+    async def replay(class_key: str, endpoint: str, body: dict[str, Any], d: Decision) -> bool:
+        return bool(await handlers.replay(class_key, endpoint, body, tuning.routed(d)))
+
+    handlers.sampler = sample
+    tuning.offline = OfflineTuner(engine, samples, replay, handlers.idle_for)
 
 
 def reload(daemon: Daemon, load: Callable[[], Settings]) -> dict[str, Any]:

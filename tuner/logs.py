@@ -20,6 +20,17 @@ LogFormat = Literal["auto", "json", "console"]
 _QUIET = ("httpx", "httpcore", "uvicorn.access")
 
 
+class _Stderr:
+    """``sys.stderr`` as it is when written to, not when logging was configured (a test
+    runner or a daemoniser may replace it; a bound stream may be closed by then)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure_logging(fmt: LogFormat = "auto", level: str = "info") -> None:
     """Configure structlog and stdlib logging once, at start-up."""
     use_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
@@ -42,10 +53,10 @@ def configure_logging(fmt: LogFormat = "auto", level: str = "info") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_Stderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )
-    handler = logging.StreamHandler(sys.stderr)
+    handler = logging.StreamHandler(_Stderr())
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name],

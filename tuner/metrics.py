@@ -109,6 +109,12 @@ class Metrics:
         arm = ["class_key", "variant"]
         labels = ["endpoint", "class_key", "variant", "status"]
         self.requests = Counter("tuner_requests", "Requests proxied", labels, registry=r)
+        self.replays = Counter(
+            "tuner_replays",
+            "Idle-time replays of sampled prompts (not in the other request metrics)",
+            ["variant", "status"],
+            registry=r,
+        )
         self.generated = Counter("tuner_generated_tokens", "Tokens generated", arm, registry=r)
         self.prompt = Counter("tuner_prompt_tokens", "Prompt tokens processed", arm, registry=r)
         self.drafted = Counter("tuner_draft_tokens", "Tokens drafted", arm, registry=r)
@@ -131,6 +137,9 @@ class Metrics:
         self.registry.register(_TuningCollector(engine))
 
     def observe(self, record: RequestRecord) -> None:
+        if record.replay:
+            self.replays.labels(record.variant or "default", str(record.status)).inc()
+            return
         arm = (record.class_key or "unknown", record.variant or "default")
         self.requests.labels(record.endpoint, *arm, str(record.status)).inc()
         self.duration.labels(record.endpoint).observe(record.proxy_ms / 1000)

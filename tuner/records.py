@@ -70,6 +70,7 @@ class RequestRecord(BaseModel):
     variant: str | None = None
     role: str | None = None  # exploit, trial, control or pinned
     trial: int | None = None
+    replay: bool = False  # an idle-time replay of a sampled prompt, not a live request
 
     @property
     def overhead_ms(self) -> float | None:

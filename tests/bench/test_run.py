@@ -25,7 +25,8 @@ def write_run(out: Path, policies: dict[str, object] | None) -> None:
 
 
 def test_finish_writes_the_summary_from_the_directory(tmp_path: Path) -> None:
-    policy = {"variant": "fast-code", "speculation": True, "reason": "measured 2.00x"}
+    policy = {"variant": "fast-code", "speculation": True, "settled": True,
+              "reason": "measured 2.00x"}  # fmt: skip
     write_run(tmp_path, {"code": {"policy": policy, "served_by": "code"}})
     summary = finish(tmp_path)
     assert summary["model"] == "m.gguf" and summary["seed"] == 3
@@ -37,7 +38,7 @@ def test_finish_writes_the_summary_from_the_directory(tmp_path: Path) -> None:
 
 
 def test_a_class_served_by_its_parent_takes_the_parents_policy(tmp_path: Path) -> None:
-    parent = {"variant": "meh", "speculation": True, "reason": "measured"}
+    parent = {"variant": "meh", "speculation": True, "settled": True, "reason": "measured"}
     young = {"variant": "none", "speculation": False, "reason": "no evidence yet"}
     state = tmp_path / "tuner-state"
     state.mkdir()

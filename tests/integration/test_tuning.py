@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -126,3 +127,113 @@ def _report(state: Path, *args: str) -> str:
         check=True,
     )
     return done.stdout
+
+
+ONE_AT_A_TIME = """
+[budget]
+explore_share = 0.5
+trial_requests = 3
+min_trial_requests = 2
+max_trials = 4
+[single]
+window = 3
+[prior]
+enqueue = 1
+[search.ngram-simple]
+size_n = [3]
+size_m = [16]
+"""
+
+
+def test_one_variant_at_a_time_on_real_llama_server(tmp_path: Path) -> None:
+    """``TUNER_MAX_INSTANCES=1``: the router holds one instance, so every change of variant
+    reloads Gemma. The daemon explores in windows, measures the reload, and switches all
+    traffic to the n-gram variant that pays on echo-heavy edits."""
+    tuning = tmp_path / "tuning.toml"
+    tuning.write_text(ONE_AT_A_TIME)
+    env = {"TUNER_TUNING_FILE": str(tuning), "TUNER_SEED": "7", "TUNER_THREADS": "2",
+           "TUNER_MAX_INSTANCES": "1"}  # fmt: skip
+    state = tmp_path / "state"
+    state.mkdir()
+    running = start_daemon(state, env=env)
+    served: list[tuple[str, str]] = []
+    try:
+        edit = WorkloadItem(id="edit", prompt=CODE_EDIT, temperature=0.0).request(64)
+        for _ in range(30):
+            response = _send(running.url, edit)
+            served.append((response.headers["x-spec-variant"], response.headers["x-spec-role"]))
+    finally:
+        assert running.stop() == 0
+
+    single = json.loads((state / "policies.json").read_text())["single"]
+    assert single["reload_measured"] and single["reload_s"] > 0.05, single
+    assert single["active"] == "ngram-simple.n3.m16" and single["switches"] >= 1, single
+    assert single["gains"]["ngram-simple.n3.m16"] > 1.1, single
+    roles = {role for _, role in served}
+    assert {"trial", "exploit"} <= roles, served
+    changes = sum(a[0] != b[0] for a, b in itertools.pairwise(served))
+    assert changes <= 2 * single["windows"] + single["switches"] + 1, served
+    assert served[-1] == ("ngram-simple.n3.m16", "exploit"), served
+    table = _report(state)
+    assert "ngram-simple.n3.m16 serves all traffic" in table
+
+
+IDLE_TUNING = """
+[budget]
+explore_share = 0.0
+trial_requests = 2
+min_trial_requests = 2
+max_trials = 3
+[offline]
+enabled = true
+idle_s = 2
+pairs = 3
+max_tokens = 32
+[prior]
+enqueue = 1
+[search.ngram-simple]
+size_n = [3]
+size_m = [16]
+"""
+
+
+def test_idle_time_replays_on_real_llama_server(tmp_path: Path) -> None:
+    """No live exploration at all (budget 0): two live edits are sampled, and once the
+    daemon is idle it replays them in pairs (trial variant, then no speculation) on the
+    real llama-server until the class's search has its trials."""
+    import time
+
+    tuning = tmp_path / "tuning.toml"
+    tuning.write_text(IDLE_TUNING)
+    env = {"TUNER_TUNING_FILE": str(tuning), "TUNER_SEED": "7", "TUNER_THREADS": "2"}
+    state = tmp_path / "state"
+    state.mkdir()
+    running = start_daemon(state, env=env)
+    try:
+        edit = WorkloadItem(id="edit", prompt=CODE_EDIT, temperature=0.0).request(32)
+        for _ in range(2):
+            response = _send(running.url, edit)
+            assert response.headers["x-spec-role"] == "exploit"
+        key = response.headers["x-spec-class"]
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            time.sleep(2)
+            found = state / "policies.json"
+            if found.exists():
+                classes = json.loads(found.read_text())["classes"]
+                if classes.get(key, {}).get("converged"):
+                    break
+    finally:
+        assert running.stop() == 0
+
+    classes = json.loads((state / "policies.json").read_text())["classes"]
+    assert classes[key]["seen"] == 2 and classes[key]["explored"] == 0, classes[key]
+    assert classes[key]["trials_done"] >= 1, classes[key]
+    arms = classes[key]["arms"]
+    assert arms["ngram-simple.n3.m16"]["requests"] >= 2 and arms["none"]["requests"] >= 4
+    records = [json.loads(line) for f in sorted((state / "records").glob("*.jsonl"))
+               for line in f.read_text().splitlines()]  # fmt: skip
+    replays = [r for r in records if r.get("replay")]
+    assert replays and all(r["status"] == 200 for r in replays)
+    assert {r["role"] for r in replays} == {"trial", "control"}
+    assert len([r for r in records if not r.get("replay")]) == 2

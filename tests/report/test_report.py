@@ -203,3 +203,27 @@ def test_readme_documents_every_json_field(learned: Path) -> None:
     }
     row = json.loads(as_json(load_report(learned)))["classes"][0]
     assert documented == set(row)
+
+
+def test_one_variant_at_a_time_is_reported(tmp_path: Path) -> None:
+    """With one instance, the report names the variant serving all traffic and its gain."""
+    from tests.tuning.test_single import Reloading, by_type, mix, run
+    from tuner.tuning.single import SingleVariant
+
+    engine = make(tmp_path, config(explore_share=0.1), parse_capabilities(HELP.read_text()))
+    sim = SimUpstream(by_type(list(engine.variants)))
+    upstream = Reloading(sim, reload_s=2.0)
+    single = SingleVariant(engine, reload_s=5.0, clock=upstream.clock)
+    run(single, upstream, mix(900, 0.8))
+    save_policies(
+        tmp_path / POLICY_FILE, META, engine.snapshot(), extra={"single": single.describe()}
+    )
+
+    report = load_report(tmp_path)
+    assert report.single is not None and report.single["active"] == single.active
+    assert single.active.startswith("ngram-simple")
+    assert report.expected_speedup == pytest.approx(single.gains[single.active], abs=1e-4)
+    assert f"{single.active} serves all traffic" in as_table(report)
+    document = json.loads(as_json(report))
+    assert document["single"]["switches"] == single.switches >= 1
+    assert json.loads(as_json(build_report({"classes": {}})))["single"] is None

@@ -92,6 +92,7 @@ class SimUpstream:
             class_key=class_key,
             variant=decision.variant,
             trial=decision.trial,
+            role=decision.role,
         )
 
 

@@ -339,3 +339,46 @@ def test_siblings_starting_together_split_the_priors_list(
         sim.true_speedup(c, d.variant) for c, d in zip(plan[-300:], decisions[-300:], strict=True)
     ]
     assert sum(s == 1.3 for s in late) >= 0.5 * len(late)
+
+
+def test_sampled_classes_borrow_from_sampled_traffic_not_their_greedy_siblings(
+    tmp_path: Path, caps: Capabilities
+) -> None:
+    """Greedy classes gain 1.3x with ngram-mod; sampled ones lose with everything. The
+    sampled classes' parents are mostly greedy evidence, so they borrow from all sampled
+    traffic pooled (``*/sampled``), where the borrowed variant is measured losing."""
+    import random
+
+    greedy = [f"{g}/echo/greedy" for g in ("code", "data", "text")]
+    sampled = [f"{g}/echo/sampled" for g in ("code", "data", "text")]
+    engine = make(tmp_path, config(explore_share=0.1), caps)
+    gains = {v: 1.3 if v.startswith("ngram-mod") else 0.97 for v in engine.variants}
+    sim = SimUpstream({**{c: gains for c in greedy},
+                       **{c: {v: 0.85 for v in engine.variants} for c in sampled}})  # fmt: skip
+    rng = random.Random(3)
+    plan = [rng.choice(greedy * 3 + sampled) for _ in range(1200)]
+    decisions = drive(engine, sim, plan)
+
+    assert "*/sampled" in engine.classes and engine.classes["*/sampled"].seen == 0
+    late = list(zip(plan[-400:], decisions[-400:], strict=True))
+    lost = [d.variant for c, d in late if c in sampled and d.role == "exploit"]
+    assert sum(v == "none" for v in lost) >= 0.85 * len(lost), lost
+    won = [sim.true_speedup(c, d.variant) for c, d in late if c in greedy and d.role == "exploit"]
+    assert sum(s == 1.3 for s in won) >= 0.8 * len(won)
+
+
+def test_a_parent_that_measured_only_losses_lends_no_speculation(
+    tmp_path: Path, caps: Capabilities
+) -> None:
+    """A new class whose nearest parent measured every variant slower than baseline is
+    served no speculation, not a farther ancestor's choice."""
+    engine = make(tmp_path, config(explore_share=0.5, min_class_requests=2), caps)
+    sim = SimUpstream({"code/echo/greedy": {v: 1.3 for v in engine.variants},
+                       "text/fresh/greedy": {v: 0.8 for v in engine.variants}})  # fmt: skip
+    drive(engine, sim, ["code/echo/greedy", "text/fresh/greedy"] * 150)
+    assert engine.classes["all"].policy is not None and engine.classes["all"].policy.speculation
+    text = engine.classes["text/fresh"].policy
+    assert text is not None and not text.speculation and text.settled, text
+    assert "every variant tried is slower" in text.reason or text.kill_switch
+    decision = engine.route("text/fresh/sampled")  # brand new: no evidence of its own
+    assert decision.variant == "none", decision

@@ -235,9 +235,7 @@ def _final_policies(state: Path) -> dict[str, FinalPolicy]:
             return None
         if not isinstance(policy.get("variant"), str):
             return None
-        settled = bool(
-            policy.get("speculation") or policy.get("kill_switch") or entry.get("converged")
-        )
+        settled = bool(policy.get("settled") or entry.get("converged"))
         return FinalPolicy(policy["variant"], settled, str(policy.get("reason", "")))
 
     out: dict[str, FinalPolicy] = {}

@@ -112,6 +112,7 @@ class _Trace:
     variant: str | None = None
     role: str | None = None
     trial: int | None = None
+    replay: bool = False
     wait_ms: float | None = None
     finished: bool = False
 
@@ -174,6 +175,7 @@ class _Trace:
             variant=self.variant,
             role=self.role,
             trial=self.trial,
+            replay=self.replay,
         )
         log.info(
             "request",
@@ -214,6 +216,9 @@ class _Handlers:
         self.classifier = classifier
         self.max_concurrent = max_concurrent
         self.in_flight = 0
+        self.last_active = time.monotonic()
+        # Idle-time tuning (tuner.tuning.offline): keeps a sample of classified bodies.
+        self.sampler: Callable[[str | None, str, dict[str, Any]], object] | None = None
 
     async def read_body(self, request: Request) -> bytes:
         too_large = RequestError(
@@ -247,6 +252,7 @@ class _Handlers:
                 trace.finish(429, error=busy.message)
                 return _error_response(busy, request_id)
             self.in_flight += 1
+            self.last_active = time.monotonic()
             handed_over = gated = False
             try:
                 raw = await self.read_body(request)
@@ -256,6 +262,8 @@ class _Handlers:
                 if self.classifier is not None:
                     found = self.classifier(body)
                     trace.class_key, trace.features = found.key, found.features.as_dict()
+                if self.sampler is not None:
+                    self.sampler(trace.class_key, endpoint, body)
                 if self.router is not None:
                     raw = self._route(trace, body) or raw
                     if self.gate is not None and trace.variant is not None:
@@ -298,6 +306,44 @@ class _Handlers:
 
     async def _release(self) -> None:
         self.in_flight -= 1
+        self.last_active = time.monotonic()
+
+    def idle_for(self) -> float:
+        """Seconds since the last live request finished (0 while one is in flight)."""
+        return 0.0 if self.in_flight else time.monotonic() - self.last_active
+
+    async def replay(
+        self, class_key: str, endpoint: str, body: dict[str, Any], routed: Routing
+    ) -> bool:
+        """Send one replayed prompt (idle-time tuning) the way a live request goes: through
+        the variant gate, recorded (``replay``) and observed by the tuner. False when it
+        failed or a live request is in flight (the replay should stop)."""
+        if self.in_flight:
+            return False
+        trace = _Trace(self.records, endpoint, f"replay_{uuid.uuid4().hex}")
+        trace.note_body(body)
+        trace.class_key, trace.replay = class_key, True
+        trace.variant, trace.role, trace.trial = routed.variant, routed.role, routed.trial
+        if routed.model is not None:
+            body["model"] = routed.model
+        body.update(routed.fields or {})
+        gated = False
+        try:
+            if self.gate is not None:
+                await self.gate.acquire(routed.variant)
+                gated = True
+            response = await _forward(self.upstream, trace, body, json.dumps(body).encode())
+            if isinstance(response, _RelayResponse):  # asked whole; answered as a stream
+                for hook in response.close_hooks:
+                    await hook()  # gives the connection back and records it
+                return False
+            return response.status_code == 200
+        except TunerError as exc:
+            trace.finish(error_for_exception(exc).status, error=str(exc))
+            return False
+        finally:
+            if gated:
+                await self._open_gate()
 
     async def _open_gate(self) -> None:
         assert self.gate is not None

@@ -95,6 +95,7 @@ class Report:
     hardware: dict[str, Any] | None = None
     saved: float | None = None
     classes: list[ClassRow] = field(default_factory=list)
+    single: dict[str, Any] | None = None  # one variant loaded at a time: what serves all
 
     @property
     def requests(self) -> int:
@@ -106,7 +107,10 @@ class Report:
 
         Each class's requests count once, at the measured speedup of the policy that
         serves them (its own or a parent's); 1.0 where that policy is no speculation.
+        With one variant loaded at a time, the active variant's gain over the mix.
         """
+        if self.single is not None:
+            return _float((self.single.get("gains") or {}).get(self.single.get("active"), 1.0))
         by_key = {row.class_key: row for row in self.classes}
         total = weighted = 0.0
         for row in self.classes:
@@ -129,6 +133,7 @@ class Report:
             "hardware": self.hardware,
             "saved": self.saved,
             "overall": {"requests": self.requests, "expected_speedup": self.expected_speedup},
+            "single": self.single,
             "classes": [row.public() for row in self.classes],
         }
 
@@ -214,6 +219,7 @@ def build_report(document: Mapping[str, Any] | None, state_dir: str = "") -> Rep
         hardware=document.get("hardware"),
         saved=_float(document.get("saved")),
         classes=rows,
+        single=single if isinstance(single := document.get("single"), dict) else None,
     )
 
 

@@ -89,7 +89,20 @@ def _header(report: Report) -> list[str]:
         ]
     expected = report.expected_speedup
     traffic = sum(1 for row in report.classes if row.requests)
+    single = report.single
+    one = (
+        [
+            f"one variant loaded at a time: {single.get('active')} serves all traffic "
+            f"({single.get('reason')}; reload {single.get('reload_s')} s"
+            f"{'' if single.get('reload_measured') else ' (guessed)'}, "
+            f"{single.get('switches')} switches, {single.get('windows')} windows explored); "
+            "the per-class policies below are what each class would choose alone"
+        ]
+        if single
+        else []
+    )
     return [
+        *one,
         f"model: {report.model}  build: {report.build}",
         f"hardware: {_hardware(report.hardware)}",
         f"state: {report.state_dir}  saved: {when(report.saved) or '-'} UTC",

@@ -59,6 +59,24 @@ class Prior(_Strict):
     alpha_scale: dict[str, float] = Field(default_factory=dict)
 
 
+class Single(_Strict):
+    """One variant loaded at a time (router capacity 1): see ``tuner.tuning.single``."""
+
+    horizon_s: float = Field(600.0, gt=0.0)
+    window: int = Field(8, ge=1)
+
+
+class Offline(_Strict):
+    """Idle-time tuning on a sample of recent prompts: see ``tuner.tuning.offline``."""
+
+    enabled: bool = False
+    idle_s: float = Field(120.0, gt=0.0)
+    samples: int = Field(8, ge=1, le=64)
+    max_prompt_bytes: int = Field(32_768, ge=256)
+    max_tokens: int = Field(128, ge=1)
+    pairs: int = Field(8, ge=1)
+
+
 class Override(_Strict):
     pin: str | None = None
     off: bool = False
@@ -78,6 +96,8 @@ class TuningConfig(_Strict):
     budget: Budget = Budget()
     guard: Guard = Guard()
     prior: Prior = Prior()
+    single: Single = Single()
+    offline: Offline = Offline()
     search: dict[str, dict[str, list[ParamValue]]] = Field(default_factory=dict)
     overrides: dict[str, Override] = Field(default_factory=dict)
 

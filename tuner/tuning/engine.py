@@ -63,13 +63,36 @@ from tuner.tuning.prior import PriorView, rank
 from tuner.tuning.studies import Space, StudyBook
 from tuner.tuning.variants import BASELINE, Variant
 
-__all__ = ["Decision", "Engine", "Policy"]
+__all__ = ["SAMPLED", "Decision", "Engine", "Policy", "levels"]
 
 log = get_logger(__name__)
 
 Role = Literal["exploit", "trial", "control", "pinned"]
 IO = Callable[[Callable[[], None]], None]
 SAMPLES = 256  # decode speeds kept per (class, variant)
+
+
+SAMPLED = "*/sampled"  # every sampled class's evidence, pooled
+
+
+def levels(key: str) -> list[str]:
+    """Where a request of this class counts as evidence, and where the class looks for a
+    policy to borrow, nearest first: the class, then (for a sampled class) all sampled
+    traffic pooled, then its parents.
+
+    Sampling is the last part of a class key, so a sampled class's parents are mostly
+    greedy traffic, which accepts far more drafts; the pooled sampled evidence is the
+    nearest of its kind.
+
+    >>> levels("code/echo/sampled")
+    ['code/echo/sampled', '*/sampled', 'code/echo', 'code', 'all']
+    >>> levels("code/echo/greedy")
+    ['code/echo/greedy', 'code/echo', 'code', 'all']
+    """
+    chain = list(dict.fromkeys(parents(key)))
+    if key.endswith("/sampled") and key != SAMPLED:
+        chain.insert(1, SAMPLED)
+    return chain
 
 
 def _z(confidence: float) -> float:
@@ -99,6 +122,7 @@ class Policy(BaseModel):
     reason: str
     kill_switch: bool = False
     override: bool = False
+    settled: bool = False  # rests on evidence or a verdict, not on a lack of data
     requests: int = 0
     alpha: float | None = None
     alpha_low: float | None = None
@@ -263,6 +287,33 @@ class Engine:
             return Decision(BASELINE.name, "control", policy_class=key)
         return None
 
+    def offline_trial(self, class_key: str) -> Decision | None:
+        """A trial request for a replayed prompt of this class (idle-time tuning, outside the
+        live budget: ``seen`` and ``explored`` do not move); starts the class's next trial
+        when none runs. Blocking (Optuna): call it off the event loop. None when the class
+        has nothing to explore (converged, overridden, no study)."""
+        key = class_key or ROOT
+        with self._lock:
+            state = self._state(key)
+            override = self._override(key)
+            if override.off or override.pin is not None or state.converged:
+                return None
+            if state.trial is None:
+                if state.preparing or self.studies is None:
+                    return None
+                state.preparing = True
+                start = True
+            else:
+                start = False
+        if start:
+            self._next_trial(key)
+        with self._lock:
+            trial = state.trial
+            if trial is None:
+                return None
+            trial.sent += 1
+            return Decision(trial.variant.name, "trial", trial.number, key)
+
     # -- learning ---------------------------------------------------------------------
 
     def observe(self, record: RequestRecord) -> None:
@@ -277,7 +328,7 @@ class Engine:
         drafted, accepted = t.draft_n or 0, t.draft_n_accepted or 0
         finish: Trial | None = None
         with self._lock:
-            for level in dict.fromkeys(parents(key)):
+            for level in levels(key):
                 state = self._state(level)
                 state.arm(record.variant).add(tok_s, t.predicted_n, drafted, accepted)
             state = self._state(key)
@@ -371,7 +422,7 @@ class Engine:
             arm = state.arms.get(name)
             return arm is None or arm.requests < budget.min_trial_requests
 
-        above = [self.classes[lv] for lv in dict.fromkeys(parents(key)) if lv != key
+        above = [self.classes[lv] for lv in levels(key) if lv != key
                  and lv in self.classes]  # fmt: skip
         losing: set[str] = set()
         for parent in above:
@@ -482,7 +533,7 @@ class Engine:
 
     def _decide_all(self, key: str) -> bool:
         changed = False
-        for level in dict.fromkeys(parents(key)):
+        for level in levels(key):
             changed |= self._decide(self._state(level))
         return changed
 
@@ -510,11 +561,14 @@ class Engine:
                 speculation=override.pin != "none",
                 reason="pinned by override",
                 override=True,
+                settled=True,
                 since=now,
             )
         if override.off:
             reason = "speculation forced off by override"
-            return self._off(state, reason, override=True, kill_switch=True, requests=0)
+            return self._off(
+                state, reason, override=True, kill_switch=True, settled=True, requests=0
+            )
         best, best_any = self._best_measured(state)
         if best is not None:
             _, name, s, arm = best
@@ -534,6 +588,7 @@ class Engine:
                 speedup_low=s.low,
                 speedup_high=s.high,
                 predicted_speedup=predicted,
+                settled=True,
                 since=now,
             )
         predicted = prior.ranked[0][1] if prior and prior.ranked else None
@@ -542,15 +597,25 @@ class Engine:
                 f"measured: no variant beats baseline; best {best_any[1]} at "
                 f"{best_any[0]:.2f}x after {state.trials_done} trials"
             )
-            return self._off(state, reason, kill_switch=True, predicted_speedup=predicted)
+            return self._off(
+                state, reason, kill_switch=True, settled=True, predicted_speedup=predicted
+            )
         if prior is not None and not prior.pays and self.cost.structural:
-            return self._off(state, prior.reason, kill_switch=True, predicted_speedup=predicted)
+            return self._off(
+                state, prior.reason, kill_switch=True, settled=True, predicted_speedup=predicted
+            )
+        if best_any is not None and best_any[0] < 1.0:
+            reason = (
+                f"measured: every variant tried is slower than baseline (best {best_any[1]} "
+                f"at {best_any[0]:.2f}x); off until one measures faster"
+            )
+            return self._off(state, reason, settled=True, predicted_speedup=predicted)
         reason = (
             f"no variant measured faster yet ({state.trials_done} trials)"
             if state.trials_done or best_any
             else "no evidence yet"
         )
-        return self._off(state, reason)
+        return self._off(state, reason, settled=state.converged)
 
     def _off(self, state: ClassState, reason: str, **evidence: Any) -> Policy:
         """A no-speculation policy for a class (requests: the baseline's, unless given)."""
@@ -614,7 +679,7 @@ class Engine:
         if own.policy is None:
             own.policy = self._policy(own)
         fallback: tuple[str, Policy] | None = None
-        for level in dict.fromkeys(parents(key)):
+        for level in levels(key):
             state = self.classes.get(level)
             if state is None or state.policy is None:
                 continue
@@ -637,7 +702,7 @@ class Engine:
     def _settled(state: ClassState) -> bool:
         """The class's policy rests on its evidence or a verdict, not on a lack of data."""
         policy = state.policy
-        return policy is not None and (policy.speculation or policy.kill_switch or state.converged)
+        return policy is not None and (policy.settled or state.converged)
 
     def _may_borrow(self, state: ClassState, variant: str) -> bool:
         """Whether a class may be served a parent's speculative ``variant``: only before it
@@ -652,6 +717,45 @@ class Engine:
         if arm.requests < self.config.budget.min_trial_requests:
             return True
         return ratio_interval(arm.samples, base.samples, self.z).value >= 1.0
+
+    # -- for the one-variant-at-a-time mode (tuner.tuning.single) ------------------------
+
+    def override(self, key: str) -> Override:
+        with self._lock:
+            return self._override(key)
+
+    def forbidden(self, key: str, variant: str) -> bool:
+        with self._lock:
+            return variant in self.variants and self._forbidden(key, variant)
+
+    def search_space(self, key: str) -> dict[str, dict[str, list[Any]]]:
+        with self._lock:
+            return self._space(key)
+
+    def prior_for(self, key: str) -> PriorView:
+        with self._lock:
+            prior = self._state(key).prior
+            return prior if prior is not None else self._rank(key)
+
+    def class_speedups(self, classes: Iterable[str]) -> dict[str, dict[str, float]]:
+        """Per class, each speculative variant's measured speedup over its baseline: the
+        class's own evidence, else its nearest parent's (enough requests of both)."""
+        need = self.config.budget.min_trial_requests
+        out: dict[str, dict[str, float]] = {}
+        with self._lock:
+            for key in classes:
+                found: dict[str, float] = {}
+                for level in levels(key):
+                    state = self.classes.get(level)
+                    base = state.arms.get(BASELINE.name) if state else None
+                    if state is None or base is None or len(base.samples) < 2:
+                        continue
+                    for name, arm in state.arms.items():
+                        if name == BASELINE.name or name in found or len(arm.samples) < need:
+                            continue
+                        found[name] = ratio_interval(arm.samples, base.samples, self.z).value
+                out[key] = found
+        return out
 
     def _override(self, key: str) -> Override:
         found = self._overrides.get(key)

@@ -44,6 +44,10 @@ __all__ = [
 
 log = get_logger(__name__)
 
+# Reloading a model: reading its file again plus a fixed start-up, until measured.
+RELOAD_BYTES_PER_S = 2 * 2**30
+RELOAD_FIXED_S = 1.0
+
 # Without a calibration profile, a dense target's verify pass of n tokens is
 # assumed to cost 1 + 0.1 (n - 1) decode steps (this machine measured ~0.17).
 DEFAULT_VERIFY_SLOPE = 0.1
@@ -57,6 +61,12 @@ class TuningPlan:
     presets: Path
     capacity: int
     gpu: bool  # a CUDA build: instances share a GPU, not the CPU cores
+    reload_guess_s: float  # loading the model again, until a reload is measured
+
+    @property
+    def single(self) -> bool:
+        """Only one variant fits at a time: serve one for all traffic (tuner.tuning.single)."""
+        return self.mode == "router" and self.capacity == 1
 
 
 def shared_flags(settings: Settings, caps: Capabilities, model: Path) -> list[str]:
@@ -167,5 +177,7 @@ def plan_tuning(settings: Settings, prepared: Prepared) -> TuningPlan | None:
         variants=len(variants),
         loaded_at_once=capacity.instances,
         capacity=capacity.explain(),
+        one_variant_at_a_time=mode == "router" and capacity.instances == 1,
     )
-    return TuningPlan(mode, engine, meta, presets, capacity.instances, gpu)
+    reload_guess = RELOAD_FIXED_S + facts.total_bytes / RELOAD_BYTES_PER_S
+    return TuningPlan(mode, engine, meta, presets, capacity.instances, gpu, reload_guess)

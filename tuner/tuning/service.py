@@ -27,6 +27,8 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from tuner.logs import get_logger
 from tuner.records import RequestRecord
 from tuner.tuning.engine import Decision, Engine
+from tuner.tuning.offline import OfflineTuner
+from tuner.tuning.single import SingleVariant
 from tuner.tuning.state import POLICY_FILE, PolicyMeta, load_policies, save_policies
 from tuner.tuning.variants import request_fields
 
@@ -61,6 +63,7 @@ class TuningService:
         keep_snapshots: int = 24,
         save_every_s: float = 2.0,
         flush: Callable[[], Awaitable[None]] | None = None,
+        single_reload_s: float | None = None,
     ) -> None:
         self.flush = flush
         self.engine = engine
@@ -79,19 +82,32 @@ class TuningService:
         self.scheduler: AsyncIOScheduler | None = None
         engine.io = self._submit
         engine.on_change = lambda _: self._mark_dirty()
+        # One variant loaded at a time (router capacity 1): given the reload guess.
+        self.single = (
+            SingleVariant(engine, reload_s=single_reload_s) if single_reload_s is not None else None
+        )
         self.listeners: list[Callable[[Engine], None]] = []
+        self.offline: OfflineTuner | None = None  # idle-time replays; set by the daemon
 
     # -- request path -----------------------------------------------------------------
 
     def route(self, class_key: str | None) -> Routed:
-        decision: Decision = self.engine.route(class_key)
+        single = self.single
+        decision: Decision = single.route(class_key) if single else self.engine.route(class_key)
+        return self.routed(decision)
+
+    def routed(self, decision: Decision) -> Routed:
+        """How the proxy applies a decision: the router preset, or per-request fields."""
         if self.mode == "router":
             return Routed(decision.variant, decision.role, decision.trial, model=decision.variant)
         fields = request_fields(self.engine.variants[decision.variant])
         return Routed(decision.variant, decision.role, decision.trial, fields=fields)
 
     def observe(self, record: RequestRecord) -> None:
-        self.engine.observe(record)
+        if self.single is not None:
+            self.single.observe(record)
+        else:
+            self.engine.observe(record)
 
     # -- background -------------------------------------------------------------------
 
@@ -115,7 +131,8 @@ class TuningService:
         self._dirty.clear()
         self._last_save = time.monotonic()
         try:
-            save_policies(self.path, self.meta, self.engine.snapshot())
+            extra = {"single": self.single.describe()} if self.single else None
+            save_policies(self.path, self.meta, self.engine.snapshot(), extra=extra)
         except OSError as exc:
             self.save_errors += 1
             self._dirty.set()
@@ -127,6 +144,8 @@ class TuningService:
 
     def reevaluate(self) -> None:
         self.engine.check_drift()
+        if self.single is not None:
+            self.single.choose()
         if self._dirty.is_set():
             self._submit(self.save)
 
@@ -152,6 +171,9 @@ class TuningService:
         if restored:
             self.engine.restore(restored)
             log.info("policies_restored", classes=len(restored), path=str(self.path))
+        if self.single is not None:
+            log.info("single_variant", detail="one variant loaded at a time",
+                     reload_guess_s=round(self.single.reload_s, 1))  # fmt: skip
         self.scheduler = AsyncIOScheduler()
         self.scheduler.add_job(
             lambda: self._submit(self.reevaluate),
@@ -162,6 +184,10 @@ class TuningService:
         self.scheduler.add_job(
             lambda: self._submit(self.snapshot), "interval", seconds=self.snapshot_s, id="snapshot"
         )
+        if self.offline is not None:  # it checks the tuning file's [offline] itself
+            every = max(1.0, min(10.0, self.engine.config.offline.idle_s / 2))
+            self.scheduler.add_job(self.offline.run_once, "interval", seconds=every,
+                                   id="offline", max_instances=1)  # fmt: skip
         self.scheduler.start()
 
     async def stop(self) -> None:

@@ -28,8 +28,12 @@ VERSION = 1
 PolicyMeta = dict[str, Any]  # model, model_key, build, hardware, hardware_key
 
 
-def save_policies(path: Path, meta: PolicyMeta, classes: dict[str, Any]) -> None:
-    document = {"version": VERSION, "saved": time.time(), **meta, "classes": classes}
+def save_policies(
+    path: Path, meta: PolicyMeta, classes: dict[str, Any], *, extra: dict[str, Any] | None = None
+) -> None:
+    """``extra``: more top-level keys (the one-variant-at-a-time state)."""
+    document = {"version": VERSION, "saved": time.time(), **meta, **(extra or {})}
+    document["classes"] = classes
     write_atomic(path, json.dumps(document, indent=1, sort_keys=True) + "\n")
 
 
