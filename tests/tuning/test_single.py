@@ -153,4 +153,9 @@ def test_overrides_still_apply(tmp_path: Path, caps: Capabilities) -> None:
     assert single.route(CODE).variant == "ngram-simple.n3.m16"
     decision = single.route(PROSE)
     assert decision.variant == "none" and decision.role == "exploit"
+    single.active = "ngram-cache"
+    cfg = cfg.model_copy(update={"overrides": {"text": Override(forbid=("ngram-cache",))}})
+    engine.reconfigure(cfg)
+    assert single.route("text/fresh/greedy").variant == "none"  # forbidden there
+    assert single.route("data/fresh/greedy").variant == "ngram-cache"
     assert "active" in single.describe() and single.describe()["switches"] == 0

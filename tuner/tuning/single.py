@@ -152,7 +152,8 @@ class SingleVariant:
             if window is None and self.explored < config.budget.explore_share * self.seen:
                 window = self._open_window()
             if window is None or self.engine.forbidden(key, window.variant):
-                return Decision(self.active, "exploit", policy_class=ROOT)
+                active = BASELINE.name if self.engine.forbidden(key, self.active) else self.active
+                return Decision(active, "exploit", policy_class=ROOT)
             window.sent += 1
             self.explored += 1
             if window.sent >= window.size:
