@@ -24,12 +24,14 @@ Decisions, per class:
   siblings cover the prior's list together); then the class's Optuna study decides.
 - Policy: the speculative variant with the highest lower confidence bound,
   if that bound is above 1 and its measured speedup at least ``min_gain``;
-  else no speculation. A class whose own policy is not settled yet (no variant
-  measured to clear the guard, no kill-switch verdict, search not finished) is
-  served, until it has finished a trial of its own, by its nearest parent's settled
-  policy (``code/echo/greedy`` -> ``code/echo`` -> ``code`` -> ``all``; every
-  request counts at every level, so parents learn first), unless its own requests
-  already measured that variant slower than its baseline.
+  else no speculation. A policy is settled when it rests on evidence or a verdict:
+  a variant measured to clear the guard, every measured variant slower than
+  baseline, a kill-switch verdict, or a finished search. A class whose own policy
+  is not settled is served, until it has finished a trial of its own, by the nearest
+  settled policy along ``levels(key)`` (``code/echo/greedy`` -> ``code/echo`` ->
+  ``code`` -> ``all``; a sampled class looks at ``*/sampled``, all sampled traffic,
+  first; every request counts at every level, so those levels learn first), unless
+  its own requests already measured that variant slower than its baseline.
 - Kill switch: before data, on targets with a structural verify cost (small-active
   MoE, hybrid recurrent) where the speedup model predicts no variant above 1, the
   class starts off with that reason and explores only inside the budget (on a
