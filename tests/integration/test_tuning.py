@@ -39,6 +39,16 @@ size_m = [8, 16]
 """
 
 
+def _tuned(tmp_path: Path, tuning_toml: str, **extra_env: str) -> tuple[Path, dict[str, str]]:
+    """A fresh state dir and the daemon's environment for this tuning file (fixed seed)."""
+    tuning = tmp_path / "tuning.toml"
+    tuning.write_text(tuning_toml)
+    state = tmp_path / "state"
+    state.mkdir()
+    env = {"TUNER_TUNING_FILE": str(tuning), "TUNER_SEED": "7", "TUNER_THREADS": "2"}
+    return state, env | extra_env
+
+
 def _send(url: str, item_body: tuple[str, dict[str, object]]) -> httpx.Response:
     path, body = item_body
     response = httpx.post(url + path, json=body, timeout=180)
@@ -47,16 +57,12 @@ def _send(url: str, item_body: tuple[str, dict[str, object]]) -> httpx.Response:
 
 
 def test_engine_settles_per_class_on_real_llama_server(tmp_path: Path) -> None:
-    tuning = tmp_path / "tuning.toml"
-    tuning.write_text(TUNING)
-    env = {"TUNER_TUNING_FILE": str(tuning), "TUNER_SEED": "7", "TUNER_THREADS": "2"}
+    state, env = _tuned(tmp_path, TUNING)
     items = load_workload(Path(__file__).parents[2] / "tuner" / "data" / "dev.jsonl")
     # One echo-heavy edit, repeated: the dev workload's four edits differ from each other by
     # 2x in decode speed under n-gram drafting, too much spread for 4-request trials.
     edits = [WorkloadItem(id="edit", prompt=CODE_EDIT, temperature=0.0)]
     stories = [i for i in items if i.class_hint == "prose"]
-    state = tmp_path / "state"
-    state.mkdir()
     running = start_daemon(state, env=env)
     variants: dict[str, list[str]] = {}
     try:
@@ -149,12 +155,7 @@ def test_one_variant_at_a_time_on_real_llama_server(tmp_path: Path) -> None:
     """``TUNER_MAX_INSTANCES=1``: the router holds one instance, so every change of variant
     reloads Gemma. The daemon explores in windows, measures the reload, and switches all
     traffic to the n-gram variant that pays on echo-heavy edits."""
-    tuning = tmp_path / "tuning.toml"
-    tuning.write_text(ONE_AT_A_TIME)
-    env = {"TUNER_TUNING_FILE": str(tuning), "TUNER_SEED": "7", "TUNER_THREADS": "2",
-           "TUNER_MAX_INSTANCES": "1"}  # fmt: skip
-    state = tmp_path / "state"
-    state.mkdir()
+    state, env = _tuned(tmp_path, ONE_AT_A_TIME, TUNER_MAX_INSTANCES="1")
     running = start_daemon(state, env=env)
     served: list[tuple[str, str]] = []
     try:
@@ -204,11 +205,7 @@ def test_idle_time_replays_on_real_llama_server(tmp_path: Path) -> None:
     real llama-server until the class's search has its trials."""
     import time
 
-    tuning = tmp_path / "tuning.toml"
-    tuning.write_text(IDLE_TUNING)
-    env = {"TUNER_TUNING_FILE": str(tuning), "TUNER_SEED": "7", "TUNER_THREADS": "2"}
-    state = tmp_path / "state"
-    state.mkdir()
+    state, env = _tuned(tmp_path, IDLE_TUNING)
     running = start_daemon(state, env=env)
     try:
         edit = WorkloadItem(id="edit", prompt=CODE_EDIT, temperature=0.0).request(32)

@@ -207,13 +207,11 @@ def test_readme_documents_every_json_field(learned: Path) -> None:
 
 def test_one_variant_at_a_time_is_reported(tmp_path: Path) -> None:
     """With one instance, the report names the variant serving all traffic and its gain."""
-    from tests.tuning.test_single import Reloading, by_type, mix, run
-    from tuner.tuning.single import SingleVariant
+    from tests.tuning.test_single import mix, reloading, run
 
-    engine = make(tmp_path, config(explore_share=0.1), parse_capabilities(HELP.read_text()))
-    sim = SimUpstream(by_type(list(engine.variants)))
-    upstream = Reloading(sim, reload_s=2.0)
-    single = SingleVariant(engine, reload_s=5.0, clock=upstream.clock)
+    caps = parse_capabilities(HELP.read_text())
+    upstream, single = reloading(tmp_path, caps, 2.0, guess=5.0)
+    engine = single.engine
     run(single, upstream, mix(900, 0.8))
     save_policies(
         tmp_path / POLICY_FILE, META, engine.snapshot(), extra={"single": single.describe()}

@@ -85,13 +85,23 @@ def mix(n: int, code_share: float, seed: int = 3) -> list[str]:
     return [CODE if rng.random() < code_share else PROSE for _ in range(n)]
 
 
+def reloading(
+    tmp_path: Path, caps: Capabilities, reload_s: float, guess: float | None = None
+) -> tuple[Reloading, SingleVariant]:
+    """The by-type simulator behind a ``reload_s`` reload (``.sim``), and the one-variant
+    controller on its clock (``.engine``; its reload guess: ``guess``, else the truth)."""
+    engine = make(tmp_path, config(explore_share=0.1), caps)
+    sim = SimUpstream(by_type(list(engine.variants)))
+    upstream = Reloading(sim, reload_s=reload_s)
+    single = SingleVariant(engine, reload_s=guess or reload_s, clock=upstream.clock)
+    return upstream, single
+
+
 def test_serves_the_best_variant_over_the_traffic_mix(tmp_path: Path, caps: Capabilities) -> None:
     """70 % code (ngram-simple: 1.45x), 30 % prose (everything 0.85x): one variant for
     everyone, switched to once it is measured, with few reloads."""
-    engine = make(tmp_path, config(explore_share=0.1), caps)
-    sim = SimUpstream(by_type(list(engine.variants)))
-    upstream = Reloading(sim, reload_s=3.0)
-    single = SingleVariant(engine, reload_s=10.0, clock=upstream.clock)
+    upstream, single = reloading(tmp_path, caps, 3.0, guess=10.0)
+    engine, sim = single.engine, upstream.sim
     plan = mix(1500, 0.7)
     served = run(single, upstream, plan)
 
@@ -107,10 +117,7 @@ def test_serves_the_best_variant_over_the_traffic_mix(tmp_path: Path, caps: Capa
 
 
 def test_stays_when_the_reload_costs_more_than_the_gain(tmp_path: Path, caps: Capabilities) -> None:
-    engine = make(tmp_path, config(explore_share=0.1), caps)
-    sim = SimUpstream(by_type(list(engine.variants)))
-    upstream = Reloading(sim, reload_s=2000.0)
-    single = SingleVariant(engine, reload_s=2000.0, clock=upstream.clock)
+    upstream, single = reloading(tmp_path, caps, 2000.0)
     served = run(single, upstream, mix(800, 0.7))
     assert single.active == "none" and single.switches == 0
     # not even explored: a window's two reloads would cost more than 10 % of the decoding
@@ -120,10 +127,7 @@ def test_stays_when_the_reload_costs_more_than_the_gain(tmp_path: Path, caps: Ca
 def test_switches_when_the_gain_repays_the_reload(tmp_path: Path, caps: Capabilities) -> None:
     """Where the code variant loses over the mix it explores and stays off; when the mix
     turns to code, the same evidence, re-weighted, makes the switch pay."""
-    engine = make(tmp_path, config(explore_share=0.1), caps)
-    sim = SimUpstream(by_type(list(engine.variants)))
-    upstream = Reloading(sim, reload_s=12.0)
-    single = SingleVariant(engine, reload_s=12.0, clock=upstream.clock)
+    upstream, single = reloading(tmp_path, caps, 12.0)
     run(single, upstream, mix(1200, 0.15))  # gain 0.15 * 1.45 + 0.85 * 0.85 = 0.94
     assert single.candidates > 0 and single.active == "none", single.describe()
     run(single, upstream, mix(1200, 0.9, seed=4))  # the mix changes: gain about 1.39
@@ -132,10 +136,7 @@ def test_switches_when_the_gain_repays_the_reload(tmp_path: Path, caps: Capabili
 
 def test_stays_off_where_nothing_pays_over_the_mix(tmp_path: Path, caps: Capabilities) -> None:
     """10 % code, 90 % prose: the code variant's gain is outweighed by what prose loses."""
-    engine = make(tmp_path, config(explore_share=0.1), caps)
-    sim = SimUpstream(by_type(list(engine.variants)))
-    upstream = Reloading(sim, reload_s=1.0)
-    single = SingleVariant(engine, reload_s=1.0, clock=upstream.clock)
+    upstream, single = reloading(tmp_path, caps, 1.0)
     served = run(single, upstream, mix(1200, 0.1))
     assert single.active == "none"
     late = served[-300:]

@@ -294,7 +294,12 @@ class _Handlers:
     def _route(self, trace: _Trace, body: dict[str, Any]) -> bytes | None:
         """Apply the tuner's decision to the body; the new body bytes when it changed."""
         assert self.router is not None
-        routed = self.router(trace.class_key)
+        return self._apply(trace, body, self.router(trace.class_key))
+
+    @staticmethod
+    def _apply(trace: _Trace, body: dict[str, Any], routed: Routing) -> bytes | None:
+        """Note a routing decision on the trace and apply it to the body; the new body bytes
+        when it changed."""
         trace.variant, trace.role, trace.trial = routed.variant, routed.role, routed.trial
         if routed.model is not None:
             body["model"] = routed.model
@@ -323,16 +328,13 @@ class _Handlers:
         trace = _Trace(self.records, endpoint, f"replay_{uuid.uuid4().hex}")
         trace.note_body(body)
         trace.class_key, trace.replay = class_key, True
-        trace.variant, trace.role, trace.trial = routed.variant, routed.role, routed.trial
-        if routed.model is not None:
-            body["model"] = routed.model
-        body.update(routed.fields or {})
+        raw = self._apply(trace, body, routed) or json.dumps(body, ensure_ascii=False).encode()
         gated = False
         try:
             if self.gate is not None:
                 await self.gate.acquire(routed.variant)
                 gated = True
-            response = await _forward(self.upstream, trace, body, json.dumps(body).encode())
+            response = await _forward(self.upstream, trace, body, raw)
             if isinstance(response, _RelayResponse):  # asked whole; answered as a stream
                 for hook in response.close_hooks:
                     await hook()  # gives the connection back and records it
