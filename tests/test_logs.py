@@ -38,3 +38,20 @@ def test_level_filters(capsys: pytest.CaptureFixture[str]) -> None:
     get_logger("tuner.x").info("hidden")
     get_logger("tuner.x").warning("shown")
     assert [json.loads(line)["event"] for line in capsys.readouterr().err.splitlines()] == ["shown"]
+
+
+class _Full:
+    """An output that refuses every write, like a file on a full disk."""
+
+    def write(self, text: str) -> int:
+        raise OSError(28, "No space left on device")
+
+    def flush(self) -> None:
+        raise OSError(28, "No space left on device")
+
+
+def test_unwritable_output_drops_lines_without_raising(monkeypatch: pytest.MonkeyPatch) -> None:
+    configure_logging("json", "info")
+    monkeypatch.setattr("sys.stderr", _Full())
+    get_logger("tuner.x").info("request", status=200)  # raised OSError before
+    logging.getLogger("uvicorn.error").error("lost too")

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
+
+import pytest
 
 from tuner.records import RecordStore, RequestRecord, Timings, read_records
 
@@ -44,6 +48,33 @@ async def test_torn_last_line_is_skipped(tmp_path: Path) -> None:
     with path.open("ab") as handle:
         handle.write(b'{"id": "r3", "ts": 3.0, "endpo')
     assert [r.id for r in read_records(tmp_path)] == ["r1", "r2"]
+    RecordStore(tmp_path)._write([record(4)])  # after a restart: not glued to the torn line
+    assert [r.id for r in read_records(tmp_path)] == ["r1", "r2", "r4"]
+
+
+async def test_a_write_cut_short_by_a_full_disk_leaves_whole_lines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = RecordStore(tmp_path)
+    store._write([record(1)])
+    real_write = os.write
+
+    def full(fd: int, data: bytes) -> int:  # the disk takes 20 bytes, then is full
+        monkeypatch.setattr(os, "write", lambda *_: _raise(OSError(errno.ENOSPC, "full")))
+        return real_write(fd, bytes(data)[:20])
+
+    monkeypatch.setattr(os, "write", full)
+    store._write([record(2), record(3)])
+    assert store.write_errors == 1
+    monkeypatch.setattr(os, "write", real_write)
+    path = next(tmp_path.glob("records-*.jsonl"))
+    assert path.read_bytes().endswith(b"}\n")  # the 20 bytes were cut back
+    store._write([record(4)])
+    assert [r.id for r in read_records(tmp_path)] == ["r1", "r4"]
+
+
+def _raise(exc: Exception) -> None:
+    raise exc
 
 
 async def test_unwritable_directory_is_counted_not_raised(tmp_path: Path) -> None:

@@ -222,7 +222,15 @@ class _Server(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         self.daemon.notifier.stop_requested()
+        if self.loop is not None and not self.should_exit:  # the first stop signal
+            self.loop.call_soon_threadsafe(self._start_drain_clock)
         super().handle_exit(sig, frame)
+
+    def _start_drain_clock(self) -> None:
+        """After the drain bound, open streams end with an error event at their next chunk."""
+        assert self.loop is not None
+        drain = self.daemon.app.state.handlers.drain
+        self.loop.call_later(self.daemon.settings.drain_timeout_s, setattr, drain, "cut", True)
 
     def handle_reload(self, sig: int, frame: Any) -> None:
         if self.loop is not None and self.reload_settings is not None:
@@ -247,6 +255,7 @@ class _Server(uvicorn.Server):
 
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+DRAIN_BACKSTOP_S = 5
 
 
 def serve(settings: Settings, reload_settings: Callable[[], Settings] | None = None) -> int:
@@ -262,7 +271,8 @@ def serve(settings: Settings, reload_settings: Callable[[], Settings] | None = N
         log_config=None,
         access_log=False,
         lifespan="on",
-        timeout_graceful_shutdown=30,
+        # the backstop for what the drain clock cannot end (no chunk comes: a long prompt)
+        timeout_graceful_shutdown=settings.drain_timeout_s + DRAIN_BACKSTOP_S,
     )
     _Server(config, daemon, reload_settings).run()
     return 0

@@ -7,6 +7,7 @@ silenced: the proxy logs each request itself, once.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 from typing import Literal
@@ -22,13 +23,21 @@ _QUIET = ("httpx", "httpcore", "uvicorn.access")
 
 class _Stderr:
     """``sys.stderr`` as it is when written to, not when logging was configured (a test
-    runner or a daemoniser may replace it; a bound stream may be closed by then)."""
+    runner or a daemoniser may replace it; a bound stream may be closed by then).
+
+    A log line that cannot be written (output on a full disk, a closed pipe or file) is
+    dropped: logging must never fail the request it describes.
+    """
 
     def write(self, text: str) -> int:
-        return sys.stderr.write(text)
+        try:
+            return sys.stderr.write(text)
+        except (OSError, ValueError):
+            return 0
 
     def flush(self) -> None:
-        sys.stderr.flush()
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.flush()
 
 
 def configure_logging(fmt: LogFormat = "auto", level: str = "info") -> None:

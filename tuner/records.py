@@ -187,11 +187,7 @@ class RecordStore:
         data = "".join(r.model_dump_json(exclude_none=True) + "\n" for r in records).encode()
         try:
             path = self._current_file(len(data))
-            with path.open("ab") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            self._current_size += len(data)
+            self._current_size = _append_lines(path, data)
         except OSError as exc:
             self._current = None  # look again next time (the directory may be back)
             self.write_errors += 1
@@ -215,6 +211,32 @@ class RecordStore:
         self._current = self.directory / f"records-{number:06d}.jsonl"
         self._current_size = 0
         return self._current
+
+
+def _append_lines(path: Path, data: bytes) -> int:
+    """Append whole lines to ``path``, fsynced; returns the file's new size.
+
+    A write that fails half-way (a full disk) is cut back to where it started, so the
+    file ends at a line boundary; a file that ends in a torn line (a crash, or a cut
+    that failed too) gets a newline first: the next record is never glued to garbage.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        start = os.fstat(fd).st_size
+        if start and os.pread(fd, 1, start - 1) != b"\n":
+            data = b"\n" + data
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start)
+            raise
+        return start + len(data)
+    finally:
+        os.close(fd)
 
 
 def _file_number(path: Path) -> int:

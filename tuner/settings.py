@@ -77,6 +77,9 @@ class Settings(BaseSettings):
     threads: int | None = Field(None, ge=1, description="llama-server threads; default: its own")
     startup_timeout_s: float = Field(600.0, gt=0, description="wait this long for /health")
     request_timeout_s: float = Field(600.0, gt=0, description="upstream read timeout")
+    drain_timeout_s: int = Field(
+        30, ge=0, description="on SIGTERM, wait this long for in-flight requests to finish"
+    )
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="largest request body")
     api_keys: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="accepted Bearer keys; empty: no authentication"

@@ -62,9 +62,12 @@ class RunningDaemon:
         return self.process.wait()
 
 
-def start_daemon(tmp: Path, *args: str, env: dict[str, str] | None = None) -> RunningDaemon:
+def start_daemon(
+    tmp: Path, *args: str, env: dict[str, str] | None = None, log: Path | None = None
+) -> RunningDaemon:
+    """The daemon on state dir ``tmp``, its output in ``log`` (default ``tmp/daemon.log``)."""
     port = free_port()
-    log = tmp / "daemon.log"
+    log = log or tmp / "daemon.log"
     full_env = {**os.environ, "TUNER_LOG_FORMAT": "json", **(env or {})}
     with log.open("wb") as sink:  # the child keeps its own descriptor
         process = subprocess.Popen(

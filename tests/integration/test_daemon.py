@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import time
 from pathlib import Path
 
@@ -213,6 +214,74 @@ def test_sigterm_stops_daemon_and_llama_server(tmp_path: Path) -> None:
     assert running.stop() == 0
     server.wait(10)
     assert not server.is_running()
+
+
+def _refuses_connections(url: str, timeout_s: float = 5) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(url + "/health", timeout=1)
+        except httpx.ConnectError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _stream_through_sigterm(running: RunningDaemon, max_tokens: int) -> tuple[list[str], str, bool]:
+    """Stream a completion, SIGTERM the daemon after its third event, read on to the end.
+
+    Returns the data lines, the request id and whether new connections were refused
+    while the stream was still open.
+    """
+    body = {"prompt": "Write a long story about a lighthouse keeper.", "max_tokens": max_tokens,
+            "temperature": 0, "stream": True}  # fmt: skip
+    events: list[str] = []
+    refused = False
+    with httpx.stream("POST", running.v1 + "/completions", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        request_id = response.headers["x-request-id"]
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                events.append(line)
+                if len(events) == 3:
+                    running.process.send_signal(signal.SIGTERM)
+                    refused = _refuses_connections(running.url)
+    return events, request_id, refused
+
+
+def test_sigterm_lets_an_in_flight_stream_finish(tmp_path: Path) -> None:
+    """SIGTERM: no new connections, the open stream runs to its end, state saved, exit 0."""
+    running = start_daemon(tmp_path)
+    server = running.llama_server()
+    events, request_id, refused = _stream_through_sigterm(running, max_tokens=160)
+    assert refused, "the daemon kept accepting connections while draining"
+    assert events[-1] == "data: [DONE]"
+    last = json.loads(events[-2].removeprefix("data: "))
+    assert last["choices"][0]["finish_reason"] in ("length", "stop")
+    tokens = sum(
+        1 for e in events[:-1] if json.loads(e.removeprefix("data: "))["choices"][0]["text"]
+    )
+    assert tokens > 60, f"{tokens} tokens: the stream stopped early"
+    assert running.process.wait(60) == 0
+    server.wait(10)
+    assert not server.is_running()
+    record = next(r for r in read_records(tmp_path / "records") if r.id == request_id)
+    assert record.status == 200 and record.timings is not None
+    assert (tmp_path / "policies.json").is_file()
+
+
+def test_sigterm_cuts_streams_at_the_drain_bound(tmp_path: Path) -> None:
+    """A stream longer than TUNER_DRAIN_TIMEOUT_S ends there with an error event; exit 0."""
+    running = start_daemon(tmp_path, env={"TUNER_DRAIN_TIMEOUT_S": "1"})
+    started = time.monotonic()
+    events, request_id, refused = _stream_through_sigterm(running, max_tokens=4000)
+    assert refused
+    last = json.loads(events[-1].removeprefix("data: "))
+    assert last["error"]["code"] == "server_shutting_down"
+    assert running.process.wait(60) == 0
+    assert time.monotonic() - started < 30  # 4000 tokens would take a minute or more
+    record = next(r for r in read_records(tmp_path / "records") if r.id == request_id)
+    assert record.error is not None and "drain bound" in record.error
 
 
 def test_daemon_killed_hard_takes_llama_server_down(tmp_path: Path) -> None:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+import shutil
 import signal
+import sqlite3
+import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -12,6 +17,7 @@ import pytest
 
 from tests.integration.conftest import start_daemon
 from tests.test_systemd import Listener
+from tuner.records import read_records
 
 pytestmark = pytest.mark.llama
 
@@ -103,3 +109,82 @@ def test_a_state_dir_that_refuses_writes_keeps_serving(tmp_path: Path) -> None:
     assert code == 0
     log = running.log.read_text()
     assert "policies_write_failed" in log and "policies_unreadable" in log
+
+
+@contextlib.contextmanager
+def _small_filesystem(where: Path, size: str) -> Iterator[Path]:
+    """A real tmpfs of ``size`` mounted at ``where`` (needs root; skips otherwise)."""
+    where.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+                             capture_output=True, check=False)  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def _fill(directory: Path) -> Path:
+    """Write a file until the filesystem is full (ENOSPC); returns it."""
+    filler = directory / "filler"
+    with contextlib.suppress(OSError), filler.open("wb") as out:
+        while True:
+            out.write(b"\0" * 65536)
+            out.flush()
+    assert shutil.disk_usage(directory).free < 65536
+    return filler
+
+
+def test_a_full_disk_keeps_serving_and_loses_nothing(tmp_path: Path) -> None:
+    """The state dir on a real filesystem that fills up while the daemon runs."""
+    explore = {"TUNER_EXPLORE_SHARE": "1.0"}  # every request a trial: the study is written to
+    with _small_filesystem(tmp_path / "state", "8m") as state:
+        log = tmp_path / "daemon.log"
+        running = start_daemon(state, log=log, env=explore)
+        for _ in range(3):
+            assert _complete(running.url).status_code == 200
+        assert running.stop() == 0
+        policies = (state / "policies.json").read_text()
+        json.loads(policies)
+        trials = _trials(state / "studies.db")
+        assert trials > 0
+
+        running = start_daemon(state, log=log, env=explore)
+        filler = _fill(state)
+        try:
+            for _ in range(4):
+                assert _complete(running.url).status_code == 200
+            assert _until(
+                lambda: "tuner_record_write_errors_total 0.0" not in httpx.get(
+                    running.url + "/metrics", timeout=10).text
+            )  # fmt: skip
+        finally:
+            code = running.stop()
+        assert code == 0
+        assert "policies_write_failed" in log.read_text()
+        assert "tuning_ask_failed" in log.read_text()  # the trial was not started; served as usual
+        assert (state / "policies.json").read_text() == policies  # the last good file, whole
+        assert not list(state.glob("*.tmp*"))  # no half-written temporary left behind
+
+        assert _trials(state / "studies.db") >= trials
+
+        filler.unlink()  # space again: everything loads, requests are recorded again
+        log.write_text("")
+        running = start_daemon(state, log=log, env=explore)
+        try:
+            response = _complete(running.url)
+            assert response.status_code == 200
+        finally:
+            assert running.stop() == 0
+        assert "policies_unreadable" not in log.read_text()
+        assert "tuning_ask_failed" not in log.read_text()
+        assert any(
+            r.id == response.headers["x-request-id"] for r in read_records(state / "records")
+        )
+
+
+def _trials(path: Path) -> int:
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        return int(db.execute("SELECT count(*) FROM trials").fetchone()[0])

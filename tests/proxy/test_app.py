@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from tests.fake_llama import TIMINGS, FakeLlamaServer
+from tuner.proxy.app import create_app
 from tuner.records import RecordStore
 from tuner.upstream.client import UpstreamClient
 
@@ -100,6 +101,21 @@ async def test_upstream_dying_mid_stream_ends_with_an_error_event(
     assert "[DONE]" not in response.text
     record = await next_record(store)
     assert record.error and "stopped" in record.error
+
+
+async def test_a_stream_past_the_drain_bound_ends_with_an_error_event(
+    upstream: UpstreamClient, store: RecordStore
+) -> None:
+    app = create_app(upstream, store)
+    app.state.handlers.drain.cut = True  # what the daemon sets once the drain bound has passed
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
+        response = await client.post("/v1/completions", json={**COMPLETION, "stream": True})
+    events = [line for line in response.text.split("\n\n") if line.startswith("data: ")]
+    assert len(events) == 1 and "[DONE]" not in response.text
+    assert json.loads(events[0][len("data: ") :])["error"]["code"] == "server_shutting_down"
+    record = await next_record(store)
+    assert record.error and "drain bound" in record.error
 
 
 @pytest.mark.parametrize(

@@ -193,6 +193,17 @@ class _Trace:
         return record
 
 
+@dataclass(slots=True)
+class Drain:
+    """Shutdown as open streams see it: once ``cut``, each ends at its next chunk.
+
+    The daemon sets ``cut`` when the drain bound has passed since the stop signal;
+    the stream then ends with an error event, not a torn connection.
+    """
+
+    cut: bool = False
+
+
 class _Handlers:
     """The route handlers, sharing one upstream client and one record store."""
 
@@ -219,6 +230,7 @@ class _Handlers:
         self.last_active = time.monotonic()
         # Idle-time tuning (tuner.tuning.offline): keeps a sample of classified bodies.
         self.sampler: Callable[[str | None, str, dict[str, Any]], object] | None = None
+        self.drain = Drain()
 
     async def read_body(self, request: Request) -> bytes:
         too_large = RequestError(
@@ -271,7 +283,7 @@ class _Handlers:
                         await self.gate.acquire(trace.variant)
                         trace.wait_ms = (time.perf_counter() - queued) * 1000
                         gated = True
-                response = await _forward(self.upstream, trace, body, raw)
+                response = await _forward(self.upstream, trace, body, raw, self.drain)
                 if isinstance(response, _RelayResponse):
                     response.close_hooks.append(self._release)  # held until the stream ends
                     if gated:
@@ -334,7 +346,7 @@ class _Handlers:
             if self.gate is not None:
                 await self.gate.acquire(routed.variant)
                 gated = True
-            response = await _forward(self.upstream, trace, body, raw)
+            response = await _forward(self.upstream, trace, body, raw, self.drain)
             if isinstance(response, _RelayResponse):  # asked whole; answered as a stream
                 for hook in response.close_hooks:
                     await hook()  # gives the connection back and records it
@@ -500,7 +512,7 @@ class BearerAuth:
 
 
 async def _forward(
-    upstream: UpstreamClient, trace: _Trace, body: dict[str, Any], raw: bytes
+    upstream: UpstreamClient, trace: _Trace, body: dict[str, Any], raw: bytes, drain: Drain
 ) -> Response:
     """Send the request upstream and hand back its answer, streamed or whole."""
     model = upstream.resolve_model(body.get("model"))
@@ -535,7 +547,7 @@ async def _forward(
 
     headers.update({"cache-control": "no-cache", "x-accel-buffering": "no"})
     relay = _RelayResponse(
-        _relay(response, trace),
+        _relay(response, trace, drain),
         status_code=response.status_code,
         media_type="text/event-stream",
         headers=headers,
@@ -570,15 +582,27 @@ async def _abandon(response: UpstreamResponse, trace: _Trace) -> None:
     trace.finish(response.status_code, error="client disconnected before the stream started")
 
 
-async def _relay(response: UpstreamResponse, trace: _Trace) -> AsyncIterator[bytes]:
-    """Pass SSE bytes through unchanged; end with an error event if upstream dies."""
+async def _relay(response: UpstreamResponse, trace: _Trace, drain: Drain) -> AsyncIterator[bytes]:
+    """Pass SSE bytes through unchanged; end with an error event if upstream dies
+    or the daemon's drain bound has passed."""
     sniffer = TimingsSniffer()
     error: str | None = "client disconnected"
     try:
         async for chunk in response.aiter_raw():
+            if drain.cut:
+                cut = OpenAIError(
+                    503,
+                    "the server is shutting down: the answer was cut at its drain bound",
+                    "server_error",
+                    code="server_shutting_down",
+                )
+                error = cut.message
+                yield sse_error_event(cut)
+                break
             sniffer.feed(chunk)
             yield chunk
-        error = None
+        else:
+            error = None
     except UpstreamDisconnected as exc:
         failure = OpenAIError(
             502,
