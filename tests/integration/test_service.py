@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import random
 import shutil
 import signal
 import sqlite3
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -188,3 +190,46 @@ def _trials(path: Path) -> int:
     with contextlib.closing(sqlite3.connect(path)) as db:
         assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
         return int(db.execute("SELECT count(*) FROM trials").fetchone()[0])
+
+
+def test_kill_9_of_the_real_daemon_under_tuning_traffic(tmp_path: Path) -> None:
+    """SIGKILL at random moments while every request is a trial: the state stays whole."""
+    state = tmp_path / "state"
+    state.mkdir()
+    explore = {"TUNER_EXPLORE_SHARE": "1.0"}
+    rng = random.Random(7)
+    trials = 0
+    for round_ in range(3):
+        log = tmp_path / f"daemon{round_}.log"
+        running = start_daemon(state, env=explore, log=log)
+        if (state / "policies.json").exists():
+            assert "policies_restored" in log.read_text()
+        stop = threading.Event()
+
+        def traffic(url: str = running.url, stop: threading.Event = stop) -> None:
+            while not stop.is_set():
+                with contextlib.suppress(httpx.HTTPError):
+                    _complete(url)
+
+        sender = threading.Thread(target=traffic)
+        sender.start()
+        time.sleep(rng.uniform(3, 8))
+        running.process.kill()
+        running.process.wait(10)
+        stop.set()
+        sender.join(30)
+        if (state / "policies.json").exists():
+            json.loads((state / "policies.json").read_text())
+        now = _trials(state / "studies.db")
+        assert now >= trials
+        trials = now
+    assert trials > 0
+    log = tmp_path / "daemon.log"
+    running = start_daemon(state, env=explore, log=log)
+    try:
+        assert _complete(running.url).status_code == 200
+    finally:
+        assert running.stop() == 0
+    assert "policies_unreadable" not in log.read_text()
+    assert not list(state.glob("*.tmp*"))
+    json.loads((state / "policies.json").read_text())
