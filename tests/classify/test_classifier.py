@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
-from tuner.classify import classify, load_definitions, parents, resolve
+from tuner.classify import classify, features, load_definitions, parents, resolve
+from tuner.classify import lexicon as lx
 from tuner.classify.features import byte_entropy, extract
 from tuner.classify.prompt import view_of
 from tuner.errors import ConfigError
@@ -172,3 +174,44 @@ def test_class_and_feature_agree_under_a_custom_greedy_threshold(tmp_path: Path)
     found = classify({"prompt": "Hello", "temperature": 0.005}, definitions)
     assert found.features.sampling == "sampled" and found.key.endswith("/sampled")
     assert classify({"prompt": "Hello", "temperature": 0}, definitions).key.endswith("/greedy")
+
+
+# The shortcuts taken for speed must give exactly what the plain forms give.
+_OLD_WORDS = (
+    "question|answer|text|passage|paragraph|report|story|input|output|context|"
+    "rewritten|converted|reformatted|with type hints|summary|email|article|q|a"
+)
+_OLD_LABELS = re.compile(rf"^\s*({_OLD_WORDS})\s*:", re.I)
+_OTHER_KEYS = ["Question", "WITH TYPE HINTS", "with  type hints", "questions", "key", "- item"]
+_KEYS = st.sampled_from([*_OLD_WORDS.split("|"), *_OTHER_KEYS, "for x in y", "a.b-c d", "f(x)", ""])
+_PAD = st.sampled_from(["", " ", "\t", "  - "])
+_LINES = st.builds(lambda a, k, b, rest: f"{a}{k}{b}{rest}", _PAD, _KEYS, _PAD,
+                   st.sampled_from([":", ": value", ":x", "", ": a. b", ":: z"]))  # fmt: skip
+
+
+@given(_LINES)
+@example("a.b-c d: value")
+@example("  - item: one")
+def test_yaml_key_shortcuts_agree_with_the_patterns(line: str) -> None:
+    key = line.partition(":")[0]
+    if features._yaml_key(line) is None:  # a necessary condition of the pattern
+        assert not (":" in line and lx.YAML_LINE.match(line) and len(key) <= 60
+                    and lx.NOT_IN_KEYS.isdisjoint(key))  # fmt: skip
+    if ":" in line:
+        assert (key.strip().lower() in lx.LABEL_NAMES) == bool(_OLD_LABELS.match(line))
+
+
+@given(st.text(max_size=300))
+def test_letter_share_translate_matches_the_pattern(text: str) -> None:
+    assert len(text.translate(lx.LETTERS_AND_SPACE)) == len(re.findall(r"[^a-zA-Z\s]", text))
+
+
+_MARKER_PIECES = st.sampled_from([*"ab =>-<!&#:(.)\n$/", "std::", "err != nil", "Self."])
+
+
+@given(st.lists(_MARKER_PIECES, max_size=40).map("".join))
+def test_gated_marker_counts_equal_plain_counts(text: str) -> None:
+    scan = features._Scan.of(text)
+    for name, markers in lx.LANGUAGE_MARKERS.items():
+        plain = sum(scan.lower.count(m) for m in lx.LANGUAGES[name][1])
+        assert scan.marks(markers) == plain

@@ -113,11 +113,10 @@ def _repeat_numpy(data: bytes, width: int, n: int) -> float:
             h = (h << np.uint64(8)) | raw[j : j + n]
     h.sort()
     same = h[1:] == h[:-1]
-    # every window equal to a neighbour in sorted order occurs at least twice
-    repeated = np.zeros(n, dtype=bool)
-    repeated[1:] |= same
-    repeated[:-1] |= same
-    return float(repeated.sum() / n)
+    # every window equal to a neighbour in sorted order occurs at least twice: window i
+    # (0 < i < n-1) repeats if same[i-1] or same[i]; the first and last have one neighbour
+    inner = np.count_nonzero(same[1:] | same[:-1])
+    return (inner + int(same[0]) + int(same[-1])) / n
 
 
 def _window(text: str) -> str:
@@ -138,6 +137,7 @@ class _Scan:
     table: int
     log: int
     yaml: int
+    gates: str  # the gate characters (lexicon.GATES) present in the text
 
     @classmethod
     def of(cls, text: str) -> _Scan:
@@ -145,30 +145,32 @@ class _Scan:
         lines = text.splitlines()
         code_line: list[bool] = []
         table = log = yaml = 0
-        add, log_line, yaml_line, labels = code_line.append, lx.LOG_LINE, lx.YAML_LINE, lx.LABELS
+        add, log_line, yaml_line = code_line.append, lx.LOG_LINE, lx.YAML_LINE
+        labels = lx.LABEL_NAMES
         for line in lines:  # hot: no helper calls for the common checks
             stripped = line.rstrip()
-            add(
-                stripped.endswith(_CODE_ENDS)
-                or (line.startswith(_INDENTS) and bool(stripped.strip()))
-            )
+            add(stripped.endswith(_CODE_ENDS) or (line.startswith(_INDENTS) and bool(stripped)))
             first = line[:1]
             if first == "|" and stripped.endswith("|"):
                 table += 1
-            if (first.isdigit() or first == "[" or first.isupper()) and log_line.match(line):
-                log += 1
             if (
-                ":" in line
-                and _maybe_yaml(line)
-                and yaml_line.match(line)
-                and not labels.match(line)
-            ):
-                yaml += 1
+                first.isdigit()
+                or first == "["
+                or (first.isupper() and (line[1:2].isupper() or line[3:4] == " "))
+            ) and log_line.match(line):  # the pattern's three shapes, checked cheaply first
+                log += 1
+            if ":" in line:
+                key = _yaml_key(line)
+                if key is not None and yaml_line.match(line) and key.strip().lower() not in labels:
+                    yaml += 1
         words = Counter(lower.translate(lx.WORD_BREAKS).split())
-        return cls(text, lower, lines, words, code_line, table, log, yaml)
+        gates = "".join(g for g in lx.GATES if g in lower)
+        return cls(text, lower, lines, words, code_line, table, log, yaml, gates)
 
-    def marks(self, markers: tuple[str, ...]) -> int:
-        return sum(self.lower.count(m) for m in markers)
+    def marks(self, markers: tuple[tuple[str, str], ...]) -> int:
+        """Occurrences of the markers (lexicon.gated) in the lower-cased text."""
+        lower, gates = self.lower, self.gates
+        return sum(lower.count(m) for m, gate in markers if not gate or gate in gates)
 
 
 def _language_tag(window: str) -> str | None:
@@ -185,10 +187,16 @@ def _language_tag(window: str) -> str | None:
     return None
 
 
-def _maybe_yaml(line: str) -> bool:
-    """Cheap test before the YAML regex (which backtracks on code lines with colons)."""
+def _yaml_key(line: str) -> str | None:
+    """The text before the line's first colon if the line may be YAML, else None.
+
+    Cheap tests the YAML regex implies (it backtracks on code and prose lines with colons):
+    a short key without brackets or quotes, of at most two words (and a list dash).
+    """
     key, colon, _ = line.partition(":")
-    return bool(colon) and len(key) <= 60 and not lx.NOT_IN_KEYS.intersection(key)
+    if not colon or len(key) > 60 or not lx.NOT_IN_KEYS.isdisjoint(key) or len(key.split()) > 3:
+        return None
+    return key
 
 
 # a code line ends like a statement or block, or is indented
@@ -203,13 +211,14 @@ def _code_language(scan: _Scan) -> tuple[str | None, int]:
     for word, count in scan.words.items():  # one pass over the distinct words
         for name, weight in lx.WORD_INDEX.get(word, ()):
             scores[name] += weight * count
-    for name, (_, markers) in lx.LANGUAGES.items():
+    for name, markers in lx.LANGUAGE_MARKERS.items():
         scores[name] += 2 * scan.marks(markers)
     if scores["typescript"] and scores["javascript"]:
         scores["typescript"] += scores["javascript"]
-    sql = sum(scan.words[w] for w in lx.SQL_WORDS)
-    distinct = sum(1 for w in lx.SQL_WORDS if scan.words[w])
-    if distinct >= 3 and any(scan.words[a] and scan.words[b] for a, b in lx.SQL_OPENERS):
+    present = lx.SQL_WORDS.intersection(scan.words)  # counts of present words are >= 1
+    sql = sum(scan.words[w] for w in present)
+    distinct = len(present)
+    if distinct >= 3 and any(a in present and b in present for a, b in lx.SQL_OPENERS):
         scores["sql"] = 2 * sql
     name = max(scores, key=lambda k: scores[k])
     code_lines = sum(scan.code_line)
@@ -222,6 +231,8 @@ def _code_language(scan: _Scan) -> tuple[str | None, int]:
 def _csv_lines(lines: list[str]) -> int:
     """Lines in runs of 3 or more short lines with the same number (>= 1) of commas."""
     total, run, commas = 0, 0, -1
+    if not any("," in line for line in lines):
+        return 0
     for line in [*lines, ""]:
         count = line.count(",") if len(line) < 200 and ". " not in line else 0
         if count and count == commas:
@@ -247,7 +258,9 @@ def _data_format(scan: _Scan) -> tuple[str | None, int]:
 def _looks_like_data(line: str, stripped: str) -> bool:
     if "," in line or stripped.startswith("|"):
         return True
-    return (_maybe_yaml(line) and bool(lx.YAML_LINE.match(line))) or bool(lx.LOG_LINE.match(line))
+    return (_yaml_key(line) is not None and bool(lx.YAML_LINE.match(line))) or bool(
+        lx.LOG_LINE.match(line)
+    )
 
 
 def _material_lines(scan: _Scan, code: str | None, data: str | None) -> int:
@@ -300,7 +313,13 @@ def _asks(instruction: str) -> _Asks:
     words = head.translate(lx.WORD_BREAKS).split()
     echo = not lx.ECHO_WORDS.isdisjoint(words) or any(p in head for p in lx.ECHO_PHRASES)
     code = fmt = None
-    for i, word in enumerate(words):
+    # Each rule below needs one of its nouns among the words: skip the scan when none can fire.
+    refer = not echo and not lx.REFERENT_NOUNS.isdisjoint(words)
+    if lx.CODE_NOUNS.isdisjoint(words) and lx.FORMATS.isdisjoint(words) and not refer:
+        words_to_scan: list[str] = []
+    else:
+        words_to_scan = words
+    for i, word in enumerate(words_to_scan):
         if word not in lx.TRIGGERS:
             continue
         nxt = words[i + 1] if i + 1 < len(words) else ""
@@ -327,8 +346,11 @@ def _asks(instruction: str) -> _Asks:
 
 
 def _is_math(scan: _Scan) -> bool:
-    hits = sum(scan.words[w] for w in lx.MATH_WORDS) + sum(scan.words[w] for w in lx.MATH_STRONG)
-    hits += sum(scan.lower.count(p) for p in lx.MATH_PHRASES)
+    words = scan.words
+    hits = sum(words[w] for w in lx.MATH_WORDS.intersection(words)) + sum(
+        words[w] for w in lx.MATH_STRONG.intersection(words)
+    )
+    hits += scan.marks(lx.MATH_PHRASE_MARKERS)
     digits = _digit_share(scan.text[:HEAD])
     if digits or lx.DIGIT.search(scan.text):
         hits += len(lx.ARITHMETIC.findall(scan.text)) + len(lx.UNITS.findall(scan.lower))
@@ -360,7 +382,7 @@ def _content_type(view: PromptView, scan: _Scan, asks: _Asks) -> tuple[str, str 
         or (lx.QUESTION.match(instruction) and len(instruction) < 600)
     ):
         return "question", None
-    letters = 1 - len(lx.NOT_LETTER.findall(scan.text)) / max(len(scan.text), 1)
+    letters = 1 - len(scan.text.translate(lx.LETTERS_AND_SPACE)) / max(len(scan.text), 1)
     if letters > 0.85 and len(scan.text) >= 40:
         return "prose", None
     return ("question" if view.chat else "other"), None
@@ -402,6 +424,10 @@ def extract(
     instruction_score = (0.55 if asks.echo else 0.0) + 0.45 * min(1.0, 1.5 * material)
     echo = max(instruction_score if asks.echo else 0.5 * instruction_score, min(1.0, 2.5 * repeat))
     tokens = len(encoded) // 4
+    entropy = byte_entropy(encoded)
+    # a prompt of at most TAIL_ENTROPY bytes is its own tail: the same number, computed once
+    tail = encoded[-TAIL_ENTROPY:]
+    tail_entropy = entropy if len(tail) == len(encoded) else byte_entropy(tail)
     temperature = body.get("temperature")
     temp = float(temperature) if isinstance(temperature, int | float) else None
     greedy = (temp is not None and temp <= greedy_max_temperature) or body.get("top_k") == 1
@@ -409,8 +435,8 @@ def extract(
     return Features(
         content_type=content,
         subtype=subtype,
-        entropy=round(byte_entropy(encoded), 4),
-        tail_entropy=round(byte_entropy(encoded[-TAIL_ENTROPY:]), 4),
+        entropy=round(entropy, 4),
+        tail_entropy=round(tail_entropy, 4),
         echo=round(echo, 4),
         echo_instruction=asks.echo,
         material_share=round(material, 4),
