@@ -168,7 +168,8 @@ class _Scan:
         return cls(text, lower, lines, words, code_line, table, log, yaml, gates)
 
     def marks(self, markers: tuple[tuple[str, str], ...]) -> int:
-        """Occurrences of the markers (lexicon.gated) in the lower-cased text."""
+        """Occurrences of the markers in the lower-cased text: markers gated by
+        ``lexicon.gated`` whose gates are among ``lexicon.GATES`` (the ones checked)."""
         lower, gates = self.lower, self.gates
         return sum(lower.count(m) for m, gate in markers if not gate or gate in gates)
 
