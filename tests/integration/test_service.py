@@ -7,7 +7,6 @@ import json
 import random
 import shutil
 import signal
-import sqlite3
 import subprocess
 import threading
 import time
@@ -19,6 +18,7 @@ import pytest
 
 from tests.integration.conftest import start_daemon
 from tests.test_systemd import Listener
+from tests.tuning.test_crash import intact_trials
 from tuner.records import read_records
 
 pytestmark = pytest.mark.llama
@@ -40,6 +40,14 @@ def _complete(url: str, key: str | None = None) -> httpx.Response:
     headers = {"authorization": f"Bearer {key}"} if key else {}
     body = {"prompt": "def add(a, b):", "max_tokens": 8, "temperature": 0}
     return httpx.post(url + "/v1/completions", json=body, headers=headers, timeout=120)
+
+
+def _record_write_errors_counted(url: str) -> bool:
+    metrics = httpx.get(url + "/metrics", timeout=10).text
+    return "tuner_record_write_errors_total 0.0" not in metrics
+
+
+EVERY_REQUEST_A_TRIAL = {"TUNER_EXPLORE_SHARE": "1.0"}  # the study is written to all the time
 
 
 def test_notify_reload_and_stop_under_systemd_protocol(tmp_path: Path) -> None:
@@ -101,11 +109,7 @@ def test_a_state_dir_that_refuses_writes_keeps_serving(tmp_path: Path) -> None:
     try:
         for _ in range(3):
             assert _complete(running.url).status_code == 200
-        metrics = httpx.get(running.url + "/metrics", timeout=10).text
-        assert _until(
-            lambda: "tuner_record_write_errors_total 0.0" not in httpx.get(
-                running.url + "/metrics", timeout=10).text
-        ), metrics  # fmt: skip
+        assert _until(lambda: _record_write_errors_counted(running.url))
     finally:
         code = running.stop()
     assert code == 0
@@ -140,27 +144,23 @@ def _fill(directory: Path) -> Path:
 
 def test_a_full_disk_keeps_serving_and_loses_nothing(tmp_path: Path) -> None:
     """The state dir on a real filesystem that fills up while the daemon runs."""
-    explore = {"TUNER_EXPLORE_SHARE": "1.0"}  # every request a trial: the study is written to
     with _small_filesystem(tmp_path / "state", "8m") as state:
         log = tmp_path / "daemon.log"
-        running = start_daemon(state, log=log, env=explore)
+        running = start_daemon(state, log=log, env=EVERY_REQUEST_A_TRIAL)
         for _ in range(3):
             assert _complete(running.url).status_code == 200
         assert running.stop() == 0
         policies = (state / "policies.json").read_text()
         json.loads(policies)
-        trials = _trials(state / "studies.db")
+        trials = intact_trials(state / "studies.db")
         assert trials > 0
 
-        running = start_daemon(state, log=log, env=explore)
+        running = start_daemon(state, log=log, env=EVERY_REQUEST_A_TRIAL)
         filler = _fill(state)
         try:
             for _ in range(4):
                 assert _complete(running.url).status_code == 200
-            assert _until(
-                lambda: "tuner_record_write_errors_total 0.0" not in httpx.get(
-                    running.url + "/metrics", timeout=10).text
-            )  # fmt: skip
+            assert _until(lambda: _record_write_errors_counted(running.url))
         finally:
             code = running.stop()
         assert code == 0
@@ -169,11 +169,11 @@ def test_a_full_disk_keeps_serving_and_loses_nothing(tmp_path: Path) -> None:
         assert (state / "policies.json").read_text() == policies  # the last good file, whole
         assert not list(state.glob("*.tmp*"))  # no half-written temporary left behind
 
-        assert _trials(state / "studies.db") >= trials
+        assert intact_trials(state / "studies.db") >= trials
 
         filler.unlink()  # space again: everything loads, requests are recorded again
         log.write_text("")
-        running = start_daemon(state, log=log, env=explore)
+        running = start_daemon(state, log=log, env=EVERY_REQUEST_A_TRIAL)
         try:
             response = _complete(running.url)
             assert response.status_code == 200
@@ -186,22 +186,15 @@ def test_a_full_disk_keeps_serving_and_loses_nothing(tmp_path: Path) -> None:
         )
 
 
-def _trials(path: Path) -> int:
-    with contextlib.closing(sqlite3.connect(path)) as db:
-        assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-        return int(db.execute("SELECT count(*) FROM trials").fetchone()[0])
-
-
 def test_kill_9_of_the_real_daemon_under_tuning_traffic(tmp_path: Path) -> None:
     """SIGKILL at random moments while every request is a trial: the state stays whole."""
     state = tmp_path / "state"
     state.mkdir()
-    explore = {"TUNER_EXPLORE_SHARE": "1.0"}
     rng = random.Random(7)
     trials = 0
     for round_ in range(3):
         log = tmp_path / f"daemon{round_}.log"
-        running = start_daemon(state, env=explore, log=log)
+        running = start_daemon(state, env=EVERY_REQUEST_A_TRIAL, log=log)
         if (state / "policies.json").exists():
             assert "policies_restored" in log.read_text()
         stop = threading.Event()
@@ -220,12 +213,12 @@ def test_kill_9_of_the_real_daemon_under_tuning_traffic(tmp_path: Path) -> None:
         sender.join(30)
         if (state / "policies.json").exists():
             json.loads((state / "policies.json").read_text())
-        now = _trials(state / "studies.db")
+        now = intact_trials(state / "studies.db")
         assert now >= trials
         trials = now
     assert trials > 0
     log = tmp_path / "daemon.log"
-    running = start_daemon(state, env=explore, log=log)
+    running = start_daemon(state, env=EVERY_REQUEST_A_TRIAL, log=log)
     try:
         assert _complete(running.url).status_code == 200
     finally:

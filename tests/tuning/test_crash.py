@@ -8,6 +8,7 @@ least what the previous round saw.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import signal
@@ -44,8 +45,9 @@ WRITER = textwrap.dedent(
 )
 
 
-def _trials(db: Path) -> int:
-    with sqlite3.connect(db) as conn:
+def intact_trials(db: Path) -> int:
+    """Trials in an Optuna SQLite file, after checking the file's integrity."""
+    with contextlib.closing(sqlite3.connect(db)) as conn:
         assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
         return int(conn.execute("SELECT COUNT(*) FROM trials").fetchone()[0])
 
@@ -73,7 +75,7 @@ def test_kill_9_during_writes_leaves_policies_and_studies_intact(tmp_path: Path,
         json.dumps(document)  # whole, not truncated
         assert document["round"] >= 1
         rounds = document["round"]
-        now = _trials(tmp_path / "studies.db")
+        now = intact_trials(tmp_path / "studies.db")
         assert now >= trials  # committed trials never disappear
         trials = now
     assert rounds >= 1 and trials >= 5

@@ -232,8 +232,6 @@ def _code_language(scan: _Scan) -> tuple[str | None, int]:
 def _csv_lines(lines: list[str]) -> int:
     """Lines in runs of 3 or more short lines with the same number (>= 1) of commas."""
     total, run, commas = 0, 0, -1
-    if not any("," in line for line in lines):
-        return 0
     for line in [*lines, ""]:
         count = line.count(",") if len(line) < 200 and ". " not in line else 0
         if count and count == commas:
@@ -249,7 +247,7 @@ def _data_format(scan: _Scan) -> tuple[str | None, int]:
     json_keys = (
         len(lx.JSON_KEY.findall(scan.text)) if '":' in scan.text or '" :' in scan.text else 0
     )
-    csv = _csv_lines(scan.lines)
+    csv = _csv_lines(scan.lines) if "," in scan.text else 0  # one memchr, not a line loop
     scores = {"json": json_keys, "table": scan.table, "log": scan.log, "csv": csv,
               "yaml": scan.yaml if scan.yaml >= 3 else 0}  # fmt: skip
     name = max(scores, key=lambda k: scores[k])
@@ -315,12 +313,12 @@ def _asks(instruction: str) -> _Asks:
     echo = not lx.ECHO_WORDS.isdisjoint(words) or any(p in head for p in lx.ECHO_PHRASES)
     code = fmt = None
     # Each rule below needs one of its nouns among the words: skip the scan when none can fire.
-    refer = not echo and not lx.REFERENT_NOUNS.isdisjoint(words)
-    if lx.CODE_NOUNS.isdisjoint(words) and lx.FORMATS.isdisjoint(words) and not refer:
-        words_to_scan: list[str] = []
-    else:
-        words_to_scan = words
-    for i, word in enumerate(words_to_scan):
+    can_fire = (
+        (not echo and not lx.REFERENT_NOUNS.isdisjoint(words))
+        or not lx.CODE_NOUNS.isdisjoint(words)
+        or not lx.FORMATS.isdisjoint(words)
+    )
+    for i, word in enumerate(words if can_fire else ()):
         if word not in lx.TRIGGERS:
             continue
         nxt = words[i + 1] if i + 1 < len(words) else ""
