@@ -98,7 +98,7 @@ class Settings(BaseSettings):
         None, description="search spaces, budget, guard, overrides; default: policies/tuning.toml"
     )
     explore_share: float | None = Field(
-        None, ge=0, le=1, description="share of live traffic for trials; overrides the file"
+        None, ge=0, le=1, description="share of decode time exploring may cost; overrides the file"
     )
     max_instances: int = Field(
         4, ge=1, description="most variants loaded at once (fewer if memory is short)"

@@ -9,6 +9,7 @@ import pytest
 from tests.tuning.sim import CODE, HELP, PROSE, SimUpstream, config, drive, make, schedule, truth
 from tuner.model.envelope import cost_model
 from tuner.tuning.config import Budget, Override
+from tuner.tuning.engine import Decision
 from tuner.tuning.state import load_policies, save_policies
 from tuner.upstream.capabilities import Capabilities, parse_capabilities
 
@@ -43,19 +44,75 @@ def test_converges_to_the_best_variant_and_switches_losers_off(
     assert all(sim.true_speedup(c, d.variant) >= (1.45 if c == CODE else 1.0) for c, d in late)
 
 
+def _exploration_cost(
+    plan: list[str], decisions: list[Decision], sim: SimUpstream, key: str
+) -> float:
+    """What exploring really cost one class, from the simulator's true speedups: each trial or
+    control request's extra decode time over the variant its class was being served then
+    (its latest exploit decision), in requests at that variant's speed."""
+    serving, cost = 1.0, 0.0
+    for c, d in zip(plan, decisions, strict=True):
+        if c != key:
+            continue
+        speed = sim.true_speedup(c, d.variant)
+        if d.role == "exploit":
+            serving = speed
+        elif d.role in ("trial", "control"):
+            cost += max(0.0, serving / speed - 1.0)
+    return cost
+
+
 @pytest.mark.parametrize("share", [0.05, 0.1, 0.3])
-def test_exploration_stays_inside_the_budget(
+def test_exploration_costs_stay_inside_the_budget(
     tmp_path: Path, caps: Capabilities, share: float
 ) -> None:
+    """The budget is decode time: a class loses at most ``explore_share`` of its requests'
+    worth of time to trials and controls (true speeds, not the engine's own accounting)."""
     engine = make(tmp_path, config(explore_share=share), caps)
     sim = SimUpstream(truth(list(engine.variants.values())))
-    decisions = drive(engine, sim, schedule(800))
+    plan = schedule(800)
+    decisions = drive(engine, sim, plan)
     for key in (CODE, PROSE):
         state = engine.classes[key]
-        assert state.explored <= share * state.seen + 1
+        cost = _exploration_cost(plan, decisions, sim, key)
+        assert cost <= share * state.seen * 1.1 + 1, (key, cost, state.seen)
+    # Prose loses with every variant: it explored (at a cost) until its search gave up.
+    prose = engine.classes[PROSE]
+    assert _exploration_cost(plan, decisions, sim, PROSE) > 1.0
+    assert prose.converged and prose.policy is not None and not prose.policy.speculation
+
+
+def test_exploring_variants_that_pay_is_free(tmp_path: Path, caps: Capabilities) -> None:
+    """Where every variant tried beats what the class runs, exploring loses nothing, so the
+    class explores far more than ``explore_share`` of its requests and finishes its search
+    sooner (with a request-count budget it would run one trial per 60 requests)."""
+    engine = make(tmp_path, config(explore_share=0.1), caps)
+    gains = {v: (1.5 if v.startswith("ngram-mod") else 1.25) for v in engine.variants}
+    sim = SimUpstream({CODE: gains})
+    decisions = drive(engine, sim, [CODE] * 150)
+    state = engine.classes[CODE]
     explored = sum(d.role in ("trial", "control") for d in decisions)
-    assert explored <= share * len(decisions) + 2
-    assert explored >= share * len(decisions) * 0.5  # and it is used
+    assert explored > 0.3 * len(decisions)
+    assert state.trials_done >= 5 and state.policy is not None
+    assert sim.true_speedup(CODE, state.policy.variant) == 1.5
+    # and the true cost stayed inside the budget
+    assert _exploration_cost([CODE] * 150, decisions, sim, CODE) <= 0.1 * 150 + 1
+
+
+def test_a_search_that_stops_improving_ends(tmp_path: Path, caps: Capabilities) -> None:
+    """After ``patience`` trials in a row that measure no better than the class's policy,
+    the class is converged: no more trials, only a rare control for drift checks."""
+    engine = make(tmp_path, config(explore_share=0.3, max_trials=20, patience=3), caps)
+    gains = {v: (1.4 if v.startswith("ngram-simple") else 1.05) for v in engine.variants}
+    sim = SimUpstream({CODE: gains})
+    decisions = drive(engine, sim, [CODE] * 400)
+    state = engine.classes[CODE]
+    assert state.converged and state.trials_done < 20 and state.stale >= 3
+    late = decisions[-200:]
+    assert not any(d.role == "trial" for d in late)
+    controls = sum(d.role == "control" for d in late)
+    window = engine.config.guard.drift_window
+    assert 0 < controls <= 200 / window + 1
 
 
 def test_kill_switch_before_data_for_a_small_active_moe(tmp_path: Path, caps: Capabilities) -> None:
@@ -116,8 +173,15 @@ def test_drift_reopens_exploration(tmp_path: Path, caps: Capabilities) -> None:
         speeds[CODE][name] = min(speeds[CODE][name], 1.15)
     assert speeds[CODE][chosen] == 1.15
     sim.speedups, sim.alphas = speeds, {CODE: 0.6}
-    drive(engine, sim, [CODE] * 60)
-    assert CODE in engine.check_drift()
+    # Checked every 20 requests (the daemon checks on a timer). The engine may first
+    # switch to another variant whose older evidence now looks better; that one drifts too.
+    reopened = []
+    for _ in range(10):
+        drive(engine, sim, [CODE] * 20)
+        reopened = engine.check_drift()
+        if reopened:
+            break
+    assert reopened == [CODE]
     assert not state.converged
 
 
@@ -334,7 +398,10 @@ def test_siblings_starting_together_split_the_priors_list(
     for c, d in zip(plan, decisions, strict=True):
         if d.role == "trial":
             firsts.setdefault(c, d.variant)
-    assert len(set(firsts.values())) >= len(classes) - 1, firsts
+    # Distinct first trials, except classes starting after the winner was measured: they
+    # confirm it first (a parent's measured best goes ahead of the prior).
+    others = [v for v in firsts.values() if v != winner.name]
+    assert len(set(others)) == len(others) and winner.name in firsts.values(), firsts
     late = [
         sim.true_speedup(c, d.variant) for c, d in zip(plan[-300:], decisions[-300:], strict=True)
     ]

@@ -28,7 +28,7 @@ def caps() -> Capabilities:
 
 
 def offline_engine(tmp_path: Path, caps: Capabilities, **offline: Any) -> Engine:
-    cfg = config(explore_share=0.1)
+    cfg = config(explore_share=0.1, patience=0)  # searches run to max_trials: fixed counts
     cfg = cfg.model_copy(update={"offline": Offline(enabled=True, **offline)})
     return make(tmp_path, cfg, caps)
 
@@ -59,7 +59,7 @@ def test_replay_bodies_are_whole_and_capped() -> None:
 def sim_replay(engine: Engine, sim: SimUpstream, sent: list[Decision]) -> Any:
     async def replay(class_key: str, endpoint: str, body: dict[str, Any], d: Decision) -> bool:
         sent.append(d)
-        engine.observe(sim.answer(class_key, d))
+        engine.observe(sim.answer(class_key, d).model_copy(update={"replay": True}))
         return True
 
     return replay
@@ -82,7 +82,7 @@ def test_idle_replays_finish_trials_outside_the_live_budget(
         assert asyncio.run(tuner.run_once()) == 6
     state = engine.classes[CODE]
     assert state.trials_done >= 3, state  # trials of 6 requests finished on replays alone
-    assert state.seen == 0 and state.explored == 0  # the live budget is untouched
+    assert state.seen == 0 and state.explored == 0 and state.spent == 0  # live budget untouched
     roles = [d.role for d in sent]
     assert roles[0::2] == ["trial"] * 24 and roles[1::2] == ["control"] * 24  # pairs
     assert engine.classes[CODE].policy is not None and engine.classes[CODE].policy.speculation

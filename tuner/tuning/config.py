@@ -33,6 +33,7 @@ class Budget(_Strict):
     trial_requests: int = Field(6, ge=1)
     min_trial_requests: int = Field(3, ge=1)
     max_trials: int = Field(12, ge=0)
+    patience: int = Field(4, ge=0)
     min_class_requests: int = Field(8, ge=0)
 
     @model_validator(mode="after")

@@ -11,9 +11,18 @@ path.
 
 Decisions, per class:
 
-- Budget: a request explores only while ``explored < explore_share * seen``.
-  Exploring means a trial request, or a control (no speculation) interleaved so
-  that the trial is compared with baseline requests from the same minutes.
+- Budget: a request explores only while ``spent < explore_share * seen``, where
+  ``spent`` is what exploring has cost the class, in requests at the speed of the
+  policy that would have served it: a trial request that ran at half that speed
+  costs 1 (it took two requests' time), one that ran at least as fast costs
+  nothing. Each exploring request is charged 1 when routed and its measured cost
+  when it is observed (a request never observed stays charged 1). So exploring
+  is cheap where the variants tried are as fast as what the class runs now (a
+  dense target whose n-gram drafts pay) and stays rare where they lose (a
+  small-active MoE). Exploring means a trial request, or a control (no speculation)
+  interleaved so that the trial is compared with baseline requests from the same
+  minutes; a converged class sends a control (for drift checks) at most once per
+  ``drift_window`` of its requests.
 - A trial runs ``trial_requests`` requests; after ``min_trial_requests`` it stops
   early when its whole speedup interval is below 1. Its value (speedup over the
   baseline measured meanwhile) is told to the class's Optuna study.
@@ -203,6 +212,9 @@ class ClassState:
     trials_done: int = 0
     converged: bool = False
     switches: int = 0  # times the chosen variant changed (this process)
+    spent: float = 0.0  # exploration cost, in requests at the served policy's speed
+    last_control: int = 0  # ``seen`` when a converged class last sent a control
+    stale: int = 0  # trials in a row that measured no better than the class's policy
     trial: Trial | None = None
     preparing: bool = False
     arms: dict[str, Arm] = field(default_factory=dict)
@@ -263,7 +275,7 @@ class Engine:
             if override.pin is not None and override.pin in self.variants:
                 return Decision(override.pin, "pinned", policy_class=key)
             policy_class, policy = self._effective_policy(key)
-            may_explore = not override.off and state.explored < budget.explore_share * state.seen
+            may_explore = not override.off and state.spent < budget.explore_share * state.seen
             decision = self._explore(key, state, policy) if may_explore else None
             if decision is None:
                 decision = Decision(policy.variant, "exploit", policy_class=policy_class)
@@ -276,6 +288,7 @@ class Engine:
         trial = state.trial
         if trial is not None:
             state.explored += 1
+            state.spent += 1.0  # until observed
             controls = state.none_routed - trial.none_mark
             if controls < self.config.guard.control_share * trial.sent:
                 return Decision(BASELINE.name, "control", policy_class=key)
@@ -284,10 +297,40 @@ class Engine:
         if not state.converged and not state.preparing and self.studies is not None:
             state.preparing = True
             self.io(lambda: self._next_trial(key))
-        elif state.converged and policy.speculation:
+        elif (
+            state.converged
+            and policy.speculation
+            and state.seen - state.last_control >= self.config.guard.drift_window
+        ):
             state.explored += 1  # keep the baseline fresh for drift checks
+            state.spent += 1.0
+            state.last_control = state.seen
             return Decision(BASELINE.name, "control", policy_class=key)
         return None
+
+    def _cost(self, key: str, tok_s: float) -> float | None:
+        """What one exploring request of this class that decoded at ``tok_s`` cost, in
+        requests at the speed of the policy serving the class (caller holds the lock):
+        ``reference / tok_s - 1``, between 0 and 1 (one request's time lost at most is
+        charged as much as it was charged up front). The reference is the class's baseline
+        speed times the serving policy's measured speedup; None before any level of the
+        class has measured its baseline."""
+        base = next(
+            (
+                arm
+                for level in levels(key)
+                if (state := self.classes.get(level)) is not None
+                and (arm := state.arms.get(BASELINE.name)) is not None
+                and len(arm.samples) >= 2
+            ),
+            None,
+        )
+        if base is None or tok_s <= 0:
+            return None
+        _, policy = self._effective_policy(key)
+        gain = policy.speedup if policy.speculation and policy.speedup else 1.0
+        reference = statistics.fmean(base.samples) * gain
+        return min(1.0, max(0.0, reference / tok_s - 1.0))
 
     def offline_trial(self, class_key: str) -> Decision | None:
         """A trial request for a replayed prompt of this class (idle-time tuning, outside the
@@ -330,6 +373,10 @@ class Engine:
         drafted, accepted = t.draft_n or 0, t.draft_n_accepted or 0
         finish: Trial | None = None
         with self._lock:
+            if record.role in ("trial", "control") and not record.replay:
+                cost = self._cost(key, tok_s)
+                if cost is not None:
+                    self._state(key).spent -= 1.0 - cost
             for level in levels(key):
                 state = self._state(level)
                 state.arm(record.variant).add(tok_s, t.predicted_n, drafted, accepted)
@@ -407,8 +454,9 @@ class Engine:
     def _suggest(self, key: str, space: Space, prior: PriorView | None) -> Variant | None:
         """The next trial to put ahead of the search, if any (caller holds the lock).
 
-        First, the variant a parent measured best (clearing ``min_gain``) that this class
-        has not measured: what siblings found is confirmed here before anything new.
+        First, the variant a parent measured best (clearing the guard: its interval above 1,
+        its speedup at least ``min_gain``) that this class has not measured: what siblings
+        found is confirmed here before anything new.
         Then, for the first ``prior.enqueue`` trials, the prior's best that this class has
         not measured, no parent has measured slower than baseline and, if one is left, no
         other class is trying now and no parent has measured: siblings starting together
@@ -435,11 +483,11 @@ class Engine:
             for name, arm in parent.arms.items():
                 if name == BASELINE.name or arm.requests < budget.min_trial_requests:
                     continue
-                value = ratio_interval(arm.samples, base.samples, self.z).value
-                if value < 1.0:
+                found = ratio_interval(arm.samples, base.samples, self.z)
+                if found.value < 1.0:
                     losing.add(name)
-                elif value >= guard.min_gain and candidate(name):
-                    scored.append((value, name))
+                elif found.low > 1.0 and found.value >= guard.min_gain and candidate(name):
+                    scored.append((found.value, name))
             if scored:
                 return self.variants[max(scored)[1]]
         if prior is None or state.trials_done >= self.config.prior.enqueue:
@@ -488,7 +536,11 @@ class Engine:
                 and len(trial.samples) < self.config.budget.trial_requests
             )
             state.trials_done += 1
-            if state.trials_done >= self._max_trials(state):
+            policy = state.policy
+            bar = policy.speedup if policy and policy.speculation and policy.speedup else 1.0
+            state.stale = 0 if found is not None and found.value > bar else state.stale + 1
+            patience = self.config.budget.patience
+            if state.trials_done >= self._max_trials(state) or 0 < patience <= state.stale:
                 state.converged = True
             self._decide_all(key)
         attrs = {"requests": len(trial.samples), "variant": trial.variant.name}
@@ -674,7 +726,8 @@ class Engine:
         no trial of its own, the nearest parent's that is settled on enough requests,
         unless the class's own requests already measured that variant slower than
         baseline here; failing both, the class's own (or, with too few requests, the
-        nearest parent's with enough).
+        nearest parent's with enough, else the root's). A parent's speculative choice is
+        never served once the class has finished a trial of its own (``_may_borrow``).
         """
         need = self.config.budget.min_class_requests
         own = self._state(key)
@@ -689,16 +742,23 @@ class Engine:
             if policy.override:
                 return level, policy
             enough = state.measured >= need
+            lendable = (
+                level == key or not policy.speculation or self._may_borrow(own, policy.variant)
+            )
+            if not lendable:
+                continue
             if enough and fallback is None:
                 fallback = (level, policy)
-            if not (enough and self._settled(state)):
-                continue
-            if level != key and policy.speculation and not self._may_borrow(own, policy.variant):
-                continue
-            return level, policy
+            if enough and self._settled(state):
+                return level, policy
         if own.measured >= need:
             return key, own.policy
-        return fallback or (ROOT, self._state(ROOT).policy or own.policy)
+        if fallback is not None:
+            return fallback
+        root = self._state(ROOT).policy
+        if root is not None and (not root.speculation or self._may_borrow(own, root.variant)):
+            return ROOT, root
+        return key, own.policy
 
     @staticmethod
     def _settled(state: ClassState) -> bool:
@@ -811,13 +871,16 @@ class Engine:
                     continue
                 half = len(base_samples) // 2
                 before = ratio_interval(samples[:-window], base_samples[:half], self.z)
-                now = ratio_interval(samples[-window:], base_samples[half:], self.z).value
+                recent = ratio_interval(samples[-window:], base_samples[half:], self.z)
+                now = recent.value
                 old_alpha = wilson(
                     sum(a for _, a in pairs[:-window]), sum(d for d, _ in pairs[:-window])
                 )
                 drafted = sum(d for d, _ in pairs[-window:])
                 alpha_now = sum(a for _, a in pairs[-window:]) / drafted if drafted else None
-                left_speedup = not before.contains(now)
+                # Both are measured: drift when the intervals part, not when the recent
+                # point estimate leaves the older interval (a few controls make it noisy).
+                left_speedup = recent.high < before.low or recent.low > before.high
                 left_alpha = (
                     alpha_now is not None
                     and old_alpha is not None
@@ -889,7 +952,14 @@ class Engine:
             return [
                 (
                     ClassState(
-                        k, s.seen, s.explored, s.none_routed, s.trials_done, s.converged, s.switches
+                        k,
+                        s.seen,
+                        s.explored,
+                        s.none_routed,
+                        s.trials_done,
+                        s.converged,
+                        s.switches,
+                        s.spent,
                     ),
                     p,
                 )
@@ -904,6 +974,7 @@ class Engine:
                 key: {
                     "seen": s.seen,
                     "explored": s.explored,
+                    "spent": round(s.spent, 4),
                     "trials_done": s.trials_done,
                     "converged": s.converged,
                     "policy": s.policy.model_dump() if s.policy else None,
@@ -926,6 +997,7 @@ class Engine:
             for key, data in classes.items():
                 state = self._state(key)
                 state.seen, state.explored = int(data["seen"]), int(data["explored"])
+                state.spent = float(data.get("spent", state.explored))
                 state.trials_done, state.converged = (
                     int(data["trials_done"]),
                     bool(data["converged"]),

@@ -1,0 +1,177 @@
+"""Replay a measured `tuner bench` summary through the tuning engine, simulated (seconds).
+
+A development aid for engine changes, not evidence: the real bench is (``tuner bench``).
+The per-class speedups of the static arms come from a real ``summary.json``; a variant of the
+search space that was not a static arm takes the nearest arm's (same spec type, nearest
+lookup length) times a fixed per-class jitter. Each simulated request draws a decode speed
+around its class's true speedup (log-normal, ``--noise``: prompts in one class differ), in a
+shuffled stream with the bench's per-class request counts. The engine is the real one, with
+the shipped tuning file, the Gemma cost model and Optuna in a temporary directory.
+
+    python benchmarks/engine_replay.py benchmarks/results/bench/gemma-sampled-pool/summary.json
+    python benchmarks/engine_replay.py SUMMARY --seeds 5 --explore-share 0.1
+
+Prints, averaged over seeds: the whole-run speedup (true speedups of what was served), the
+last half's, the best single static arm's and the per-class oracle's, and the share of
+requests that explored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from tuner.logs import configure_logging
+from tuner.records import RequestRecord, Timings
+from tuner.tuning.config import TuningConfig, load_tuning
+from tuner.tuning.engine import Decision, Engine
+from tuner.tuning.studies import StudyBook
+from tuner.tuning.variants import BASELINE, Variant, grid
+from tuner.upstream.capabilities import parse_capabilities
+
+HELP = Path(__file__).parents[1] / "tests" / "upstream" / "data" / "help-0c1e570.txt"
+BASE_TOK_S = 55.0
+LOOKUP = {"ngram-simple": "size_n", "ngram-map-k": "size_n", "ngram-map-k4v": "size_n",
+          "ngram-mod": "n_match"}  # fmt: skip
+
+
+def _lookup(variant: Variant) -> float:
+    param = LOOKUP.get(variant.spec_type)
+    value = variant.param(param) if param else None
+    return float(value) if value is not None else 12.0
+
+
+def truth(
+    summary: dict[str, Any], variants: list[Variant], seed: int
+) -> dict[str, dict[str, float]]:
+    """Per class, every variant's true speedup (static arms as measured, the rest nearest)."""
+    rng = random.Random(seed)
+    arms = {name: Variant.of(*_split(name)) for name in summary["static_arms"] if name != "none"}
+    out: dict[str, dict[str, float]] = {}
+    for key, cls in summary["classes"].items():
+        measured = {name: float(a["ratio"]) for name, a in cls["arms"].items()}
+        found: dict[str, float] = {}
+        for v in variants:
+            if not v.speculative:
+                continue
+            if v.name in measured:
+                found[v.name] = measured[v.name]
+                continue
+            same = [n for n, a in arms.items() if a.spec_type == v.spec_type and n in measured]
+            if not same:
+                found[v.name] = 0.9
+                continue
+            near = min(same, key=lambda n: abs(_lookup(arms[n]) - _lookup(v)))
+            found[v.name] = measured[near] * rng.lognormvariate(0.0, 0.03)
+        out[key] = found
+    return out
+
+
+def _split(name: str) -> tuple[str, dict[str, Any]]:
+    from tuner.tuning.variants import parse_name
+
+    v = parse_name(name)
+    return v.spec_type, dict(v.params)
+
+
+def stream(summary: dict[str, Any], seed: int) -> list[str]:
+    keys = [k for k, c in summary["classes"].items() for _ in range(int(c["occurrences"]))]
+    random.Random(seed).shuffle(keys)
+    return keys
+
+
+def answer(
+    key: str, d: Decision, speed: float, n: int, rng: random.Random, noise: float
+) -> RequestRecord:
+    spread = noise if d.variant != BASELINE.name else noise / 2
+    tok_s = BASE_TOK_S * speed * rng.lognormvariate(0.0, spread)
+    timings: dict[str, float | int] = {
+        "predicted_n": 128, "predicted_ms": 128_000 / tok_s, "predicted_per_second": tok_s
+    }  # fmt: skip
+    if d.variant != BASELINE.name:
+        timings |= {"draft_n": 64, "draft_n_accepted": 40}
+    return RequestRecord(
+        id=f"r{n}", ts=float(n), endpoint="/v1/completions", stream=False, status=200,
+        proxy_ms=1.0, timings=Timings.model_validate(timings), class_key=key,
+        variant=d.variant, trial=d.trial, role=d.role,
+    )  # fmt: skip
+
+
+def replay(
+    summary: dict[str, Any], config: TuningConfig, seed: int, noise: float
+) -> dict[str, float]:
+    from tuner.model.speedup import CostModel
+
+    caps = parse_capabilities(HELP.read_text())
+    variants = grid(config.search, caps)
+    speeds = truth(summary, variants, seed)
+    keys = stream(summary, seed)
+    rng = random.Random(seed + 1000)
+    with tempfile.TemporaryDirectory() as tmp:
+        book = StudyBook(Path(tmp) / "studies.db", "replay", seed=seed)
+        engine = Engine(config, variants, book, cost=CostModel())
+        served: list[float] = []
+        explored = 0
+        for n, key in enumerate(keys):
+            d = engine.route(key)
+            s = 1.0 if d.variant == BASELINE.name else speeds[key][d.variant]
+            served.append(s)
+            explored += d.role in ("trial", "control")
+            engine.observe(answer(key, d, s, n, rng, noise))
+    static = {
+        name: statistics.fmean(speeds[k].get(name, 1.0) for k in keys)
+        for name in summary["static_arms"] if name != "none"
+    }  # fmt: skip
+    oracle = statistics.fmean(
+        max([1.0, *(speeds[k][a] for a in static if a in speeds[k])]) for k in keys
+    )
+    half = len(served) // 2
+    return {
+        "whole": statistics.fmean(served),
+        "last_half": statistics.fmean(served[half:]),
+        "best_static": max(static.values()),
+        "oracle": oracle,
+        "explored": explored / len(served),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("summary", type=Path)
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--noise", type=float, default=0.12)
+    parser.add_argument("--explore-share", type=float)
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+        help="change one tuning-file value, e.g. budget.max_trials=6 (repeatable)",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
+    configure_logging(level="warning")
+    summary = json.loads(args.summary.read_text())
+    config = load_tuning()
+    if args.explore_share is not None:
+        budget = config.budget.model_copy(update={"explore_share": args.explore_share})
+        config = config.model_copy(update={"budget": budget})
+    for item in args.set:
+        path, _, value = item.partition("=")
+        section, _, name = path.partition(".")
+        part = getattr(config, section)
+        part = part.model_copy(update={name: type(getattr(part, name))(json.loads(value))})
+        config = config.model_copy(update={section: part})
+    runs = [replay(summary, config, seed, args.noise) for seed in range(args.seeds)]
+    for name in runs[0]:
+        values = [r[name] for r in runs]
+        print(f"{name:12s} {statistics.fmean(values):.3f}  ({min(values):.3f}-{max(values):.3f})")
+    whole = statistics.fmean(r["whole"] / r["best_static"] for r in runs)
+    print(f"whole run / best static {whole:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
