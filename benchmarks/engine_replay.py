@@ -147,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--noise", type=float, default=0.12)
     parser.add_argument("--explore-share", type=float)
+    parser.add_argument("--out", type=Path, help="also write the per-seed results as JSON")
     parser.add_argument(
         "--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
         help="change one tuning-file value, e.g. budget.max_trials=6 (repeatable)",
@@ -170,6 +171,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:12s} {statistics.fmean(values):.3f}  ({min(values):.3f}-{max(values):.3f})")
     whole = statistics.fmean(r["whole"] / r["best_static"] for r in runs)
     print(f"whole run / best static {whole:.3f}")
+    if args.out is not None:
+        document = {"summary": str(args.summary), "noise": args.noise, "set": args.set,
+                    "explore_share": config.budget.explore_share, "runs": runs,
+                    "whole_vs_best_static": round(whole, 4)}  # fmt: skip
+        args.out.write_text(json.dumps(document, indent=2) + "\n")
     return 0
 
 

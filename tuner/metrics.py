@@ -81,6 +81,10 @@ class _TuningCollector(Collector):
         share = GaugeMetricFamily("tuner_class_exploration_share",
                                   "Share of the class's requests spent on trials and controls",
                                   labels=["class_key"])  # fmt: skip
+        cost = GaugeMetricFamily("tuner_class_exploration_cost",
+                                 "Decode time exploring cost the class, as a share of its "
+                                 "requests at the speed of the policy serving it",
+                                 labels=["class_key"])  # fmt: skip
         trials = CounterMetricFamily("tuner_class_trials", "Trials finished in the class",
                                      labels=["class_key"])  # fmt: skip
         switches = CounterMetricFamily("tuner_policy_switches",
@@ -95,9 +99,10 @@ class _TuningCollector(Collector):
                 alpha.add_metric(arm, policy.alpha)
             kill.add_metric([state.key], float(policy.kill_switch))
             share.add_metric([state.key], state.explored / state.seen if state.seen else 0.0)
+            cost.add_metric([state.key], max(state.spent, 0.0) / state.seen if state.seen else 0.0)
             trials.add_metric([state.key], state.trials_done)
             switches.add_metric([state.key], state.switches)
-        yield from (speedup, alpha, speculation, kill, share, trials, switches)
+        yield from (speedup, alpha, speculation, kill, share, cost, trials, switches)
 
 
 class Metrics:

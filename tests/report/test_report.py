@@ -79,6 +79,7 @@ def test_json_schema_and_values_follow_the_engine(learned: Path) -> None:
     assert code["alpha"] == pytest.approx(0.8, abs=0.05) and code["predicted_speedup"] > 0
     assert code["requests"] == policies[CODE]["seen"] and code["requests"] > 400
     assert 0 < code["exploration_share"] <= 0.5 + 1e-9
+    assert 0 <= code["exploration_cost"] <= 0.5 * 1.1 + 1 / code["requests"]
 
     prose = rows[PROSE]
     assert prose["speculation"] is False and prose["variant"] == "none"

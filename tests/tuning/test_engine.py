@@ -99,6 +99,20 @@ def test_exploring_variants_that_pay_is_free(tmp_path: Path, caps: Capabilities)
     assert _exploration_cost([CODE] * 150, decisions, sim, CODE) <= 0.1 * 150 + 1
 
 
+def test_slow_trials_spend_the_budget_by_the_time_they_take(
+    tmp_path: Path, caps: Capabilities
+) -> None:
+    """A trial request at 0.4x takes 2.5 requests' time: it costs 1.5, so a 10 % budget
+    buys about 40 of them in 600 requests, not 60 (a request-count budget)."""
+    engine = make(tmp_path, config(explore_share=0.1, patience=0, max_trials=50), caps)
+    sim = SimUpstream({FRESH: {v: 0.4 for v in engine.variants}}, noise=0.02)
+    plan = [FRESH] * 600
+    decisions = drive(engine, sim, plan)
+    trials = sum(d.role == "trial" for d in decisions)
+    assert 0.1 * 600 / 1.5 * 0.8 <= trials <= 0.1 * 600 / 1.5 + 2
+    assert _exploration_cost(plan, decisions, sim, FRESH) <= 0.1 * 600 * 1.1 + 1
+
+
 def test_a_search_that_stops_improving_ends(tmp_path: Path, caps: Capabilities) -> None:
     """After ``patience`` trials in a row that measure no better than the class's policy,
     the class is converged: no more trials, only a rare control for drift checks."""
@@ -289,6 +303,9 @@ def test_per_class_decisions_are_prometheus_gauges(tmp_path: Path, caps: Capabil
     assert found[("tuner_class_speedup", arm)] == pytest.approx(code.speedup)
     assert found[("tuner_class_kill_switch", (("class_key", PROSE),))] == 1.0
     assert 0 < found[("tuner_class_exploration_share", (("class_key", PROSE),))] <= 0.5 + 1e-9
+    prose = engine.classes[PROSE]
+    cost = found[("tuner_class_exploration_cost", (("class_key", PROSE),))]
+    assert 0 < cost == pytest.approx(prose.spent / prose.seen)
     assert found[("tuner_class_trials_total", (("class_key", PROSE),))] >= 1
     # The code class moved from none to a speculative variant at least once.
     assert found[("tuner_policy_switches_total", (("class_key", CODE),))] >= 1

@@ -72,6 +72,7 @@ class ClassRow:
     evidence_requests: int  # measured requests behind the policy
     explored: int
     exploration_share: float | None
+    exploration_cost: float | None  # decode time exploring cost, in the class's requests
     trials: int
     converged: bool
     since: float | None
@@ -169,6 +170,7 @@ def _arms(arms: Mapping[str, Any], predicted: Mapping[str, float]) -> list[ArmRo
 def _row(key: str, data: Mapping[str, Any]) -> ClassRow:
     policy: Mapping[str, Any] = data.get("policy") or {}
     seen, explored = int(data.get("seen", 0)), int(data.get("explored", 0))
+    spent = _float(data.get("spent"))
     speculation = bool(policy.get("speculation", False))
     prior = data.get("prior") or {}
     predicted = {
@@ -193,6 +195,7 @@ def _row(key: str, data: Mapping[str, Any]) -> ClassRow:
         evidence_requests=int(policy.get("requests", 0)),
         explored=explored,
         exploration_share=explored / seen if seen else None,
+        exploration_cost=max(spent, 0.0) / seen if seen and spent is not None else None,
         trials=int(data.get("trials_done", 0)),
         converged=bool(data.get("converged", False)),
         since=_float(policy.get("since")),

@@ -53,6 +53,8 @@ def _policy(row: ClassRow) -> str:
 
 def _cells(row: ClassRow) -> list[object]:
     share = f"{row.exploration_share:.0%}" if row.exploration_share is not None else None
+    if share is not None and row.exploration_cost is not None:
+        share += f" (cost {row.exploration_cost:.0%})"
     return [
         row.class_key,
         _policy(row),

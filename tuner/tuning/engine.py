@@ -25,7 +25,9 @@ Decisions, per class:
   ``drift_window`` of its requests.
 - A trial runs ``trial_requests`` requests; after ``min_trial_requests`` it stops
   early when its whole speedup interval is below 1. Its value (speedup over the
-  baseline measured meanwhile) is told to the class's Optuna study.
+  baseline measured meanwhile) is told to the class's Optuna study. A class's search
+  ends (converged) after ``max_trials`` trials, or after ``patience`` trials in a row
+  that measured no better than its policy.
 - Trials: a variant a parent class measured best, not yet measured here, goes
   first (siblings' findings are confirmed before anything new); then, for the
   first few, the prior's best that no parent measured slower than baseline,
@@ -81,6 +83,7 @@ log = get_logger(__name__)
 Role = Literal["exploit", "trial", "control", "pinned"]
 IO = Callable[[Callable[[], None]], None]
 SAMPLES = 256  # decode speeds kept per (class, variant)
+MAX_COST = 3.0  # most one exploring request is charged, in requests at the policy's speed
 
 
 SAMPLED = "*/sampled"  # every sampled class's evidence, pooled
@@ -311,10 +314,10 @@ class Engine:
     def _cost(self, key: str, tok_s: float) -> float | None:
         """What one exploring request of this class that decoded at ``tok_s`` cost, in
         requests at the speed of the policy serving the class (caller holds the lock):
-        ``reference / tok_s - 1``, between 0 and 1 (one request's time lost at most is
-        charged as much as it was charged up front). The reference is the class's baseline
-        speed times the serving policy's measured speedup; None before any level of the
-        class has measured its baseline."""
+        ``reference / tok_s - 1``, at least 0 and at most ``MAX_COST`` (one stalled
+        request does not spend a class's budget for hours). The reference is the class's
+        baseline speed times the serving policy's measured speedup; None before any level
+        of the class has measured its baseline."""
         base = next(
             (
                 arm
@@ -330,7 +333,7 @@ class Engine:
         _, policy = self._effective_policy(key)
         gain = policy.speedup if policy.speculation and policy.speedup else 1.0
         reference = statistics.fmean(base.samples) * gain
-        return min(1.0, max(0.0, reference / tok_s - 1.0))
+        return min(MAX_COST, max(0.0, reference / tok_s - 1.0))
 
     def offline_trial(self, class_key: str) -> Decision | None:
         """A trial request for a replayed prompt of this class (idle-time tuning, outside the
