@@ -42,6 +42,8 @@ bench: provision
 	$(BIN)/python benchmarks/one_variant.py --out benchmarks/results/one_variant.json
 	$(BIN)/python benchmarks/prior_check.py benchmarks/results/bench/gemma-*/summary.json \
 		--out benchmarks/results/prior_check.json
+	$(BIN)/python benchmarks/engine_replay.py benchmarks/results/bench/gemma-cost-budget/summary.json \
+		--seeds 6 --out benchmarks/results/engine_replay.json
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

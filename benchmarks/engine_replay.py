@@ -153,7 +153,6 @@ def main(argv: list[str] | None = None) -> int:
         help="change one tuning-file value, e.g. budget.max_trials=6 (repeatable)",
     )  # fmt: skip
     args = parser.parse_args(argv)
-    configure_logging(level="warning")
     summary = json.loads(args.summary.read_text())
     config = load_tuning()
     if args.explore_share is not None:
@@ -180,4 +179,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    configure_logging(level="warning")  # the engine logs every policy change at info
     sys.exit(main())
