@@ -6,10 +6,12 @@ search space that was not a static arm takes the nearest arm's (same spec type, 
 lookup length) times a fixed per-class jitter. Each simulated request draws a decode speed
 around its class's true speedup (log-normal, ``--noise``: prompts in one class differ), in a
 shuffled stream with the bench's per-class request counts. The engine is the real one, with
-the shipped tuning file, the Gemma cost model and Optuna in a temporary directory.
+the shipped tuning file (``--set`` changes a value), a dense target's default cost model (the
+daemon's adds the model file's facts and a calibration profile; here only the prior's ordering
+of first trials can differ) and Optuna in a temporary directory.
 
-    python benchmarks/engine_replay.py benchmarks/results/bench/gemma-sampled-pool/summary.json
-    python benchmarks/engine_replay.py SUMMARY --seeds 5 --explore-share 0.1
+    python benchmarks/engine_replay.py benchmarks/results/bench/gemma-cost-budget/summary.json
+    python benchmarks/engine_replay.py SUMMARY --seeds 6 --noise 0.25 --set budget.patience=0
 
 Prints, averaged over seeds: the whole-run speedup (true speedups of what was served), the
 last half's, the best single static arm's and the per-class oracle's, and the share of
@@ -28,11 +30,12 @@ from pathlib import Path
 from typing import Any
 
 from tuner.logs import configure_logging
+from tuner.model.speedup import CostModel
 from tuner.records import RequestRecord, Timings
 from tuner.tuning.config import TuningConfig, load_tuning
 from tuner.tuning.engine import Decision, Engine
 from tuner.tuning.studies import StudyBook
-from tuner.tuning.variants import BASELINE, Variant, grid
+from tuner.tuning.variants import BASELINE, Variant, grid, parse_name
 from tuner.upstream.capabilities import parse_capabilities
 
 HELP = Path(__file__).parents[1] / "tests" / "upstream" / "data" / "help-0c1e570.txt"
@@ -52,7 +55,7 @@ def truth(
 ) -> dict[str, dict[str, float]]:
     """Per class, every variant's true speedup (static arms as measured, the rest nearest)."""
     rng = random.Random(seed)
-    arms = {name: Variant.of(*_split(name)) for name in summary["static_arms"] if name != "none"}
+    arms = {name: parse_name(name) for name in summary["static_arms"] if name != "none"}
     out: dict[str, dict[str, float]] = {}
     for key, cls in summary["classes"].items():
         measured = {name: float(a["ratio"]) for name, a in cls["arms"].items()}
@@ -71,13 +74,6 @@ def truth(
             found[v.name] = measured[near] * rng.lognormvariate(0.0, 0.03)
         out[key] = found
     return out
-
-
-def _split(name: str) -> tuple[str, dict[str, Any]]:
-    from tuner.tuning.variants import parse_name
-
-    v = parse_name(name)
-    return v.spec_type, dict(v.params)
 
 
 def stream(summary: dict[str, Any], seed: int) -> list[str]:
@@ -106,8 +102,6 @@ def answer(
 def replay(
     summary: dict[str, Any], config: TuningConfig, seed: int, noise: float
 ) -> dict[str, float]:
-    from tuner.model.speedup import CostModel
-
     caps = parse_capabilities(HELP.read_text())
     variants = grid(config.search, caps)
     speeds = truth(summary, variants, seed)
