@@ -26,6 +26,7 @@ import random
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from tuner.model.speedup import CostModel
 from tuner.records import RequestRecord, Timings
 from tuner.tuning.config import TuningConfig, load_tuning
 from tuner.tuning.engine import Decision, Engine
+from tuner.tuning.prior import PriorView
 from tuner.tuning.studies import StudyBook
 from tuner.tuning.variants import BASELINE, Variant, grid, parse_name
 from tuner.upstream.capabilities import parse_capabilities
@@ -99,17 +101,41 @@ def answer(
     )  # fmt: skip
 
 
+class _KnowingEngine(Engine):
+    """The engine with a prior that knows the true speedups: each class ranks the variants by
+    ``table(class_key)``, best first (an upper bound on what a better prior could do)."""
+
+    def __init__(self, table: Callable[[str], dict[str, float]], *args: Any, **kw: Any) -> None:
+        self.table = table
+        super().__init__(*args, **kw)
+
+    def _rank(self, key: str) -> PriorView:
+        view = super()._rank(key)
+        table = self.table(key)
+        order = sorted(view.ranked, key=lambda pair: -table.get(pair[0].name, 0.0))
+        return PriorView(tuple((v, table.get(v.name, p)) for v, p in order), True, "known")
+
+
 def replay(
-    summary: dict[str, Any], config: TuningConfig, seed: int, noise: float
+    summary: dict[str, Any], config: TuningConfig, seed: int, noise: float, prior: str = "model"
 ) -> dict[str, float]:
     caps = parse_capabilities(HELP.read_text())
     variants = grid(config.search, caps)
     speeds = truth(summary, variants, seed)
     keys = stream(summary, seed)
     rng = random.Random(seed + 1000)
+    weighted = {
+        v.name: statistics.fmean(speeds[k][v.name] for k in keys) for v in variants if v.speculative
+    }
     with tempfile.TemporaryDirectory() as tmp:
         book = StudyBook(Path(tmp) / "studies.db", "replay", seed=seed)
-        engine = Engine(config, variants, book, cost=CostModel())
+        if prior == "model":
+            engine = Engine(config, variants, book, cost=CostModel())
+        else:
+            table = speeds.get if prior == "class" else (lambda _: None)
+            engine = _KnowingEngine(
+                lambda key: table(key) or weighted, config, variants, book, cost=CostModel()
+            )
         served: list[float] = []
         explored = 0
         for n, key in enumerate(keys):
@@ -143,6 +169,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--explore-share", type=float)
     parser.add_argument("--out", type=Path, help="also write the per-seed results as JSON")
     parser.add_argument(
+        "--prior", choices=["model", "global", "class"], default="model",
+        help="what orders each class's first trials: the engine's speedup model (default), "
+        "the true traffic-weighted speedups (a perfect search shared by all classes), or the "
+        "class's own true speedups (a perfect per-class prior)",
+    )  # fmt: skip
+    parser.add_argument(
         "--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
         help="change one tuning-file value, e.g. budget.max_trials=6 (repeatable)",
     )  # fmt: skip
@@ -158,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         part = getattr(config, section)
         part = part.model_copy(update={name: type(getattr(part, name))(json.loads(value))})
         config = config.model_copy(update={section: part})
-    runs = [replay(summary, config, seed, args.noise) for seed in range(args.seeds)]
+    runs = [replay(summary, config, seed, args.noise, args.prior) for seed in range(args.seeds)]
     for name in runs[0]:
         values = [r[name] for r in runs]
         print(f"{name:12s} {statistics.fmean(values):.3f}  ({min(values):.3f}-{max(values):.3f})")
@@ -166,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"whole run / best static {whole:.3f}")
     if args.out is not None:
         document = {"summary": str(args.summary), "noise": args.noise, "set": args.set,
+                    "prior": args.prior,
                     "explore_share": config.budget.explore_share, "runs": runs,
                     "whole_vs_best_static": round(whole, 4)}  # fmt: skip
         args.out.write_text(json.dumps(document, indent=2) + "\n")

@@ -31,3 +31,28 @@ def test_a_tuning_value_can_be_changed(tmp_path: Path) -> None:
     assert engine_replay.main(args) == 0
     (run,) = json.loads(out.read_text())["runs"]
     assert run["explored"] == 0 and run["whole"] == 1.0  # no exploring: never leaves baseline
+
+
+def test_a_knowing_prior_ranks_by_the_true_speedups(tmp_path: Path) -> None:
+    from tuner.tuning.config import load_tuning
+    from tuner.tuning.studies import StudyBook
+    from tuner.tuning.variants import grid
+    from tuner.upstream.capabilities import parse_capabilities
+
+    config = load_tuning()
+    variants = grid(config.search, parse_capabilities(engine_replay.HELP.read_text()))
+    table = {v.name: 1.0 + i / 100 for i, v in enumerate(variants) if v.speculative}
+    engine = engine_replay._KnowingEngine(
+        lambda _: table, config, variants, StudyBook(tmp_path / "s.db", "t")
+    )
+    prior = engine._state("code/echo/greedy").prior
+    assert prior is not None
+    assert [v.name for v, _ in prior.ranked] == sorted(table, key=lambda n: -table[n])
+
+
+def test_knowing_each_class_best_first_beats_the_model_prior(tmp_path: Path) -> None:
+    summary = json.loads(SUMMARY.read_text())
+    config = engine_replay.load_tuning()
+    model = engine_replay.replay(summary, config, 0, 0.12, "model")
+    known = engine_replay.replay(summary, config, 0, 0.12, "class")
+    assert known["whole"] > model["whole"]
