@@ -4,7 +4,8 @@ A development aid for engine changes, not evidence: the real bench is (``tuner b
 The per-class speedups of the static arms come from a real ``summary.json``; a variant of the
 search space that was not a static arm takes the nearest arm's (same spec type, nearest
 lookup length) times a fixed per-class jitter. Each simulated request draws a decode speed
-around its class's true speedup (log-normal, ``--noise``: prompts in one class differ), in a
+around its class's true speedup (``tests.tuning.sim.SimUpstream``: log-normal, ``--noise``,
+half that without speculation: prompts in one class differ), in a
 shuffled stream with the bench's per-class request counts. The engine is the real one, with
 the shipped tuning file (``--set`` changes a value), a dense target's default cost model (the
 daemon's adds the model file's facts and a calibration profile; here only the prior's ordering
@@ -30,18 +31,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tuner.logs import configure_logging
-from tuner.model.speedup import CostModel
-from tuner.records import RequestRecord, Timings
-from tuner.tuning.config import TuningConfig, load_tuning
-from tuner.tuning.engine import Decision, Engine
-from tuner.tuning.prior import PriorView
-from tuner.tuning.studies import StudyBook
-from tuner.tuning.variants import BASELINE, Variant, grid, parse_name
-from tuner.upstream.capabilities import parse_capabilities
+from pydantic import ValidationError
 
-HELP = Path(__file__).parents[1] / "tests" / "upstream" / "data" / "help-0c1e570.txt"
-BASE_TOK_S = 55.0
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the simulated upstream is the engine tests' own
+
+from tests.tuning.sim import HELP, SimUpstream  # noqa: E402
+from tuner.logs import configure_logging  # noqa: E402
+from tuner.model.speedup import CostModel  # noqa: E402
+from tuner.tuning.config import TuningConfig, load_tuning  # noqa: E402
+from tuner.tuning.engine import Engine  # noqa: E402
+from tuner.tuning.prior import PriorView  # noqa: E402
+from tuner.tuning.studies import StudyBook  # noqa: E402
+from tuner.tuning.variants import Variant, grid, parse_name  # noqa: E402
+from tuner.upstream.capabilities import parse_capabilities  # noqa: E402
+
 LOOKUP = {"ngram-simple": "size_n", "ngram-map-k": "size_n", "ngram-map-k4v": "size_n",
           "ngram-mod": "n_match"}  # fmt: skip
 
@@ -84,23 +88,6 @@ def stream(summary: dict[str, Any], seed: int) -> list[str]:
     return keys
 
 
-def answer(
-    key: str, d: Decision, speed: float, n: int, rng: random.Random, noise: float
-) -> RequestRecord:
-    spread = noise if d.variant != BASELINE.name else noise / 2
-    tok_s = BASE_TOK_S * speed * rng.lognormvariate(0.0, spread)
-    timings: dict[str, float | int] = {
-        "predicted_n": 128, "predicted_ms": 128_000 / tok_s, "predicted_per_second": tok_s
-    }  # fmt: skip
-    if d.variant != BASELINE.name:
-        timings |= {"draft_n": 64, "draft_n_accepted": 40}
-    return RequestRecord(
-        id=f"r{n}", ts=float(n), endpoint="/v1/completions", stream=False, status=200,
-        proxy_ms=1.0, timings=Timings.model_validate(timings), class_key=key,
-        variant=d.variant, trial=d.trial, role=d.role,
-    )  # fmt: skip
-
-
 class _KnowingEngine(Engine):
     """The engine with a prior that knows the true speedups: each class ranks the variants by
     ``table(class_key)``, best first (an upper bound on what a better prior could do)."""
@@ -123,7 +110,7 @@ def replay(
     variants = grid(config.search, caps)
     speeds = truth(summary, variants, seed)
     keys = stream(summary, seed)
-    rng = random.Random(seed + 1000)
+    sim = SimUpstream(speeds, noise=noise, baseline_noise=noise / 2, seed=seed + 1000)
     weighted = {
         v.name: statistics.fmean(speeds[k][v.name] for k in keys) for v in variants if v.speculative
     }
@@ -138,12 +125,11 @@ def replay(
             )
         served: list[float] = []
         explored = 0
-        for n, key in enumerate(keys):
+        for key in keys:
             d = engine.route(key)
-            s = 1.0 if d.variant == BASELINE.name else speeds[key][d.variant]
-            served.append(s)
+            served.append(sim.true_speedup(key, d.variant))
             explored += d.role in ("trial", "control")
-            engine.observe(answer(key, d, s, n, rng, noise))
+            engine.observe(sim.answer(key, d))
     static = {
         name: statistics.fmean(speeds[k].get(name, 1.0) for k in keys)
         for name in summary["static_arms"] if name != "none"
@@ -166,7 +152,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("summary", type=Path)
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--noise", type=float, default=0.12)
-    parser.add_argument("--explore-share", type=float)
     parser.add_argument("--out", type=Path, help="also write the per-seed results as JSON")
     parser.add_argument(
         "--prior", choices=["model", "global", "class"], default="model",
@@ -180,16 +165,21 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     args = parser.parse_args(argv)
     summary = json.loads(args.summary.read_text())
-    config = load_tuning()
-    if args.explore_share is not None:
-        budget = config.budget.model_copy(update={"explore_share": args.explore_share})
-        config = config.model_copy(update={"budget": budget})
+    data = load_tuning().model_dump()
     for item in args.set:
         path, _, value = item.partition("=")
         section, _, name = path.partition(".")
-        part = getattr(config, section)
-        part = part.model_copy(update={name: type(getattr(part, name))(json.loads(value))})
-        config = config.model_copy(update={section: part})
+        if not isinstance(data.get(section), dict) or not name:
+            parser.error(f"--set {item}: want SECTION.KEY=VALUE with a tuning-file section")
+        try:
+            data[section][name] = json.loads(value)
+        except json.JSONDecodeError:
+            parser.error(f"--set {item}: the value must be a number, true/false or JSON")
+    try:
+        config = TuningConfig.model_validate(data)  # the tuning file's own checks
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        parser.error(f"--set {'.'.join(map(str, first['loc']))}: {first['msg']}")
     runs = [replay(summary, config, seed, args.noise, args.prior) for seed in range(args.seeds)]
     for name in runs[0]:
         values = [r[name] for r in runs]

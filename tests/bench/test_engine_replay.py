@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from benchmarks import engine_replay
 
 SUMMARY = Path(__file__).parents[2] / "benchmarks/results/bench/gemma-sampled-pool/summary.json"
@@ -56,3 +58,15 @@ def test_knowing_each_class_best_first_beats_the_model_prior(tmp_path: Path) -> 
     model = engine_replay.replay(summary, config, 0, 0.12, "model")
     known = engine_replay.replay(summary, config, 0, 0.12, "class")
     assert known["whole"] > model["whole"]
+
+
+@pytest.mark.parametrize(
+    "item", ["budget.patience=-1", "budget.nokey=1", "nope.x=1", "budget.patience=abc"]
+)
+def test_a_bad_tuning_value_is_refused_with_a_message(
+    item: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        engine_replay.main([str(SUMMARY), "--seeds", "1", "--set", item])
+    assert exit_.value.code == 2
+    assert f"--set {item.split('=')[0]}" in capsys.readouterr().err

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.conftest import start_daemon
+from tests.integration.conftest import RunningDaemon, start_daemon
 from tests.test_systemd import Listener
 from tests.tuning.test_crash import intact_trials
 from tuner.records import read_records
@@ -100,19 +100,25 @@ def test_notify_reload_and_stop_under_systemd_protocol(tmp_path: Path) -> None:
     notify.sock.close()
 
 
+def _serve_through_write_errors(running: RunningDaemon, requests: int) -> int:
+    """Each of ``requests`` completions answered 200 while the state dir refuses writes,
+    and the failed record writes counted; then stop: the daemon's exit code."""
+    try:
+        for _ in range(requests):
+            assert _complete(running.url).status_code == 200
+        assert _until(lambda: _record_write_errors_counted(running.url))
+    finally:
+        code = running.stop()
+    return code
+
+
 def test_a_state_dir_that_refuses_writes_keeps_serving(tmp_path: Path) -> None:
     state = tmp_path / "state"
     state.mkdir()
     (state / "records").write_text("a file where the records directory should be")
     (state / "policies.json").mkdir()  # the policy file cannot be replaced
     running = start_daemon(state)
-    try:
-        for _ in range(3):
-            assert _complete(running.url).status_code == 200
-        assert _until(lambda: _record_write_errors_counted(running.url))
-    finally:
-        code = running.stop()
-    assert code == 0
+    assert _serve_through_write_errors(running, 3) == 0
     log = running.log.read_text()
     assert "policies_write_failed" in log and "policies_unreadable" in log
 
@@ -157,13 +163,7 @@ def test_a_full_disk_keeps_serving_and_loses_nothing(tmp_path: Path) -> None:
 
         running = start_daemon(state, log=log, env=EVERY_REQUEST_A_TRIAL)
         filler = _fill(state)
-        try:
-            for _ in range(4):
-                assert _complete(running.url).status_code == 200
-            assert _until(lambda: _record_write_errors_counted(running.url))
-        finally:
-            code = running.stop()
-        assert code == 0
+        assert _serve_through_write_errors(running, 4) == 0
         assert "policies_write_failed" in log.read_text()
         assert "tuning_ask_failed" in log.read_text()  # the trial was not started; served as usual
         assert (state / "policies.json").read_text() == policies  # the last good file, whole

@@ -48,7 +48,8 @@ def schedule(n: int, seed: int = 1) -> list[str]:
 
 
 class SimUpstream:
-    """Decode speed = base x true speedup x noise; drafts from a true acceptance."""
+    """Decode speed = base x true speedup x noise (log-normal; ``baseline_noise`` for requests
+    without speculation, default the same); drafts from a true acceptance."""
 
     def __init__(
         self,
@@ -56,11 +57,13 @@ class SimUpstream:
         alphas: Mapping[str, float] | None = None,
         *,
         noise: float = 0.04,
+        baseline_noise: float | None = None,
         seed: int = 0,
     ) -> None:
         self.speedups = {k: dict(v) for k, v in speedups.items()}
         self.alphas = dict(alphas or {})
         self.noise = noise
+        self.baseline_noise = noise if baseline_noise is None else baseline_noise
         self.rng = random.Random(seed)
         self.count = 0
 
@@ -70,7 +73,8 @@ class SimUpstream:
     def answer(self, class_key: str, decision: Decision) -> RequestRecord:
         self.count += 1
         s = self.true_speedup(class_key, decision.variant)
-        tok_s = BASE_TOK_S * s * self.rng.lognormvariate(0.0, self.noise)
+        spread = self.baseline_noise if decision.variant == "none" else self.noise
+        tok_s = BASE_TOK_S * s * self.rng.lognormvariate(0.0, spread)
         n = 64
         timings: dict[str, float | int] = {
             "predicted_n": n,

@@ -148,6 +148,12 @@ class Policy(BaseModel):
     predicted_speedup: float | None = None
     since: float = 0.0
 
+    @property
+    def gain(self) -> float:
+        """The measured speedup this policy delivers: 1.0 when it does not speculate (or
+        speculates on a parent's word, with no measurement of its own)."""
+        return self.speedup if self.speculation and self.speedup else 1.0
+
 
 @dataclass(slots=True)
 class Arm:
@@ -282,6 +288,9 @@ class Engine:
             decision = self._explore(key, state, policy) if may_explore else None
             if decision is None:
                 decision = Decision(policy.variant, "exploit", policy_class=policy_class)
+            else:
+                state.explored += 1
+                state.spent += 1.0  # until observed (``_cost``)
             if decision.variant == BASELINE.name:
                 state.none_routed += 1
             return decision
@@ -290,8 +299,6 @@ class Engine:
         """A trial or control request, or None when there is nothing to explore right now."""
         trial = state.trial
         if trial is not None:
-            state.explored += 1
-            state.spent += 1.0  # until observed
             controls = state.none_routed - trial.none_mark
             if controls < self.config.guard.control_share * trial.sent:
                 return Decision(BASELINE.name, "control", policy_class=key)
@@ -305,9 +312,7 @@ class Engine:
             and policy.speculation
             and state.seen - state.last_control >= self.config.guard.drift_window
         ):
-            state.explored += 1  # keep the baseline fresh for drift checks
-            state.spent += 1.0
-            state.last_control = state.seen
+            state.last_control = state.seen  # keep the baseline fresh for drift checks
             return Decision(BASELINE.name, "control", policy_class=key)
         return None
 
@@ -330,9 +335,7 @@ class Engine:
         )
         if base is None or tok_s <= 0:
             return None
-        _, policy = self._effective_policy(key)
-        gain = policy.speedup if policy.speculation and policy.speedup else 1.0
-        reference = statistics.fmean(base.samples) * gain
+        reference = statistics.fmean(base.samples) * self._effective_policy(key)[1].gain
         return min(MAX_COST, max(0.0, reference / tok_s - 1.0))
 
     def offline_trial(self, class_key: str) -> Decision | None:
@@ -539,8 +542,7 @@ class Engine:
                 and len(trial.samples) < self.config.budget.trial_requests
             )
             state.trials_done += 1
-            policy = state.policy
-            bar = policy.speedup if policy and policy.speculation and policy.speedup else 1.0
+            bar = state.policy.gain if state.policy else 1.0
             state.stale = 0 if found is not None and found.value > bar else state.stale + 1
             patience = self.config.budget.patience
             if state.trials_done >= self._max_trials(state) or 0 < patience <= state.stale:
@@ -734,6 +736,10 @@ class Engine:
         """
         need = self.config.budget.min_class_requests
         own = self._state(key)
+
+        def lendable(level: str, policy: Policy) -> bool:
+            return level == key or not policy.speculation or self._may_borrow(own, policy.variant)
+
         if own.policy is None:
             own.policy = self._policy(own)
         fallback: tuple[str, Policy] | None = None
@@ -745,10 +751,7 @@ class Engine:
             if policy.override:
                 return level, policy
             enough = state.measured >= need
-            lendable = (
-                level == key or not policy.speculation or self._may_borrow(own, policy.variant)
-            )
-            if not lendable:
+            if not lendable(level, policy):
                 continue
             if enough and fallback is None:
                 fallback = (level, policy)
@@ -759,7 +762,7 @@ class Engine:
         if fallback is not None:
             return fallback
         root = self._state(ROOT).policy
-        if root is not None and (not root.speculation or self._may_borrow(own, root.variant)):
+        if root is not None and lendable(ROOT, root):
             return ROOT, root
         return key, own.policy
 
