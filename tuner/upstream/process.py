@@ -33,18 +33,22 @@ log = get_logger(__name__)
 
 
 def _die_with_parent() -> None:
-    """In the child, before exec: ask Linux to SIGTERM it when the daemon dies.
+    """In the child, before exec: ask Linux to SIGKILL it when the daemon dies.
 
     Without this, a daemon killed with SIGKILL (or by a crash, or SIGHUP from a
     closed terminal) leaves llama-server running in its own session, holding
-    memory and a port. Elsewhere this is a no-op.
+    memory and a port. SIGKILL, not SIGTERM: with no daemon left there is nothing
+    to drain, and a router-mode llama-server sent SIGTERM moments after it started
+    was seen to hang in its own signal handler for good (the router kept running,
+    orphaned, with its model instance); its instances end with it when it is
+    killed. Elsewhere this is a no-op.
     """
     if sys.platform != "linux":
         return
     import ctypes
 
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 _PR_SET_PDEATHSIG = 1
