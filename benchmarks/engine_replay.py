@@ -11,8 +11,15 @@ the shipped tuning file (``--set`` changes a value), a dense target's default co
 daemon's adds the model file's facts and a calibration profile; here only the prior's ordering
 of first trials can differ) and Optuna in a temporary directory.
 
+With ``--requests`` (the run's ``requests.jsonl``) it simulates per prompt instead: each
+prompt's own measured speed without speculation and its own static arms' speedups (one
+measurement each; the other variants the nearest arm's), the tuner's prompts in the bench's
+own order for seed 0 (shuffled for the others), so the spread of prompts within a class is
+in the simulation. ``--scale`` makes the run longer or shorter than the bench's.
+
     python benchmarks/engine_replay.py benchmarks/results/bench/gemma-cost-budget/summary.json
     python benchmarks/engine_replay.py SUMMARY --seeds 6 --noise 0.25 --set budget.patience=0
+    python benchmarks/engine_replay.py DIR/summary.json --requests DIR/requests.jsonl --noise 0.08
 
 Prints, averaged over seeds: the whole-run speedup (true speedups of what was served), the
 last half's, the best single static arm's and the per-class oracle's, and the share of
@@ -36,7 +43,7 @@ from pydantic import ValidationError
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the simulated upstream is the engine tests' own
 
-from tests.tuning.sim import HELP, SimUpstream  # noqa: E402
+from tests.tuning.sim import BASE_TOK_S, HELP, SimUpstream  # noqa: E402
 from tuner.logs import configure_logging  # noqa: E402
 from tuner.model.speedup import CostModel  # noqa: E402
 from tuner.tuning.config import TuningConfig, load_tuning  # noqa: E402
@@ -56,34 +63,88 @@ def _lookup(variant: Variant) -> float:
     return float(value) if value is not None else 12.0
 
 
+def fill(
+    measured: dict[str, float],
+    arms: dict[str, Variant],
+    variants: list[Variant],
+    rng: random.Random,
+) -> dict[str, float]:
+    """The measured arms' speedups, and every speculative variant's: a static arm's as
+    measured, the rest the nearest measured arm's (same spec type, nearest lookup length)
+    times a fixed jitter."""
+    found = dict(measured)
+    for v in variants:
+        if not v.speculative:
+            continue
+        if v.name in measured:
+            found[v.name] = measured[v.name]
+            continue
+        same = [n for n, a in arms.items() if a.spec_type == v.spec_type and n in measured]
+        if not same:
+            found[v.name] = 0.9
+            continue
+        near = min(same, key=lambda n: abs(_lookup(arms[n]) - _lookup(v)))
+        found[v.name] = measured[near] * rng.lognormvariate(0.0, 0.03)
+    return found
+
+
+def _arms(summary: dict[str, Any]) -> dict[str, Variant]:
+    return {name: parse_name(name) for name in summary["static_arms"] if name != "none"}
+
+
 def truth(
     summary: dict[str, Any], variants: list[Variant], seed: int
 ) -> dict[str, dict[str, float]]:
     """Per class, every variant's true speedup (static arms as measured, the rest nearest)."""
-    rng = random.Random(seed)
-    arms = {name: parse_name(name) for name in summary["static_arms"] if name != "none"}
-    out: dict[str, dict[str, float]] = {}
-    for key, cls in summary["classes"].items():
-        measured = {name: float(a["ratio"]) for name, a in cls["arms"].items()}
-        found: dict[str, float] = {}
-        for v in variants:
-            if not v.speculative:
-                continue
-            if v.name in measured:
-                found[v.name] = measured[v.name]
-                continue
-            same = [n for n, a in arms.items() if a.spec_type == v.spec_type and n in measured]
-            if not same:
-                found[v.name] = 0.9
-                continue
-            near = min(same, key=lambda n: abs(_lookup(arms[n]) - _lookup(v)))
-            found[v.name] = measured[near] * rng.lognormvariate(0.0, 0.03)
-        out[key] = found
-    return out
+    rng, arms = random.Random(seed), _arms(summary)
+    return {
+        key: fill({n: float(a["ratio"]) for n, a in cls["arms"].items()}, arms, variants, rng)
+        for key, cls in summary["classes"].items()
+    }
 
 
-def stream(summary: dict[str, Any], seed: int) -> list[str]:
-    keys = [k for k, c in summary["classes"].items() for _ in range(int(c["occurrences"]))]
+def prompt_truth(
+    summary: dict[str, Any], rows: list[dict[str, Any]], variants: list[Variant], seed: int
+) -> tuple[dict[str, dict[str, float]], dict[str, float], list[tuple[str, str]]]:
+    """From the bench's ``requests.jsonl``: per prompt, every variant's true speedup over that
+    prompt's own baseline (its static arms' one measurement each, the rest nearest), each
+    prompt's baseline speed relative to the simulator's base, and the tuner's (class, prompt)
+    sequence as the bench sent it."""
+    rng, arms = random.Random(seed), _arms(summary)
+    speed: dict[str, dict[str, float]] = {}
+    for row in rows:
+        if row["arm"] != "tuner" and row.get("ms") and row.get("tokens"):
+            speed.setdefault(row["id"], {})[row["arm"]] = row["tokens"] / row["ms"] * 1000
+    table, base = {}, {}
+    for prompt, arm_speeds in speed.items():
+        none = arm_speeds.get("none")
+        if not none:
+            continue
+        measured = {n: v / none for n, v in arm_speeds.items() if n != "none"}
+        table[prompt] = fill(measured, arms, variants, rng)
+        base[prompt] = none / BASE_TOK_S
+    order = [(r["class"], r["id"]) for r in rows if r["arm"] == "tuner" and r["id"] in table]
+    return table, base, order
+
+
+class _PromptUpstream(SimUpstream):
+    """Answers a (class, prompt) with that prompt's speed: its own baseline, its own speedups."""
+
+    def __init__(self, table: dict[str, dict[str, float]], base: dict[str, float], **kw: Any):
+        super().__init__(
+            {p: {v: s * base[p] for v, s in t.items()} for p, t in table.items()}, **kw
+        )
+        self.base = base
+
+    def true_speedup(self, class_key: str, variant: str) -> float:
+        if variant == "none":
+            return self.base[class_key]
+        return super().true_speedup(class_key, variant)
+
+
+def stream(summary: dict[str, Any], seed: int, scale: float = 1.0) -> list[str]:
+    counts = {k: round(int(c["occurrences"]) * scale) for k, c in summary["classes"].items()}
+    keys = [k for k, n in counts.items() for _ in range(n)]
     random.Random(seed).shuffle(keys)
     return keys
 
@@ -104,39 +165,64 @@ class _KnowingEngine(Engine):
 
 
 def replay(
-    summary: dict[str, Any], config: TuningConfig, seed: int, noise: float, prior: str = "model"
+    summary: dict[str, Any],
+    config: TuningConfig,
+    seed: int,
+    noise: float,
+    prior: str = "model",
+    scale: float = 1.0,
+    rows: list[dict[str, Any]] | None = None,
 ) -> dict[str, float]:
+    """One simulated run: per class (the summary's speedups, a shuffled stream of its request
+    counts) or, given the bench's ``rows``, per prompt (each prompt's own measured speeds,
+    the bench's own order for seed 0, shuffled for the others)."""
     caps = parse_capabilities(HELP.read_text())
     variants = grid(config.search, caps)
-    speeds = truth(summary, variants, seed)
-    keys = stream(summary, seed)
-    sim = SimUpstream(speeds, noise=noise, baseline_noise=noise / 2, seed=seed + 1000)
-    weighted = {
-        v.name: statistics.fmean(speeds[k][v.name] for k in keys) for v in variants if v.speculative
+    sim: SimUpstream
+    if rows is None:
+        speeds = truth(summary, variants, seed)
+        units = [(k, k) for k in stream(summary, seed, scale)]
+        sim = SimUpstream(speeds, noise=noise, baseline_noise=noise / 2, seed=seed + 1000)
+    else:
+        speeds, base, order = prompt_truth(summary, rows, variants, seed)
+        units = [order[i % len(order)] for i in range(round(len(order) * scale))]
+        if seed:
+            random.Random(seed).shuffle(units)
+        sim = _PromptUpstream(speeds, base, noise=noise, baseline_noise=noise / 2, seed=seed)
+
+    def rel(unit: str, variant: str) -> float:
+        return 1.0 if variant == "none" else speeds[unit].get(variant, 0.9)
+
+    names = [v.name for v in variants if v.speculative]
+    by_class: dict[str, list[str]] = {}
+    for cls, unit in units:
+        by_class.setdefault(cls, []).append(unit)
+    per_class = {
+        cls: {n: statistics.fmean(rel(u, n) for u in us) for n in names}
+        for cls, us in by_class.items()
     }
+    weighted = {n: statistics.fmean(rel(u, n) for _, u in units) for n in names}
     with tempfile.TemporaryDirectory() as tmp:
         book = StudyBook(Path(tmp) / "studies.db", "replay", seed=seed)
         if prior == "model":
             engine = Engine(config, variants, book, cost=CostModel())
         else:
-            table = speeds.get if prior == "class" else (lambda _: None)
+            table = per_class.get if prior == "class" else (lambda _: None)
             engine = _KnowingEngine(
                 lambda key: table(key) or weighted, config, variants, book, cost=CostModel()
             )
         served: list[float] = []
         explored = 0
-        for key in keys:
-            d = engine.route(key)
-            served.append(sim.true_speedup(key, d.variant))
+        for cls, unit in units:
+            d = engine.route(cls)
+            served.append(rel(unit, d.variant))
             explored += d.role in ("trial", "control")
-            engine.observe(sim.answer(key, d))
-    static = {
-        name: statistics.fmean(speeds[k].get(name, 1.0) for k in keys)
-        for name in summary["static_arms"] if name != "none"
-    }  # fmt: skip
-    oracle = statistics.fmean(
-        max([1.0, *(speeds[k][a] for a in static if a in speeds[k])]) for k in keys
-    )
+            engine.observe(sim.answer(unit, d).model_copy(update={"class_key": cls}))
+    arms = [name for name in summary["static_arms"] if name != "none"]
+    static = {a: statistics.fmean(rel(u, a) for _, u in units) for a in arms}
+    best = {cls: max([1.0, *(statistics.fmean(rel(u, a) for u in us) for a in arms)])
+            for cls, us in by_class.items()}  # fmt: skip
+    oracle = statistics.fmean(best[cls] for cls, _ in units)
     half = len(served) // 2
     return {
         "whole": statistics.fmean(served),
@@ -144,6 +230,7 @@ def replay(
         "best_static": max(static.values()),
         "oracle": oracle,
         "explored": explored / len(served),
+        "requests": len(served),
     }
 
 
@@ -152,6 +239,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("summary", type=Path)
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--noise", type=float, default=0.12)
+    parser.add_argument(
+        "--scale", type=float, default=1.0,
+        help="requests per class: the bench's count times this (a longer or shorter run)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--requests", type=Path, metavar="REQUESTS_JSONL",
+        help="the bench's requests.jsonl: simulate per prompt (each prompt's own measured "
+        "speeds and baseline, the bench's order) instead of per class",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, help="also write the per-seed results as JSON")
     parser.add_argument(
         "--prior", choices=["model", "global", "class"], default="model",
@@ -180,7 +276,13 @@ def main(argv: list[str] | None = None) -> int:
     except ValidationError as exc:
         first = exc.errors()[0]
         parser.error(f"--set {'.'.join(map(str, first['loc']))}: {first['msg']}")
-    runs = [replay(summary, config, seed, args.noise, args.prior) for seed in range(args.seeds)]
+    rows = None
+    if args.requests is not None:
+        rows = [json.loads(line) for line in args.requests.read_text().splitlines() if line]
+    runs = [
+        replay(summary, config, seed, args.noise, args.prior, args.scale, rows)
+        for seed in range(args.seeds)
+    ]
     for name in runs[0]:
         values = [r[name] for r in runs]
         print(f"{name:12s} {statistics.fmean(values):.3f}  ({min(values):.3f}-{max(values):.3f})")
@@ -188,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"whole run / best static {whole:.3f}")
     if args.out is not None:
         document = {"summary": str(args.summary), "noise": args.noise, "set": args.set,
-                    "prior": args.prior,
+                    "prior": args.prior, "scale": args.scale,
+                    "requests_file": str(args.requests) if args.requests else None,
                     "explore_share": config.budget.explore_share, "runs": runs,
                     "whole_vs_best_static": round(whole, 4)}  # fmt: skip
         args.out.write_text(json.dumps(document, indent=2) + "\n")

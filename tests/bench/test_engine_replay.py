@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,6 +25,49 @@ def test_replay_of_a_committed_summary(tmp_path: Path) -> None:
     assert run["best_static"] >= expected / sum(weights.values()) - 1e-9
     assert run["oracle"] >= run["best_static"]
     assert 0.8 < run["whole"] < run["oracle"]  # the tuner explores: below the oracle
+    assert 0 < run["explored"] < 1
+
+
+RUN = Path(__file__).parents[2] / "benchmarks/results/bench/gemma-cost-budget"
+
+
+def _row(arm: str, prompt: str, tok_s: float, cls: str = "code/echo/greedy") -> dict[str, Any]:
+    return {"arm": arm, "id": prompt, "class": cls, "tokens": 100, "ms": 100_000 / tok_s}
+
+
+def test_per_prompt_truth_keeps_each_prompt_s_own_speeds() -> None:
+    """Two prompts of one class: each gets its own baseline and its own arms' speedups, and
+    the tuner's order is the bench's."""
+    summary = {"static_arms": ["none", "ngram-mod"]}
+    rows = [_row("none", "a", 50.0), _row("ngram-mod", "a", 100.0),
+            _row("none", "b", 60.0), _row("ngram-mod", "b", 45.0),
+            _row("tuner", "b", 1.0), _row("tuner", "a", 1.0), _row("tuner", "b", 1.0)]  # fmt: skip
+    config = engine_replay.load_tuning()
+    variants = engine_replay.grid(
+        config.search, engine_replay.parse_capabilities(engine_replay.HELP.read_text())
+    )
+    table, base, order = engine_replay.prompt_truth(summary, rows, variants, 0)
+    assert table["a"]["ngram-mod"] == pytest.approx(2.0)
+    assert table["b"]["ngram-mod"] == pytest.approx(0.75)
+    assert base["a"] * engine_replay.BASE_TOK_S == pytest.approx(50.0)
+    assert base["b"] * engine_replay.BASE_TOK_S == pytest.approx(60.0)
+    # a variant that was no static arm takes the same type's measured arm (within jitter)
+    other = next(v.name for v in variants if v.spec_type == "ngram-mod" and v.name != "ngram-mod")
+    assert table["a"][other] == pytest.approx(2.0, rel=0.15)
+    assert order == [("code/echo/greedy", "b"), ("code/echo/greedy", "a"),
+                     ("code/echo/greedy", "b")]  # fmt: skip
+
+
+def test_replay_per_prompt_of_a_committed_run(tmp_path: Path) -> None:
+    out = tmp_path / "replay.json"
+    args = [str(RUN / "summary.json"), "--requests", str(RUN / "requests.jsonl"),
+            "--seeds", "1", "--scale", "0.5", "--out", str(out)]  # fmt: skip
+    assert engine_replay.main(args) == 0
+    (run,) = json.loads(out.read_text())["runs"]
+    summary = json.loads((RUN / "summary.json").read_text())
+    assert run["requests"] == summary["tuner_requests_planned"] // 2
+    assert run["oracle"] >= run["best_static"] > 1.0
+    assert 0.8 < run["whole"] < run["oracle"]
     assert 0 < run["explored"] < 1
 
 
