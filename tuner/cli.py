@@ -205,6 +205,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     items = load_workload(Path(args.workload))
     if args.prompts:
         items = items[: args.prompts]
+    challenger = Path(args.challenger).resolve() if args.challenger else None
+    if challenger is not None:
+        from tuner.tuning.config import load_tuning
+
+        load_tuning(challenger)  # refused here, with its message, not after the matrix started
     options = BenchOptions(
         out=Path(args.out),
         requests=args.requests,
@@ -213,6 +218,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         matrix=tuple(args.matrix.split(",")) if args.matrix else DEFAULT_MATRIX,
         explore_share=args.explore_share,
         max_tokens=args.max_tokens,
+        challenger=challenger,
     )
     summary = asyncio.run(
         run_bench(settings, items, options, lambda m: print(f"[bench] {m}", file=sys.stderr))
@@ -432,11 +438,16 @@ def build_parser() -> argparse.ArgumentParser:
                        "settings of every spec type the build supports)")  # fmt: skip
     bench.add_argument(
         "--explore-share", type=_fraction, dest="explore_share",
-        help="the tuner's exploration share (default: the tuning file's)",
+        help="the tuner's exploration share (default: the tuning file's; not the challenger's)",
     )  # fmt: skip
     bench.add_argument("--max-tokens", type=_positive, dest="max_tokens",
                        help="override every item's max_tokens")  # fmt: skip
     bench.add_argument("--prompts", type=_positive, help="use only the first N prompts")
+    bench.add_argument(
+        "--challenger", metavar="TUNING_FILE",
+        help="also run a second tuner with this tuning file, sent the tuner's prompts side by "
+        "side (each pair back to back), and compare the two",
+    )  # fmt: skip
     bench.add_argument("--model", help="target GGUF (default: the configured model)")
     bench.set_defaults(func=cmd_bench)
 

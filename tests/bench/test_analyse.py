@@ -120,3 +120,46 @@ def test_a_class_still_off_for_want_of_evidence_has_not_converged() -> None:
     assert s["targets"]["requests_to_converge"]["unconverged_classes"] == ["prose"]
     settled = {"prose": FinalPolicy("none", settled=True, reason="kill switch")}
     assert summarize(rows, CLASSES, final_policies=settled)["classes"]["prose"]["converged"]
+
+
+def test_a_challenger_is_summarised_like_the_tuner_and_compared_pair_by_pair() -> None:
+    """The tuner serves code fast-code from its third request; the challenger stays at
+    baseline. Both see the same items in the same order (``repeat`` pairs them)."""
+    rows = static_rows()
+    stream = [0, 1, 2, 3] * 3
+    for k, item in enumerate(stream):
+        variant = "fast-code" if CLASSES[item] == "code" and k >= 2 else "none"
+        rows.append(tuner_row(item, variant) | {"repeat": k})
+        rows.append(tuner_row(item, "none") | {"arm": "challenger", "repeat": k})
+    s = summarize(
+        rows,
+        CLASSES,
+        final_policies={"code": FinalPolicy("fast-code"), "prose": FinalPolicy("none")},
+        challenger_policies={"code": FinalPolicy("none"), "prose": FinalPolicy("none")},
+    )
+    overall, code = s["overall"], s["classes"]["code"]
+    # the challenger is no static arm, and it does not change the tuner's figures
+    assert "challenger" not in overall["arms"] and "challenger" not in s["static_arms"]
+    assert overall["tuner_ratio"] == summarize(
+        [r for r in rows if r["arm"] != "challenger"], CLASSES,
+        final_policies={"code": FinalPolicy("fast-code"), "prose": FinalPolicy("none")},
+    )["overall"]["tuner_ratio"]  # fmt: skip
+    assert overall["challenger_ratio"] == pytest.approx(1.0, rel=0.01)
+    assert code["challenger_ratio"] == pytest.approx(1.0, rel=0.01)
+    assert code["challenger_final_variant"] == "none" and code["final_variant"] == "fast-code"
+    assert overall["side_by_side_pairs"] == len(stream)
+    # the same 1200 tokens: the tuner in tuner_s seconds, the challenger in 12
+    tuner_s = sum(0.5 if CLASSES[i] == "code" and k >= 2 else 1.0 for k, i in enumerate(stream))
+    assert overall["challenger_vs_tuner"] == pytest.approx(tuner_s / 12.0, rel=0.01)
+    low, high = overall["challenger_vs_tuner_interval"]
+    assert low <= overall["challenger_vs_tuner"] <= high < 1.0
+    assert overall["challenger_vs_best_static"] == pytest.approx(
+        overall["challenger_ratio"] / overall["best_static_ratio"], rel=0.01
+    )
+
+
+def test_a_run_without_a_challenger_has_no_challenger_fields() -> None:
+    rows = [*static_rows(), tuner_row(0, "fast-code"), tuner_row(2, "none")]
+    s = summarize(rows, CLASSES)
+    assert not [k for k in s["overall"] if k.startswith(("challenger", "side_by_side"))]
+    assert not [k for c in s["classes"].values() for k in c if k.startswith("challenger")]

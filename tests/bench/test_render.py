@@ -53,3 +53,29 @@ def test_readme_documents_every_summary_field() -> None:
     rows = static_rows() + [tuner_row(i % 4, "meh") for i in range(8)]
     summary = summarize(rows, CLASSES, meta={"model": "m.gguf", "workload": 4})
     assert_documented(summary)
+
+
+def challenger_run() -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = [*static_rows()]
+    for k in range(8):
+        rows.append(tuner_row(k % 4, "meh") | {"repeat": k})
+        rows.append(tuner_row(k % 4, "none") | {"arm": "challenger", "repeat": k})
+    return rows
+
+
+def test_markdown_and_plot_show_the_challenger(tmp_path: Path) -> None:
+    rows = challenger_run()
+    meta = {"model": "m.gguf", "workload": 4, "challenger_tuning": "/x/other.toml"}
+    summary = summarize(rows, CLASSES, meta=meta)
+    text = markdown(summary)
+    assert "| **challenger, whole run** | 1.000" in text
+    assert "Side by side (/x/other.toml, 8 pairs of the same prompt): challenger / tuner" in text
+    assert "| challenger | its final variant |" in text
+    assert "| challenger |" not in text.split("## Overall")[1].split("| **per-class")[0]
+    out = plot(summary, rows, tmp_path / "p.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_readme_documents_every_challenger_field() -> None:
+    meta = {"model": "m.gguf", "workload": 4, "challenger_tuning": "/x/other.toml"}
+    assert_documented(summarize(challenger_run(), CLASSES, meta=meta))

@@ -5,7 +5,7 @@ from collections import Counter
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tuner.bench.schedule import TUNER, schedule, tuner_stream
+from tuner.bench.schedule import CHALLENGER, TUNER, schedule, tuner_stream
 
 
 @given(
@@ -48,3 +48,20 @@ def test_the_tuner_sees_every_item_once_per_cycle() -> None:
     for start in range(0, 20, 5):
         assert sorted(stream[start : start + 5]) == [0, 1, 2, 3, 4]
     assert tuner_stream(0, 10, random.Random(1)) == []
+
+
+@given(requests=st.integers(0, 40), seed=st.integers(0, 5))
+def test_a_challenger_gets_the_tuner_s_stream_side_by_side(requests: int, seed: int) -> None:
+    """Each tuner request is paired with the challenger's of the same item, back to back in
+    either order; without the challenger the schedule is the one it was."""
+    names = ["none", "v"]
+    plain = schedule(7, names, requests=requests, repeats=1, seed=seed)
+    both = schedule(7, names, requests=requests, repeats=1, seed=seed, challenger=True)
+    assert [s for s in both if s.arm != CHALLENGER] == plain
+    index = {(s.arm, s.repeat): i for i, s in enumerate(both) if s.arm in (TUNER, CHALLENGER)}
+    for k in range(requests):
+        a, b = index[(TUNER, k)], index[(CHALLENGER, k)]
+        assert abs(a - b) == 1 and both[a].item == both[b].item
+    firsts = [s.arm for s in both if s.arm in (TUNER, CHALLENGER)][0::2]
+    if requests >= 20:
+        assert TUNER in firsts and CHALLENGER in firsts  # neither always goes first

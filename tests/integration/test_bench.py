@@ -55,6 +55,47 @@ def test_bench_replays_the_matrix_and_the_tuner_and_writes_its_summary(tmp_path:
     assert_documented(summary)
 
 
+def test_a_challenger_runs_side_by_side_with_its_own_tuning_file(tmp_path: Path) -> None:
+    """A second daemon with its own tuning file (no exploring at all) gets the tuner's prompts
+    pair by pair; ``--explore-share`` reaches the tuner only."""
+    tuning = tmp_path / "frozen.toml"
+    tuning.write_text("[budget]\nexplore_share = 0.0\n")
+    out = tmp_path / "bench"
+    result = tuner(
+        "bench", "--workload", str(WORKLOAD), "--prompts", "2", "--requests", "8",
+        "--max-tokens", "16", "--matrix", "ngram-mod", "--explore-share", "1.0",
+        "--challenger", str(tuning), "--out", str(out), state=tmp_path / "state",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    ours = [r for r in rows if r["arm"] == "tuner"]
+    theirs = [r for r in rows if r["arm"] == "challenger"]
+    assert len(ours) == len(theirs) == 8 and not [r for r in rows if r.get("error")]
+    assert [(r["item"], r["repeat"]) for r in ours] == [(r["item"], r["repeat"]) for r in theirs]
+    assert {(r["role"], r["variant"]) for r in theirs} == {("exploit", "none")}  # never explores
+    assert any(r["role"] in ("trial", "control") for r in ours)  # the tuner's share was 1.0
+    summary = json.loads((out / "summary.json").read_text())
+    overall = summary["overall"]
+    assert summary["challenger_tuning"] == str(tuning)
+    assert overall["side_by_side_pairs"] == 8 and overall["challenger_vs_tuner"] > 0
+    assert "challenger" not in summary["static_arms"]
+    assert (out / "challenger-state" / "policies.json").is_file()
+    assert "Side by side" in (out / "summary.md").read_text()
+    assert_documented(summary)
+
+
+def test_bench_refuses_a_challenger_tuning_file_it_cannot_read(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[budget]\nexplore_share = 7\n")
+    for path in (bad, tmp_path / "missing.toml"):
+        result = tuner(
+            "bench", "--workload", str(WORKLOAD), "--challenger", str(path), "--out",
+            str(tmp_path / "out"), state=tmp_path,
+        )  # fmt: skip
+        assert result.returncode == 2 and "tuning file" in result.stderr, result.stderr
+        assert not (tmp_path / "out").exists()  # refused before anything ran
+
+
 def test_bench_refuses_a_matrix_name_it_cannot_parse(tmp_path: Path) -> None:
     result = tuner(
         "bench", "--workload", str(WORKLOAD), "--matrix", "ngram-simple.x3", "--out",

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from tuner.bench.schedule import TUNER
+from tuner.bench.schedule import CHALLENGER, TUNER
 
 __all__ = ["SCHEMA", "FinalPolicy", "Measured", "item_means", "succeeded", "summarize"]
 
@@ -150,6 +150,7 @@ def summarize(
     item_classes: Sequence[str],
     *,
     final_policies: Mapping[str, FinalPolicy] | None = None,
+    challenger_policies: Mapping[str, FinalPolicy] | None = None,
     meta: Mapping[str, Any] | None = None,
     seed: int = 0,
 ) -> dict[str, Any]:
@@ -159,16 +160,20 @@ def summarize(
     ``accepted``; tuner rows also ``variant``, ``role`` and ``class``; failed requests an
     ``error``). ``item_classes``: the class key of each workload item.
     ``final_policies``: class key -> the policy serving it when the run ended (without
-    it, the variant of the class's last exploit request, taken as settled).
+    it, the variant of the class's last exploit request, taken as settled);
+    ``challenger_policies`` the same for the challenger (a second tuner, rows with arm
+    ``challenger``), whose figures carry the ``challenger_`` prefix.
     """
     rng = np.random.default_rng(seed)
     ok = succeeded(rows)
     tuner = [r for r in ok if r["arm"] == TUNER]
-    means = item_means([r for r in ok if r["arm"] != TUNER])
+    challenger = [r for r in ok if r["arm"] == CHALLENGER]
+    means = item_means([r for r in ok if r["arm"] not in (TUNER, CHALLENGER)])
     statics = sorted(a for a in means if a != BASELINE)
     # the prompts every static arm measured: ratios are only taken over those
     common = set(means[BASELINE]).intersection(*(means[a] for a in statics))
     tuner = [r for r in tuner if int(r["item"]) in common]
+    challenger = [r for r in challenger if int(r["item"]) in common]
     # the occurrences the ratios are taken over: the tuner's stream, else each item once
     occurrences = [int(r["item"]) for r in tuner] if tuner else sorted(common)
     by_class: dict[str, list[int]] = defaultdict(list)
@@ -218,6 +223,14 @@ def summarize(
                 overall["tuner_ratio"] / overall_arms[best_static]["ratio"], 4
             )
         overall["tuner_vs_oracle"] = round(overall["tuner_ratio"] / overall["oracle_ratio"], 4)
+    if challenger:
+        overall.update(
+            _challenger(challenger, tuner, means, classes, item_classes, challenger_policies, rng)
+        )
+        if best_static:
+            overall["challenger_vs_best_static"] = round(
+                overall["challenger_ratio"] / overall_arms[best_static]["ratio"], 4
+            )
     return {
         "schema": SCHEMA,
         **dict(meta or {}),
@@ -227,6 +240,65 @@ def summarize(
         "overall": overall,
         "classes": classes,
         "targets": _targets(overall, classes) if tuner else None,
+    }
+
+
+CHALLENGER_KEYS = ("final_variant", "final_reason", "converged_after", "converged")
+
+
+def _as_challenger(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """A tuner's figures under the challenger's names (``tuner_x`` -> ``challenger_x``)."""
+    out = {}
+    for name, value in entry.items():
+        if name.startswith("tuner_"):
+            out["challenger_" + name.removeprefix("tuner_")] = value
+        elif name in CHALLENGER_KEYS:
+            out["challenger_" + name] = value
+    return out
+
+
+def _challenger(
+    rows: Sequence[Mapping[str, Any]],
+    tuner: Sequence[Mapping[str, Any]],
+    means: Mapping[str, Mapping[int, Measured]],
+    classes: dict[str, Any],
+    item_classes: Sequence[str],
+    policies: Mapping[str, FinalPolicy] | None,
+    rng: np.random.Generator,
+) -> dict[str, Any]:
+    """The challenger's figures: per class (added to ``classes``) and overall (returned),
+    computed as the tuner's are, plus its ratio to the tuner side by side."""
+    by_class: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for row in rows:
+        by_class[item_classes[int(row["item"])]].append(row)
+    points = {}
+    for key, entry in classes.items():
+        found = _tuner_class(by_class[key], means, policies, key, rng)
+        entry.update(_as_challenger(found))
+        points[key] = {"converged_after": found["converged_after"], "oracle": entry["oracle"]}
+    out = _as_challenger(_tuner_overall(rows, means, points, item_classes, rng))
+    if tuner:
+        out.update(_side_by_side(tuner, rows, rng))
+    return out
+
+
+def _side_by_side(
+    tuner: Sequence[Mapping[str, Any]],
+    challenger: Sequence[Mapping[str, Any]],
+    rng: np.random.Generator,
+) -> dict[str, Any]:
+    """The challenger over the tuner on the requests both answered (the same item at the same
+    place in the stream, sent back to back), with a 90 % interval resampling those pairs."""
+    theirs = {int(r["repeat"]): r for r in challenger}
+    pairs = [(r, theirs[int(r["repeat"])]) for r in tuner if int(r["repeat"]) in theirs]
+    pairs = [(a, b) for a, b in pairs if a["item"] == b["item"]]
+    ours = [Measured.of(a) for a, _ in pairs]
+    other = [Measured.of(b) for _, b in pairs]
+    interval = _bootstrap(other, ours, rng)
+    return {
+        "side_by_side_pairs": len(pairs),
+        "challenger_vs_tuner": round(_ratio(other, ours), 4) if pairs else None,
+        "challenger_vs_tuner_interval": list(interval) if interval else None,
     }
 
 

@@ -2,8 +2,8 @@
 
 The figure has two panels: the ratio to baseline per class for every static arm
 (grey), the per-class oracle (black) and the tuner after convergence (green); and
-the tuner's running ratio to baseline over its request stream, next to the best
-single static arm and the oracle.
+the tuner's (and a challenger's, purple) running ratio to baseline over its request
+stream, next to the best single static arm and the oracle.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from tuner.bench.analyse import BASELINE, Measured, item_means, succeeded
-from tuner.bench.schedule import TUNER
+from tuner.bench.schedule import CHALLENGER, TUNER
 
 __all__ = ["markdown", "plot"]
 
-ON, STATIC, ORACLE = "#1b7837", "#bbbbbb", "#222222"
+ON, STATIC, ORACLE, OTHER = "#1b7837", "#bbbbbb", "#222222", "#762a83"
 
 
 def _x(value: float | None) -> str:
@@ -29,6 +29,20 @@ def _interval(entry: Mapping[str, Any] | None) -> str:
         return ""
     low, high = entry["interval"]
     return f" [{low:.2f}, {high:.2f}]"
+
+
+def _tuner_rows(overall: Mapping[str, Any], arm: str) -> list[str]:
+    """The overall table's rows of a tuner arm: its whole run and after convergence (the
+    tuner's with the oracle on the same requests)."""
+    interval = _interval({"interval": overall.get(f"{arm}_interval")})
+    after = _x(overall[f"{arm}_ratio_after_convergence"])
+    if arm == TUNER:
+        after += f" (oracle on the same requests: {_x(overall['oracle_ratio_after_convergence'])})"
+    return [
+        f"| **{arm}, whole run** | {_x(overall[f'{arm}_ratio'])}{interval} | "
+        f"{_x(overall.get(f'{arm}_alpha'))} |",
+        f"| {arm}, after convergence | {after} | |",
+    ]
 
 
 def markdown(summary: Mapping[str, Any]) -> str:
@@ -68,13 +82,9 @@ def markdown(summary: Mapping[str, Any]) -> str:
         f"| per-prompt oracle | {_x(overall['per_prompt_oracle_ratio'])} | |",
     ]
     if "tuner_ratio" in overall:
-        interval = _interval({"interval": overall.get("tuner_interval")})
-        lines += [
-            f"| **tuner, whole run** | {_x(overall['tuner_ratio'])}{interval} | "
-            f"{_x(overall.get('tuner_alpha'))} |",
-            f"| tuner, after convergence | {_x(overall['tuner_ratio_after_convergence'])} "
-            f"(oracle on the same requests: {_x(overall['oracle_ratio_after_convergence'])}) | |",
-        ]
+        lines += _tuner_rows(overall, TUNER)
+        if "challenger_ratio" in overall:
+            lines += _tuner_rows(overall, CHALLENGER)
         lines += [
             "",
             f"Best single static arm: **{overall['best_static']}** "
@@ -82,12 +92,24 @@ def markdown(summary: Mapping[str, Any]) -> str:
             f"{_x(overall.get('tuner_vs_best_static'))}; tuner / oracle = "
             f"{_x(overall.get('tuner_vs_oracle'))}.",
         ]
+        if overall.get("challenger_vs_tuner") is not None:
+            side = _interval({"interval": overall.get("challenger_vs_tuner_interval")})
+            lines += [
+                "",
+                f"Side by side ({summary.get('challenger_tuning', 'challenger')}, "
+                f"{overall['side_by_side_pairs']} pairs of the same prompt): challenger / tuner "
+                f"= **{_x(overall['challenger_vs_tuner'])}**{side}; challenger / best static = "
+                f"{_x(overall.get('challenger_vs_best_static'))}.",
+            ]
     lines += ["", "## Per class", ""]
     header = "| class | prompts | baseline tok/s | oracle | best static here |"
     rule = "|---|---|---|---|---|"
     if "tuner_ratio" in overall:
         header += " tuner | tuner after conv. | final variant | converged after | roles |"
         rule += "---|---|---|---|---|"
+    if "challenger_ratio" in overall:
+        header += " challenger | its final variant |"
+        rule += "---|---|"
     lines += [header, rule]
     for key, c in summary["classes"].items():
         best = f"{c['oracle']} {_x(c['oracle_ratio'])}"
@@ -103,6 +125,10 @@ def markdown(summary: Mapping[str, Any]) -> str:
                 f" {_x(c.get('tuner_ratio'))} | {_x(c.get('tuner_ratio_after_convergence'))} | "
                 f"{c.get('final_variant') or '-'} | {c.get('converged_after', '-')} of "
                 f"{c.get('tuner_requests', 0)} | {roles} |"
+            )
+        if "challenger_ratio" in overall:
+            row += (
+                f" {_x(c.get('challenger_ratio'))} | {c.get('challenger_final_variant') or '-'} |"
             )
         lines.append(row)
     return "\n".join(lines) + "\n"
@@ -141,23 +167,30 @@ def _per_class(ax: Any, summary: Mapping[str, Any]) -> None:
     ax.grid(alpha=0.3)
 
 
-def _running(ax: Any, summary: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> None:
-    ok = succeeded(rows)
-    base = item_means([r for r in ok if r["arm"] != TUNER])[BASELINE]
+def _cumulative(
+    rows: Sequence[Mapping[str, Any]], arm: str, base: Mapping[int, Measured]
+) -> list[float]:
+    """An arm's cumulative ratio to no speculation over its requests, in order."""
     tokens = seconds = base_tokens = base_seconds = 0.0
-    xs: list[int] = []
     ys: list[float] = []
-    for r in ok:
-        if r["arm"] != TUNER or int(r["item"]) not in base:
+    for r in rows:
+        if r["arm"] != arm or int(r["item"]) not in base:
             continue
         own, baseline = Measured.of(r), base[int(r["item"])]
         tokens, seconds = tokens + own.tokens, seconds + own.seconds
         base_tokens, base_seconds = base_tokens + baseline.tokens, base_seconds + baseline.seconds
-        xs.append(len(xs) + 1)
         ys.append((tokens / seconds) / (base_tokens / base_seconds))
+    return ys
+
+
+def _running(ax: Any, summary: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> None:
+    ok = succeeded(rows)
+    base = item_means([r for r in ok if r["arm"] not in (TUNER, CHALLENGER)])[BASELINE]
+    for arm, color in ((TUNER, ON), (CHALLENGER, OTHER)):
+        ys = _cumulative(ok, arm, base)
+        if ys:
+            ax.plot(range(1, len(ys) + 1), ys, color=color, label=f"{arm} (cumulative)")
     overall = summary["overall"]
-    if xs:
-        ax.plot(xs, ys, color=ON, label="tuner (cumulative)")
     if overall.get("best_static"):
         ax.axhline(overall["best_static_ratio"], color=STATIC, lw=2,
                    label=f"best static: {overall['best_static']}")  # fmt: skip

@@ -25,7 +25,7 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +35,7 @@ import httpx
 
 from tuner.atomic import write_atomic
 from tuner.bench.analyse import FinalPolicy, summarize
-from tuner.bench.schedule import TUNER, Step, schedule
+from tuner.bench.schedule import CHALLENGER, TUNER, Step, schedule
 from tuner.classify import classify, load_definitions
 from tuner.errors import ConfigError, UpstreamError
 from tuner.model.gguf_facts import read_facts
@@ -53,7 +53,7 @@ from tuner.workload import WorkloadItem
 
 __all__ = ["DEFAULT_MATRIX", "BenchOptions", "finish", "matrix_variants", "run_bench"]
 
-TUNER_STATE = "tuner-state"  # the daemon's state dir inside the run directory
+TUNER_STATE = f"{TUNER}-state"  # the daemon's state dir inside the run directory
 
 # One or more settings per spec type: each type's build defaults, and a few tuned ones.
 DEFAULT_MATRIX = (
@@ -79,6 +79,7 @@ class BenchOptions:
     matrix: tuple[str, ...] = DEFAULT_MATRIX
     explore_share: float | None = None
     max_tokens: int | None = None
+    challenger: Path | None = None  # a second tuner's tuning file, run side by side
 
 
 def matrix_variants(names: Sequence[str], prepared: Prepared) -> list[Variant]:
@@ -149,7 +150,12 @@ async def _matrix_server(
 
 
 def _daemon_env(
-    settings: Settings, prepared: Prepared, state: Path, port: int, options: BenchOptions
+    settings: Settings,
+    prepared: Prepared,
+    state: Path,
+    port: int,
+    options: BenchOptions,
+    tuning: Path | None = None,
 ) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("TUNER_UPSTREAM_URL", None)
@@ -170,25 +176,34 @@ def _daemon_env(
         env["TUNER_DRAFT_MODEL"] = str(prepared.draft)
     if settings.spec_args:
         env["TUNER_SPEC_ARGS"] = shlex.join(settings.spec_args)
-    if options.explore_share is not None:
+    if tuning is not None:  # the challenger: its own file decides, explore_share included
+        env["TUNER_TUNING_FILE"] = str(tuning)
+        env.pop("TUNER_EXPLORE_SHARE", None)
+    elif options.explore_share is not None:
         env["TUNER_EXPLORE_SHARE"] = str(options.explore_share)
     return env
 
 
 @asynccontextmanager
 async def _tuner_daemon(
-    settings: Settings, prepared: Prepared, options: BenchOptions, workdir: Path
+    settings: Settings,
+    prepared: Prepared,
+    options: BenchOptions,
+    workdir: Path,
+    arm: str = TUNER,
+    tuning: Path | None = None,
 ) -> AsyncIterator[str]:
-    """The real daemon from a fresh state dir (``TUNER_STATE`` under ``workdir``); its URL."""
-    state = workdir / TUNER_STATE
+    """The real daemon from a fresh state dir (``<arm>-state`` under ``workdir``, its log
+    ``<arm>-daemon.log``), with ``tuning`` as its tuning file if given; its URL."""
+    state = workdir / f"{arm}-state"
     shutil.rmtree(state, ignore_errors=True)
     state.mkdir(parents=True)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    log = (workdir / "tuner-daemon.log").open("ab")
+    log = (workdir / f"{arm}-daemon.log").open("ab")
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "tuner", "serve",
-        env=_daemon_env(settings, prepared, state, port, options),
+        env=_daemon_env(settings, prepared, state, port, options, tuning),
         stdout=log, stderr=log, start_new_session=True,
     )  # fmt: skip
     try:
@@ -261,12 +276,15 @@ async def run_bench(
     arms = [BASELINE.name, *(v.name for v in variants)]
     definitions = load_definitions(settings.classes_file)
     item_classes = [classify(i.model_dump(exclude_none=True), definitions).key for i in items]
+    challenger = options.challenger if options.requests else None
     steps = schedule(
-        len(items), arms, requests=options.requests, repeats=options.repeats, seed=options.seed
-    )
+        len(items), arms, requests=options.requests, repeats=options.repeats, seed=options.seed,
+        challenger=challenger is not None,
+    )  # fmt: skip
     progress(
         f"bench: {len(items)} prompts, {len(arms)} static arms x {options.repeats}, "
-        f"{options.requests} tuner requests: {len(steps)} requests"
+        f"{options.requests} tuner requests{' (x2: tuner, challenger)' if challenger else ''}: "
+        f"{len(steps)} requests"
     )
     meta = {
         "workload": len(items),
@@ -281,6 +299,8 @@ async def run_bench(
         else tuning_config(settings).budget.explore_share,
         "max_tokens": options.max_tokens,
     }
+    if challenger is not None:
+        meta["challenger_tuning"] = str(challenger)
     write_atomic(out / "run.json", json.dumps(meta, indent=2) + "\n")
     rows_path = out / "requests.jsonl"
     rows: list[dict[str, Any]] = []
@@ -289,18 +309,25 @@ async def run_bench(
         matrix_url = await stack.enter_async_context(
             _matrix_server(settings, prepared, variants, out)
         )
-        tuner_url = ""
+        urls = {"matrix": matrix_url}
         if options.requests:
             progress("starting the tuner daemon from a fresh state")
-            tuner_url = await stack.enter_async_context(
+            urls[TUNER] = await stack.enter_async_context(
                 _tuner_daemon(settings, prepared, options, out)
+            )
+        if challenger is not None:
+            progress(
+                f"starting the challenger daemon (tuning file {challenger}) from a fresh state"
+            )
+            urls[CHALLENGER] = await stack.enter_async_context(
+                _tuner_daemon(settings, prepared, options, out, CHALLENGER, challenger)
             )
         timeout = settings.request_timeout_s
         http = await stack.enter_async_context(httpx.AsyncClient(timeout=timeout))
         with rows_path.open("w") as sink:
             started = time.monotonic()
             for number, step in enumerate(steps, 1):
-                row = await _one(http, step, items, item_classes, matrix_url, tuner_url, options)
+                row = await _one(http, step, items, item_classes, urls, options)
                 rows.append(row)
                 sink.write(json.dumps(row) + "\n")
                 sink.flush()
@@ -328,10 +355,12 @@ def finish(out: Path) -> dict[str, Any]:
     classes: dict[int, str] = {int(r["item"]): str(r["class"]) for r in rows}
     item_classes = [classes.get(i, "?") for i in range(max(classes, default=-1) + 1)]
     final = _final_policies(out / TUNER_STATE)
+    challenger = _final_policies(out / f"{CHALLENGER}-state")
     try:
         summary = summarize(
-            rows, item_classes, final_policies=final, meta=meta, seed=int(meta.get("seed", 0))
-        )
+            rows, item_classes, final_policies=final, challenger_policies=challenger,
+            meta=meta, seed=int(meta.get("seed", 0)),
+        )  # fmt: skip
     except ValueError as exc:
         raise ConfigError(f"{out}: {exc}") from exc
     write_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
@@ -345,23 +374,24 @@ async def _one(
     step: Step,
     items: Sequence[WorkloadItem],
     item_classes: Sequence[str],
-    matrix_url: str,
-    tuner_url: str,
+    urls: Mapping[str, str],
     options: BenchOptions,
 ) -> dict[str, Any]:
+    """Send one step: a tuner's (``urls[TUNER]`` or ``urls[CHALLENGER]``) or a static arm's
+    (``urls["matrix"]``, the arm as the model); its row."""
     item = items[step.item]
     row: dict[str, Any] = {
         "arm": step.arm, "item": step.item, "id": item.id, "repeat": step.repeat,
         "class": item_classes[step.item], "t": time.time(),
     }  # fmt: skip
     try:
-        if step.arm == TUNER:
-            data, headers = await _send(http, tuner_url, item, None, options.max_tokens)
+        if step.arm in (TUNER, CHALLENGER):
+            data, headers = await _send(http, urls[step.arm], item, None, options.max_tokens)
             row["variant"] = headers.get("x-spec-variant")
             row["role"] = headers.get("x-spec-role")
             row["daemon_class"] = headers.get("x-spec-class")
         else:
-            data, headers = await _send(http, matrix_url, item, step.arm, options.max_tokens)
+            data, headers = await _send(http, urls["matrix"], item, step.arm, options.max_tokens)
             row["variant"] = step.arm
         _timings(row, data)
     except (httpx.HTTPError, UpstreamError, ValueError) as exc:

@@ -6,6 +6,9 @@
   times per arm. The arms of one item run back to back in a shuffled order (so the
   per-item ratios come from one moment), and these blocks are spread evenly through
   the tuner's stream (so slow machine drift touches every arm alike).
+- A challenger (a second tuner, other tuning settings) gets the tuner's own stream: each
+  tuner request is paired with the challenger's request of the same item, the two back
+  to back in a random order, so the two tuners are compared side by side in one run.
 
 Pure: the same arguments and seed give the same schedule.
 """
@@ -16,16 +19,17 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["TUNER", "Step", "schedule"]
+__all__ = ["CHALLENGER", "TUNER", "Step", "schedule"]
 
 TUNER = "tuner"
+CHALLENGER = "challenger"
 
 
 @dataclass(frozen=True, slots=True)
 class Step:
     """One request of the run: which arm serves which workload item."""
 
-    arm: str  # TUNER, or a static variant name ("none" is the baseline)
+    arm: str  # TUNER, CHALLENGER, or a static variant name ("none" is the baseline)
     item: int  # index into the workload
     repeat: int  # the tuner's position in its stream; the matrix's repetition
 
@@ -41,9 +45,16 @@ def tuner_stream(n_items: int, requests: int, rng: random.Random) -> list[int]:
 
 
 def schedule(
-    n_items: int, arms: Sequence[str], *, requests: int, repeats: int, seed: int
+    n_items: int,
+    arms: Sequence[str],
+    *,
+    requests: int,
+    repeats: int,
+    seed: int,
+    challenger: bool = False,
 ) -> list[Step]:
-    """Every request of a bench run, in the order to send them.
+    """Every request of a bench run, in the order to send them (with a challenger, the same
+    schedule plus its requests: the rest does not move).
 
     >>> steps = schedule(3, ["none", "v"], requests=4, repeats=1, seed=0)
     >>> sum(s.arm == TUNER for s in steps), sum(s.arm != TUNER for s in steps)
@@ -61,8 +72,13 @@ def schedule(
     if not stream:
         return [step for block in blocks for step in block]
     out: list[Step] = []
+    coin = random.Random(seed + 1)  # its own: the schedule without a challenger is unchanged
     for k, item in enumerate(stream):
-        out.append(Step(TUNER, item, k))
+        pair = [Step(TUNER, item, k)]
+        if challenger:
+            pair.append(Step(CHALLENGER, item, k))
+            coin.shuffle(pair)
+        out += pair
         start, end = k * len(blocks) // len(stream), (k + 1) * len(blocks) // len(stream)
         for block in blocks[start:end]:
             out += block
