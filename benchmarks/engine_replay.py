@@ -74,10 +74,7 @@ def fill(
     times a fixed jitter."""
     found = dict(measured)
     for v in variants:
-        if not v.speculative:
-            continue
-        if v.name in measured:
-            found[v.name] = measured[v.name]
+        if not v.speculative or v.name in found:
             continue
         same = [n for n, a in arms.items() if a.spec_type == v.spec_type and n in measured]
         if not same:

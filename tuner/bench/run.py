@@ -53,7 +53,11 @@ from tuner.workload import WorkloadItem
 
 __all__ = ["DEFAULT_MATRIX", "BenchOptions", "finish", "matrix_variants", "run_bench"]
 
-TUNER_STATE = f"{TUNER}-state"  # the daemon's state dir inside the run directory
+
+def _state_dir(workdir: Path, arm: str) -> Path:
+    """A tuner arm's daemon state dir inside the run directory (``tuner-state``, ...)."""
+    return workdir / f"{arm}-state"
+
 
 # One or more settings per spec type: each type's build defaults, and a few tuned ones.
 DEFAULT_MATRIX = (
@@ -195,7 +199,7 @@ async def _tuner_daemon(
 ) -> AsyncIterator[str]:
     """The real daemon from a fresh state dir (``<arm>-state`` under ``workdir``, its log
     ``<arm>-daemon.log``), with ``tuning`` as its tuning file if given; its URL."""
-    state = workdir / f"{arm}-state"
+    state = _state_dir(workdir, arm)
     shutil.rmtree(state, ignore_errors=True)
     state.mkdir(parents=True)
     port = free_port()
@@ -354,8 +358,8 @@ def finish(out: Path) -> dict[str, Any]:
         meta = {}
     classes: dict[int, str] = {int(r["item"]): str(r["class"]) for r in rows}
     item_classes = [classes.get(i, "?") for i in range(max(classes, default=-1) + 1)]
-    final = _final_policies(out / TUNER_STATE)
-    challenger = _final_policies(out / f"{CHALLENGER}-state")
+    final = _final_policies(_state_dir(out, TUNER))
+    challenger = _final_policies(_state_dir(out, CHALLENGER))
     try:
         summary = summarize(
             rows, item_classes, final_policies=final, challenger_policies=challenger,
