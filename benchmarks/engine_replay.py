@@ -257,7 +257,14 @@ def main(argv: list[str] | None = None) -> int:
         help="change one tuning-file value, e.g. budget.max_trials=6 (repeatable)",
     )  # fmt: skip
     args = parser.parse_args(argv)
-    summary = json.loads(args.summary.read_text())
+    try:
+        summary = json.loads(args.summary.read_text())
+        rows = None
+        if args.requests is not None:
+            lines = args.requests.read_text().splitlines()
+            rows = [json.loads(line) for line in lines if line.strip()]
+    except (OSError, ValueError) as exc:
+        parser.error(f"cannot read the run: {exc}")
     data = load_tuning().model_dump()
     for item in args.set:
         path, _, value = item.partition("=")
@@ -273,13 +280,13 @@ def main(argv: list[str] | None = None) -> int:
     except ValidationError as exc:
         first = exc.errors()[0]
         parser.error(f"--set {'.'.join(map(str, first['loc']))}: {first['msg']}")
-    rows = None
-    if args.requests is not None:
-        rows = [json.loads(line) for line in args.requests.read_text().splitlines() if line]
-    runs = [
-        replay(summary, config, seed, args.noise, args.prior, args.scale, rows)
-        for seed in range(args.seeds)
-    ]
+    try:
+        runs = [
+            replay(summary, config, seed, args.noise, args.prior, args.scale, rows)
+            for seed in range(args.seeds)
+        ]
+    except (KeyError, TypeError, ValueError, ZeroDivisionError, statistics.StatisticsError) as exc:
+        parser.error(f"not a bench summary.json / requests.jsonl pair: {type(exc).__name__} {exc}")
     for name in runs[0]:
         values = [r[name] for r in runs]
         print(f"{name:12s} {statistics.fmean(values):.3f}  ({min(values):.3f}-{max(values):.3f})")

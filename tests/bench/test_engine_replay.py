@@ -114,3 +114,25 @@ def test_a_bad_tuning_value_is_refused_with_a_message(
         engine_replay.main([str(SUMMARY), "--seeds", "1", "--set", item])
     assert exit_.value.code == 2
     assert f"--set {item.split('=')[0]}" in capsys.readouterr().err
+
+
+def test_a_run_it_cannot_read_is_refused_with_a_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A missing file, a line that is not JSON, or rows that are not a bench's: exit 2, one
+    line, no traceback."""
+    odd = tmp_path / "odd.jsonl"
+    odd.write_text('{"a": 1}\n')
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("x\n")
+    summary = str(RUN / "summary.json")
+    for args, said in (
+        ([str(tmp_path / "missing.json")], "cannot read the run"),
+        ([summary, "--requests", str(bad)], "cannot read the run"),
+        ([summary, "--requests", str(odd)], "not a bench summary.json / requests.jsonl pair"),
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            engine_replay.main([*args, "--seeds", "1"])
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert said in err and "Traceback" not in err
