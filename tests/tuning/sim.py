@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Mapping
 from pathlib import Path
@@ -49,42 +50,55 @@ def schedule(n: int, seed: int = 1) -> list[str]:
 
 class SimUpstream:
     """Decode speed = base x true speedup x noise (log-normal; ``baseline_noise`` for requests
-    without speculation, default the same); drafts from a true acceptance."""
+    without speculation, default the same). A speculative request's token counts agree with
+    its speedup as on a real server: ``n`` tokens, ``d`` drafted, ``a`` accepted with
+    ``n / (n - a + c d)`` = the true speedup, ``c`` the machine's cost of a drafted token
+    (``cost``, per variant in ``costs``); ``count_noise`` scatters ``a`` (prompts differ)."""
 
     def __init__(
         self,
         speedups: Mapping[str, Mapping[str, float]],
-        alphas: Mapping[str, float] | None = None,
         *,
         noise: float = 0.04,
         baseline_noise: float | None = None,
+        count_noise: float = 0.05,
+        cost: float = 0.45,
+        costs: Mapping[str, float] | None = None,
         seed: int = 0,
     ) -> None:
         self.speedups = {k: dict(v) for k, v in speedups.items()}
-        self.alphas = dict(alphas or {})
         self.noise = noise
         self.baseline_noise = noise if baseline_noise is None else baseline_noise
+        self.count_noise = count_noise
+        self.cost = cost
+        self.costs = dict(costs or {})
         self.rng = random.Random(seed)
         self.count = 0
 
     def true_speedup(self, class_key: str, variant: str) -> float:
         return 1.0 if variant == "none" else self.speedups[class_key].get(variant, 0.9)
 
+    def counts(self, class_key: str, variant: str, n: int = 64) -> tuple[int, int, float]:
+        """Drafted and accepted tokens of one request, and the speedup they make."""
+        s, c = self.true_speedup(class_key, variant), self.costs.get(variant, self.cost)
+        # enough drafts that the accepted count fits in [0, d]
+        drafted = max(48, math.ceil(n * (1 / s - 1) / c), math.ceil(n * (1 - 1 / s) / (1 - c)))
+        mean = n + c * drafted - n / s
+        accepted = round(mean + self.rng.gauss(0.0, self.count_noise * drafted))
+        accepted = min(drafted, max(0, accepted))
+        return drafted, accepted, n / (n - accepted + c * drafted)
+
     def answer(self, class_key: str, decision: Decision) -> RequestRecord:
         self.count += 1
-        s = self.true_speedup(class_key, decision.variant)
+        n = 64
+        timings: dict[str, float | int] = {"predicted_n": n}
+        s = 1.0
+        if decision.variant != "none":
+            drafted, accepted, s = self.counts(class_key, decision.variant, n)
+            timings |= {"draft_n": drafted, "draft_n_accepted": accepted}
         spread = self.baseline_noise if decision.variant == "none" else self.noise
         tok_s = BASE_TOK_S * s * self.rng.lognormvariate(0.0, spread)
-        n = 64
-        timings: dict[str, float | int] = {
-            "predicted_n": n,
-            "predicted_ms": 1000 * n / tok_s,
-            "predicted_per_second": tok_s,
-        }
-        if decision.variant != "none":
-            drafted = 40
-            alpha = self.alphas.get(class_key, 0.5)
-            timings |= {"draft_n": drafted, "draft_n_accepted": round(drafted * alpha)}
+        timings |= {"predicted_ms": 1000 * n / tok_s, "predicted_per_second": tok_s}
         return RequestRecord(
             id=f"r{self.count}",
             ts=float(self.count),

@@ -25,7 +25,7 @@ def test_converges_to_the_best_variant_and_switches_losers_off(
     tmp_path: Path, caps: Capabilities
 ) -> None:
     engine = make(tmp_path, config(explore_share=0.5), caps)
-    sim = SimUpstream(truth(list(engine.variants.values())), {CODE: 0.8, PROSE: 0.1})
+    sim = SimUpstream(truth(list(engine.variants.values())))
     plan = schedule(1200)
     decisions = drive(engine, sim, plan)
 
@@ -105,7 +105,7 @@ def test_slow_trials_spend_the_budget_by_the_time_they_take(
     """A trial request at 0.4x takes 2.5 requests' time: it costs 1.5, so a 10 % budget
     buys about 40 of them in 600 requests, not 60 (a request-count budget)."""
     engine = make(tmp_path, config(explore_share=0.1, patience=0, max_trials=50), caps)
-    sim = SimUpstream({FRESH: {v: 0.4 for v in engine.variants}}, noise=0.02)
+    sim = SimUpstream({FRESH: {v: 0.4 for v in engine.variants}}, noise=0.02, count_noise=0.0)
     plan = [FRESH] * 600
     decisions = drive(engine, sim, plan)
     trials = sum(d.role == "trial" for d in decisions)
@@ -177,7 +177,7 @@ def test_drift_reopens_exploration(tmp_path: Path, caps: Capabilities) -> None:
     )
     engine = make(tmp_path, cfg, caps)
     speeds = truth(list(engine.variants.values()))
-    sim = SimUpstream(speeds, {CODE: 0.8})
+    sim = SimUpstream(speeds)
     drive(engine, sim, [CODE] * 300)
     state = engine.classes[CODE]
     assert state.converged and state.policy is not None and state.policy.speculation
@@ -186,7 +186,7 @@ def test_drift_reopens_exploration(tmp_path: Path, caps: Capabilities) -> None:
     for name in speeds[CODE]:  # the workload changed: every variant accepts less
         speeds[CODE][name] = min(speeds[CODE][name], 1.15)
     assert speeds[CODE][chosen] == 1.15
-    sim.speedups, sim.alphas = speeds, {CODE: 0.6}
+    sim.speedups = speeds
     # Checked every 20 requests (the daemon checks on a timer). The engine may first
     # switch to another variant whose older evidence now looks better; that one drifts too.
     reopened = []
@@ -201,7 +201,7 @@ def test_drift_reopens_exploration(tmp_path: Path, caps: Capabilities) -> None:
 
 def test_policies_survive_a_restart(tmp_path: Path, caps: Capabilities) -> None:
     engine = make(tmp_path, config(explore_share=0.5), caps)
-    sim = SimUpstream(truth(list(engine.variants.values())), {CODE: 0.8})
+    sim = SimUpstream(truth(list(engine.variants.values())))
     drive(engine, sim, schedule(600))
     before = engine.classes[CODE].policy
     assert before is not None and before.speculation
@@ -287,7 +287,7 @@ def test_per_class_decisions_are_prometheus_gauges(tmp_path: Path, caps: Capabil
     from tuner.upstream.client import UpstreamClient
 
     engine = make(tmp_path, config(explore_share=0.5), caps)
-    sim = SimUpstream(truth(list(engine.variants.values())), {CODE: 0.8})
+    sim = SimUpstream(truth(list(engine.variants.values())))
     metrics = Metrics(UpstreamClient("http://127.0.0.1:9"), RecordStore(tmp_path / "r"))
     metrics.watch_tuning(engine)
     drive(engine, sim, schedule(800))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import tomllib
 from importlib.resources import files
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -48,6 +48,7 @@ class Guard(_Strict):
     min_gain: float = Field(1.02, ge=1.0)
     drift_window: int = Field(24, ge=4)
     control_share: float = Field(0.5, ge=0.0, le=1.0)
+    speedup_from: Literal["counts", "timing"] = "counts"
 
 
 class Prior(_Strict):

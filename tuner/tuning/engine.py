@@ -72,6 +72,7 @@ from tuner.measure import Interval, ratio_interval, wilson
 from tuner.model.speedup import CostModel
 from tuner.records import RequestRecord
 from tuner.tuning.config import Override, TuningConfig
+from tuner.tuning.counts import Calibration, Counts, alpha_interval, count_speedup
 from tuner.tuning.prior import PriorView, rank
 from tuner.tuning.studies import Space, StudyBook
 from tuner.tuning.variants import BASELINE, Variant
@@ -111,6 +112,9 @@ def levels(key: str) -> list[str]:
 
 def _z(confidence: float) -> float:
     return statistics.NormalDist().inv_cdf(0.5 + confidence / 2)
+
+
+DRIFT_Z = _z(0.99)  # drift: two 99 % intervals must part (checked again and again)
 
 
 def _inline(job: Callable[[], None]) -> None:
@@ -164,7 +168,9 @@ class Arm:
     drafted: int = 0
     accepted: int = 0
     samples: deque[float] = field(default_factory=lambda: deque(maxlen=SAMPLES))
-    recent: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=SAMPLES))
+    # (drafted, accepted, tokens) per request, beside ``samples``; tokens 0: not known
+    # (a state file from before tokens were kept)
+    recent: deque[tuple[int, int, int]] = field(default_factory=lambda: deque(maxlen=SAMPLES))
 
     def add(self, tok_s: float, tokens: int, drafted: int, accepted: int) -> None:
         self.requests += 1
@@ -172,7 +178,7 @@ class Arm:
         self.drafted += drafted
         self.accepted += accepted
         self.samples.append(tok_s)
-        self.recent.append((drafted, accepted))
+        self.recent.append((drafted, accepted, tokens))
 
     @property
     def alpha(self) -> Interval | None:
@@ -181,6 +187,11 @@ class Arm:
     @property
     def tokens_per_step(self) -> float:
         return self.tokens / max(self.tokens - self.accepted, 1)
+
+    @property
+    def counts(self) -> list[Counts]:
+        """(tokens, drafted, accepted) of the kept requests whose token count is known."""
+        return [(n, d, a) for d, a, n in self.recent if n > 0]
 
     def dump(self) -> dict[str, Any]:
         return {
@@ -198,7 +209,9 @@ class Arm:
             int(data["requests"]), int(data["tokens"]), int(data["drafted"]), int(data["accepted"])
         )
         arm.samples.extend(float(x) for x in data.get("samples", []))
-        arm.recent.extend((int(d), int(a)) for d, a in data.get("recent", []))
+        arm.recent.extend(
+            (int(r[0]), int(r[1]), int(r[2]) if len(r) > 2 else 0) for r in data.get("recent", [])
+        )
         return arm
 
 
@@ -210,6 +223,7 @@ class Trial:
     none_mark: int  # requests routed to baseline when the trial started
     sent: int = 0
     samples: list[float] = field(default_factory=list)
+    counts: list[Counts] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -266,6 +280,8 @@ class Engine:
         self.on_change = on_change
         self.clock = clock
         self.z = _z(config.guard.confidence)
+        # what a drafted token costs, per variant, from every class's requests (counts mode)
+        self.calibration = Calibration(prior=self._prior_cost())
         self.classes: dict[str, ClassState] = {}
         self._opened: set[str] = set()  # classes whose study this process has used
         self._overrides: dict[str, Override] = {}  # per class key; the config is frozen
@@ -323,20 +339,75 @@ class Engine:
         request does not spend a class's budget for hours). The reference is the class's
         baseline speed times the serving policy's measured speedup; None before any level
         of the class has measured its baseline."""
-        base = next(
-            (
-                arm
-                for level in levels(key)
-                if (state := self.classes.get(level)) is not None
-                and (arm := state.arms.get(BASELINE.name)) is not None
-                and len(arm.samples) >= 2
-            ),
-            None,
-        )
+        base = self._baseline_arm(key)
         if base is None or tok_s <= 0:
             return None
         reference = statistics.fmean(base.samples) * self._effective_policy(key)[1].gain
         return min(MAX_COST, max(0.0, reference / tok_s - 1.0))
+
+    def _baseline_arm(self, key: str) -> Arm | None:
+        """The nearest level's baseline arm with at least two requests (caller holds the lock)."""
+        for level in levels(key):
+            state = self.classes.get(level)
+            arm = state.arms.get(BASELINE.name) if state is not None else None
+            if arm is not None and len(arm.samples) >= 2:
+                return arm
+        return None
+
+    def _steps(self, key: str, tokens: int, tok_s: float) -> float | None:
+        """How many plain decode steps of its class a request's decoding took."""
+        base = self._baseline_arm(key)
+        if base is None or tok_s <= 0:
+            return None
+        return tokens * statistics.fmean(base.samples) / tok_s
+
+    def _prior_cost(self) -> float:
+        """``c`` before any calibration: the cost model's extra verify time per drafted
+        token (at 16 drafts) plus a draft model's step."""
+        verify = self.cost.verify
+        return max(0.0, (verify(17) - verify(1)) / 16) + self.draft_step
+
+    def _speedups(self, state: ClassState, base: Arm, need: int) -> dict[str, Interval]:
+        """Each speculative variant's speedup in a class, for arms of ``need`` requests:
+        from the requests' counts priced by the calibrated cost (``guard.speedup_from =
+        "counts"``), else the ratio of mean decode speeds to the class's baseline."""
+        arms = {
+            name: arm
+            for name, arm in state.arms.items()
+            if name != BASELINE.name and name in self.variants and arm.requests >= need
+        }
+        costs = self.calibration.costs(arms)
+        return {n: self._arm_speedup(n, arm, base, costs[n]) for n, arm in arms.items()}
+
+    def _arm_speedup(
+        self, name: str, arm: Arm, base: Arm, cost: tuple[float, float] | None = None
+    ) -> Interval:
+        """One variant's speedup in a class (its arm and the class's baseline arm)."""
+        if self.config.guard.speedup_from == "counts":
+            c, c_se = cost or self.calibration.cost(name)
+            found = count_speedup(arm.counts, c, c_se, self.z)
+            if found is not None:
+                return found
+        # timing, or no token counts kept (a state file from before they were)
+        return ratio_interval(arm.samples, base.samples, self.z)
+
+    def _recalibrate(self) -> None:
+        """Rebuild the calibration from the kept requests (after ``restore``): each leaf
+        class's speculative requests against that class's baseline speed."""
+        self.calibration = Calibration(prior=self._prior_cost())
+        for key, state in self.classes.items():
+            base = state.arms.get(BASELINE.name)
+            if key.count("/") != 2 or key == SAMPLED or base is None or len(base.samples) < 2:
+                continue
+            speed = statistics.fmean(base.samples)
+            for name, arm in state.arms.items():
+                if name == BASELINE.name:
+                    continue
+                # newest first: a file from before ``recent`` was kept has fewer of them
+                kept = zip(reversed(arm.samples), reversed(arm.recent), strict=False)
+                for tok_s, (d, a, n) in kept:
+                    if n > 0 and tok_s > 0:
+                        self.calibration.add(name, (n, d, a), n * speed / tok_s)
 
     def offline_trial(self, class_key: str) -> Decision | None:
         """A trial request for a replayed prompt of this class (idle-time tuning, outside the
@@ -383,6 +454,10 @@ class Engine:
                 cost = self._cost(key, tok_s)
                 if cost is not None:
                     self._state(key).spent -= 1.0 - cost
+            counts = (t.predicted_n, drafted, accepted)
+            steps = self._steps(key, counts[0], tok_s)
+            if record.variant != BASELINE.name and steps is not None:
+                self.calibration.add(record.variant, counts, steps)
             for level in levels(key):
                 state = self._state(level)
                 state.arm(record.variant).add(tok_s, t.predicted_n, drafted, accepted)
@@ -390,6 +465,7 @@ class Engine:
             trial = state.trial
             if trial is not None and record.trial == trial.number:
                 trial.samples.append(tok_s)
+                trial.counts.append(counts)
                 if self._trial_done(state, trial):
                     state.trial, finish = None, trial
             changed = self._decide_all(key)
@@ -411,6 +487,9 @@ class Engine:
         return fresh if len(fresh) >= 2 else samples[-8:]
 
     def _trial_speedup(self, state: ClassState, trial: Trial) -> Interval | None:
+        if self.config.guard.speedup_from == "counts":
+            c, c_se = self.calibration.cost(trial.variant.name)
+            return count_speedup(trial.counts, c, c_se, self.z)
         base = self._baseline_since(state, trial.baseline_mark)
         if not base or not trial.samples:
             return None
@@ -489,7 +568,7 @@ class Engine:
             for name, arm in parent.arms.items():
                 if name == BASELINE.name or arm.requests < budget.min_trial_requests:
                     continue
-                found = ratio_interval(arm.samples, base.samples, self.z)
+                found = self._arm_speedup(name, arm, base)
                 if found.value < 1.0:
                     losing.add(name)
                 elif found.low > 1.0 and found.value >= guard.min_gain and candidate(name):
@@ -525,7 +604,7 @@ class Engine:
                     and arm.requests >= self.config.budget.trial_requests
                     and len(base.samples) >= 2
                 )
-                value = ratio_interval(arm.samples, base.samples, self.z).value if known else None  # type: ignore[union-attr]
+                value = self._arm_speedup(variant.name, arm, base).value if known else None  # type: ignore[arg-type]
             if value is None or attempt == 7:
                 return number, variant  # the last one runs again rather than stay told
             self.studies.tell(key, space, number, value, attrs={"reused": True})
@@ -700,12 +779,11 @@ class Engine:
         current: tuple[float, str, Interval, Arm] | None = None
         if base is None or len(base.samples) < 2:
             return None, None
+        speedups = self._speedups(state, base, need)
         for name, arm in state.arms.items():
-            if name == BASELINE.name or name not in self.variants or arm.requests < need:
+            if name not in speedups or self._forbidden(state.key, name):
                 continue
-            if self._forbidden(state.key, name):
-                continue
-            s = ratio_interval(arm.samples, base.samples, self.z)
+            s = speedups[name]
             if best_any is None or s.value > best_any[0]:
                 best_any = (s.value, name)
             if s.low > 1.0 and s.value >= guard.min_gain and (best is None or s.low > best[0]):
@@ -784,7 +862,7 @@ class Engine:
             return True
         if arm.requests < self.config.budget.min_trial_requests:
             return True
-        return ratio_interval(arm.samples, base.samples, self.z).value >= 1.0
+        return self._arm_speedup(variant, arm, base).value >= 1.0
 
     # -- for the one-variant-at-a-time mode (tuner.tuning.single) ------------------------
 
@@ -818,10 +896,8 @@ class Engine:
                     base = state.arms.get(BASELINE.name) if state else None
                     if state is None or base is None or len(base.samples) < 2:
                         continue
-                    for name, arm in state.arms.items():
-                        if name == BASELINE.name or name in found or len(arm.samples) < need:
-                            continue
-                        found[name] = ratio_interval(arm.samples, base.samples, self.z).value
+                    for name, s in self._speedups(state, base, need).items():
+                        found.setdefault(name, s.value)
                 out[key] = found
         return out
 
@@ -876,21 +952,21 @@ class Engine:
                 if len(base_samples) < 4:
                     continue
                 half = len(base_samples) // 2
-                before = ratio_interval(samples[:-window], base_samples[:half], self.z)
-                recent = ratio_interval(samples[-window:], base_samples[half:], self.z)
+                z = DRIFT_Z
+                before = ratio_interval(samples[:-window], base_samples[:half], z)
+                recent = ratio_interval(samples[-window:], base_samples[half:], z)
                 now = recent.value
-                old_alpha = wilson(
-                    sum(a for _, a in pairs[:-window]), sum(d for d, _ in pairs[:-window])
-                )
-                drafted = sum(d for d, _ in pairs[-window:])
-                alpha_now = sum(a for _, a in pairs[-window:]) / drafted if drafted else None
+                # per request, not per token: a prompt's drafts are accepted together
+                old_alpha = alpha_interval(pairs[:-window], z)
+                recent_alpha = alpha_interval(pairs[-window:], z)
+                alpha_now = recent_alpha.value if recent_alpha else None
                 # Both are measured: drift when the intervals part, not when the recent
                 # point estimate leaves the older interval (a few controls make it noisy).
                 left_speedup = recent.high < before.low or recent.low > before.high
                 left_alpha = (
-                    alpha_now is not None
+                    recent_alpha is not None
                     and old_alpha is not None
-                    and not old_alpha.contains(alpha_now)
+                    and (recent_alpha.high < old_alpha.low or recent_alpha.low > old_alpha.high)
                 )
                 if left_speedup or left_alpha:
                     state.converged = False
@@ -1011,4 +1087,6 @@ class Engine:
                 state.arms = {n: Arm.load(a) for n, a in data.get("arms", {}).items()}
                 if data.get("policy"):
                     state.policy = Policy.model_validate(data["policy"])
+            self._recalibrate()
+            for state in self.classes.values():
                 self._decide(state)

@@ -1,0 +1,174 @@
+"""Speedups from token counts: each request's own drafted and accepted tokens, priced. Pure.
+
+A speculative request that generated ``n`` tokens, drafted ``d`` and had ``a`` of them
+accepted ran ``n - a`` target steps and verified ``d`` extra tokens. Priced in plain
+decode steps, it took ``n - a + c * d`` where ``c`` is what one drafted token costs
+(drafting plus verifying it), so its speedup over no speculation is::
+
+    n / (n - a + c * d)
+
+The counts come from llama-server's ``timings`` and carry no timing noise (greedy
+decoding repeats them exactly), and the formula needs no baseline request on the same
+prompt. What it needs is ``c`` per variant: a property of the model, the machine and
+the variant, not of the prompt, so it is calibrated on every class's requests pooled
+(``Calibration``), from each request's decode speed against its class's baseline
+speed. On the bench's 1,300 requests (Gemma 3 270M, CPU) the model fits the measured
+speedups to the timing noise: log residual 0.13-0.16 where the same prompt and variant
+repeated scatter by 0.10-0.12, with ``c`` near 0.45 for every draft length.
+
+A trial judged this way compares variants by what they accept on the class's prompts,
+priced by a cost measured on all traffic, instead of by a ratio of two small samples of
+wall-clock speeds on different prompts (each request's speed scatters by ~12 % on a
+shared 2-core machine).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from tuner.measure import Interval
+
+__all__ = ["Calibration", "Counts", "alpha_interval", "count_speedup", "ratio_of_sums"]
+
+Counts = tuple[int, int, int]  # generated tokens, drafted, accepted (one request)
+PRIOR_REQUESTS = 4.0  # weight of the pooled (or prior) cost against a variant's own
+MIN_REL = 0.01  # the narrowest relative half-width an interval gets (model error)
+
+
+def ratio_of_sums(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
+    """``sum(x) / sum(y)`` over paired values and its standard error (delta method).
+
+    >>> r, se = ratio_of_sums([2.0, 4.0, 6.0], [1.0, 2.0, 3.0])
+    >>> r, se
+    (2.0, 0.0)
+    """
+    n, sx, sy = len(x), math.fsum(x), math.fsum(y)
+    if n == 0 or sy <= 0:
+        raise ValueError("ratio_of_sums needs values with a positive sum of y")
+    r = sx / sy
+    if n < 2:
+        return r, math.inf
+    resid = math.fsum((a - r * b) ** 2 for a, b in zip(x, y, strict=True))
+    return r, math.sqrt(resid / (n * (n - 1))) / (sy / n)
+
+
+def count_speedup(counts: Sequence[Counts], c: float, c_se: float, z: float) -> Interval | None:
+    """The speedup of requests over no speculation from their counts, with an interval.
+
+    Token-weighted (``sum n / sum (n - a + c d)``, as total decode time would be); the
+    interval covers the spread between the requests and the uncertainty of ``c``.
+
+    >>> s = count_speedup([(100, 100, 80), (100, 100, 80)], 0.5, 0.0, 1.64)
+    >>> round(s.value, 3), s.low < s.value < s.high
+    (1.429, True)
+    >>> count_speedup([(100, 0, 0)], 0.5, 0.1, 1.64).value
+    1.0
+    """
+    rows = [(n, d, a) for n, d, a in counts if n > 0]
+    if not rows:
+        return None
+    work = [n - a + c * d for n, d, a in rows]
+    if min(work) <= 0:
+        return None
+    r, se = ratio_of_sums([float(n) for n, _, _ in rows], work)
+    drafted = math.fsum(float(d) for _, d, _ in rows)
+    rel_c = c_se * drafted / math.fsum(work)  # d log r / d c = -sum d / sum work
+    rel = math.hypot(se / r if math.isfinite(se) else 1.0, rel_c, MIN_REL)
+    half = z * rel
+    return Interval(r, r * math.exp(-half), r * math.exp(half))
+
+
+def alpha_interval(pairs: Sequence[tuple[int, ...]], z: float) -> Interval | None:
+    """Acceptance over requests given as (drafted, accepted, ...), with an interval from
+    the spread between requests (a prompt's drafts are accepted or not together, so a
+    binomial interval over all drafted tokens is far too narrow); None without two
+    requests that drafted.
+
+    >>> a = alpha_interval([(10, 8), (10, 6), (0, 0), (10, 7)], 1.64)
+    >>> round(a.value, 2), a.low < 0.7 < a.high
+    (0.7, True)
+    """
+    rows = [(float(p[1]), float(p[0])) for p in pairs if p[0] > 0]
+    if len(rows) < 2:
+        return None
+    r, se = ratio_of_sums([a for a, _ in rows], [d for _, d in rows])
+    return Interval(r, max(0.0, r - z * se), min(1.0, r + z * se))
+
+
+@dataclass(slots=True)
+class _Sums:
+    """Running sums of (extra steps, drafted tokens) over requests: O(1) to add and read."""
+
+    n: int = 0
+    x: float = 0.0
+    d: float = 0.0
+    xx: float = 0.0
+    xd: float = 0.0
+    dd: float = 0.0
+
+    def add(self, x: float, d: float) -> None:
+        self.n += 1
+        self.x += x
+        self.d += d
+        self.xx += x * x
+        self.xd += x * d
+        self.dd += d * d
+
+    def __iadd__(self, other: _Sums) -> _Sums:
+        for name in self.__slots__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        return self
+
+    def ratio(self, prior: float, prior_se: float, pseudo: float) -> tuple[float, float]:
+        """``x / d`` with ``pseudo`` requests at ``prior`` and its standard error: the
+        prior alone with no data, the data's own ratio with much of it."""
+        if self.n == 0 or self.d <= 0:
+            return prior, prior_se
+        weight = pseudo * self.d / self.n
+        value = (self.x + weight * prior) / (self.d + weight)
+        share = self.n / (self.n + pseudo)  # the data's share of the estimate
+        if self.n >= 2:
+            r = self.x / self.d
+            resid = max(0.0, self.xx - 2 * r * self.xd + r * r * self.dd)
+            se = math.sqrt(resid / (self.n * (self.n - 1))) / (self.d / self.n)
+        else:
+            se = prior_se
+        return max(0.0, value), math.hypot(share * se, (1 - share) * prior_se)
+
+
+@dataclass(slots=True)
+class Calibration:
+    """What one drafted token costs, per variant, from requests of every class.
+
+    ``add`` takes one speculative request: its counts and its time in plain decode steps
+    of its class (``n * baseline speed / its speed``); the time beyond ``n - a`` steps is
+    charged to its ``d`` drafted tokens. A variant's cost is its own, shrunk toward the
+    cost pooled over every variant by ``PRIOR_REQUESTS`` requests' worth of drafts; the
+    pooled cost is shrunk toward ``prior`` (the cost model's guess) by one request's.
+    """
+
+    prior: float = 0.0
+    prior_se: float = 0.25
+    sums: dict[str, _Sums] = field(default_factory=dict)
+
+    def add(self, variant: str, counts: Counts, steps: float) -> None:
+        n, d, a = counts
+        if d <= 0 or n <= 0 or not math.isfinite(steps) or steps <= 0:
+            return
+        self.sums.setdefault(variant, _Sums()).add(steps - (n - a), float(d))
+
+    def costs(self, variants: Iterable[str]) -> dict[str, tuple[float, float]]:
+        """``c`` and its standard error for each variant."""
+        total = _Sums()
+        for each in self.sums.values():
+            total += each
+        pooled = total.ratio(self.prior, self.prior_se, 1.0)
+        return {
+            name: own.ratio(*pooled, PRIOR_REQUESTS) if (own := self.sums.get(name)) else pooled
+            for name in variants
+        }
+
+    def cost(self, variant: str) -> tuple[float, float]:
+        return self.costs([variant])[variant]
