@@ -53,7 +53,8 @@ class SimUpstream:
     without speculation, default the same). A speculative request's token counts agree with
     its speedup as on a real server: ``n`` tokens, ``d`` drafted, ``a`` accepted with
     ``n / (n - a + c d)`` = the true speedup, ``c`` the machine's cost of a drafted token
-    (``cost``, per variant in ``costs``); ``count_noise`` scatters ``a`` (prompts differ)."""
+    (``cost``, per variant in ``costs``); ``count_noise`` scatters ``a`` (prompts differ).
+    ``bases``: a class's speed without speculation, relative to ``BASE_TOK_S`` (default 1)."""
 
     def __init__(
         self,
@@ -64,6 +65,7 @@ class SimUpstream:
         count_noise: float = 0.05,
         cost: float = 0.45,
         costs: Mapping[str, float] | None = None,
+        bases: Mapping[str, float] | None = None,
         seed: int = 0,
     ) -> None:
         self.speedups = {k: dict(v) for k, v in speedups.items()}
@@ -72,6 +74,7 @@ class SimUpstream:
         self.count_noise = count_noise
         self.cost = cost
         self.costs = dict(costs or {})
+        self.bases = dict(bases or {})
         self.rng = random.Random(seed)
         self.count = 0
 
@@ -97,7 +100,8 @@ class SimUpstream:
             drafted, accepted, s = self.counts(class_key, decision.variant, n)
             timings |= {"draft_n": drafted, "draft_n_accepted": accepted}
         spread = self.baseline_noise if decision.variant == "none" else self.noise
-        tok_s = BASE_TOK_S * s * self.rng.lognormvariate(0.0, spread)
+        base = BASE_TOK_S * self.bases.get(class_key, 1.0)
+        tok_s = base * s * self.rng.lognormvariate(0.0, spread)
         timings |= {"predicted_ms": 1000 * n / tok_s, "predicted_per_second": tok_s}
         return RequestRecord(
             id=f"r{self.count}",

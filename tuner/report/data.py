@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.classify.classes import ROOT
 from tuner.errors import TunerError
-from tuner.measure import BASELINE, ratio_interval, wilson
+from tuner.measure import BASELINE, Interval, ratio_interval, wilson
 from tuner.tuning.state import POLICY_FILE, read_document
 
 if TYPE_CHECKING:
@@ -143,15 +143,27 @@ def _float(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def _arms(arms: Mapping[str, Any], predicted: Mapping[str, float]) -> list[ArmRow]:
+def _measured(value: Any) -> Interval | None:
+    """A ``[value, low, high]`` triple of the policy file's ``speedups``."""
+    if isinstance(value, list) and len(value) == 3 and all(_float(x) is not None for x in value):
+        return Interval(*(float(x) for x in value))
+    return None
+
+
+def _arms(
+    arms: Mapping[str, Any], predicted: Mapping[str, float], measured: Mapping[str, Any]
+) -> list[ArmRow]:
+    """Each arm's row: the speedup the engine measured it at (``speedups``, as it decides),
+    else (a file from before it wrote them, or an arm with too few requests for the
+    engine) the ratio of its mean decode speed to the baseline's."""
     base = arms.get(BASELINE) or {}
     base_samples = [float(x) for x in base.get("samples", [])]
     out = []
     for name, arm in sorted(arms.items()):
         samples = [float(x) for x in arm.get("samples", [])]
         alpha = wilson(int(arm.get("accepted", 0)), int(arm.get("drafted", 0)))
-        s = None
-        if name != BASELINE and len(samples) >= 2 and len(base_samples) >= 2:
+        s = _measured(measured.get(name)) if name != BASELINE else None
+        if s is None and name != BASELINE and len(samples) >= 2 and len(base_samples) >= 2:
             s = ratio_interval(samples, base_samples, Z90)
         out.append(
             ArmRow(
@@ -200,7 +212,7 @@ def _row(key: str, data: Mapping[str, Any]) -> ClassRow:
         converged=bool(data.get("converged", False)),
         since=_float(policy.get("since")),
         served_by=data.get("served_by"),
-        arms=_arms(data.get("arms") or {}, predicted),
+        arms=_arms(data.get("arms") or {}, predicted, data.get("speedups") or {}),
     )
 
 

@@ -25,7 +25,7 @@ shared 2-core machine).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from tuner.measure import Interval
@@ -139,36 +139,91 @@ class _Sums:
 
 
 @dataclass(slots=True)
+class _Raw:
+    """Running sums over one class's requests of one variant: decode time ``t`` (seconds),
+    target steps ``m = n - a`` and drafted tokens ``d``, with the products that give the
+    sums of ``extra = speed * t - m`` (steps beyond ``m``, at the class's baseline
+    ``speed``) for whatever that speed is when asked: an early, noisy estimate of it is
+    not baked in."""
+
+    n: int = 0
+    t: float = 0.0
+    m: float = 0.0
+    d: float = 0.0
+    tt: float = 0.0
+    tm: float = 0.0
+    mm: float = 0.0
+    td: float = 0.0
+    md: float = 0.0
+    dd: float = 0.0
+
+    def add(self, t: float, m: float, d: float) -> None:
+        self.n += 1
+        self.t += t
+        self.m += m
+        self.d += d
+        self.tt += t * t
+        self.tm += t * m
+        self.mm += m * m
+        self.td += t * d
+        self.md += m * d
+        self.dd += d * d
+
+    def at(self, speed: float) -> _Sums:
+        return _Sums(
+            n=self.n,
+            x=speed * self.t - self.m,
+            d=self.d,
+            xx=speed * speed * self.tt - 2 * speed * self.tm + self.mm,
+            xd=speed * self.td - self.md,
+            dd=self.dd,
+        )
+
+
+@dataclass(slots=True)
 class Calibration:
     """What one drafted token costs, per variant, from requests of every class.
 
-    ``add`` takes one speculative request: its counts and its time in plain decode steps
-    of its class (``n * baseline speed / its speed``); the time beyond ``n - a`` steps is
-    charged to its ``d`` drafted tokens. A variant's cost is its own, shrunk toward the
-    cost pooled over every variant by ``PRIOR_REQUESTS`` requests' worth of drafts; the
-    pooled cost is shrunk toward ``prior`` (the cost model's guess) by one request's.
+    ``add`` takes one speculative request: its class, counts and decode time; its time in
+    plain decode steps of its class (time x the class's baseline speed, as known when
+    asked) beyond its ``n - a`` steps is charged to its ``d`` drafted tokens. A variant's
+    cost is its own, shrunk toward the cost pooled over every variant by
+    ``PRIOR_REQUESTS`` requests' worth of drafts; the pooled cost is shrunk toward
+    ``prior`` (the cost model's guess) by one request's.
     """
 
     prior: float = 0.0
     prior_se: float = 0.25
-    sums: dict[str, _Sums] = field(default_factory=dict)
+    raw: dict[tuple[str, str], _Raw] = field(default_factory=dict)  # (class, variant)
 
-    def add(self, variant: str, counts: Counts, steps: float) -> None:
+    def add(self, class_key: str, variant: str, counts: Counts, seconds: float) -> None:
         n, d, a = counts
-        if d <= 0 or n <= 0 or not math.isfinite(steps) or steps <= 0:
+        if d <= 0 or n <= 0 or not math.isfinite(seconds) or seconds <= 0:
             return
-        self.sums.setdefault(variant, _Sums()).add(steps - (n - a), float(d))
+        self.raw.setdefault((class_key, variant), _Raw()).add(seconds, float(n - a), float(d))
 
-    def costs(self, variants: Iterable[str]) -> dict[str, tuple[float, float]]:
-        """``c`` and its standard error for each variant."""
+    def variants(self) -> set[str]:
+        return {variant for _, variant in self.raw}
+
+    def costs(
+        self, variants: Iterable[str], speed: Callable[[str], float | None]
+    ) -> dict[str, tuple[float, float]]:
+        """``c`` and its standard error for each variant; ``speed(class_key)``: the class's
+        baseline decode speed now (None: not known yet; its requests wait)."""
+        speeds: dict[str, float | None] = {}
+        by_variant: dict[str, _Sums] = {}
+        for (key, variant), raw in self.raw.items():
+            if key not in speeds:
+                speeds[key] = speed(key)
+            found = speeds[key]
+            if found is not None:
+                sums = by_variant.setdefault(variant, _Sums())
+                sums += raw.at(found)
         total = _Sums()
-        for each in self.sums.values():
+        for each in by_variant.values():
             total += each
         pooled = total.ratio(self.prior, self.prior_se, 1.0)
         return {
-            name: own.ratio(*pooled, PRIOR_REQUESTS) if (own := self.sums.get(name)) else pooled
+            name: own.ratio(*pooled, PRIOR_REQUESTS) if (own := by_variant.get(name)) else pooled
             for name in variants
         }
-
-    def cost(self, variant: str) -> tuple[float, float]:
-        return self.costs([variant])[variant]

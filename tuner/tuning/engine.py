@@ -23,9 +23,17 @@ Decisions, per class:
   interleaved so that the trial is compared with baseline requests from the same
   minutes; a converged class sends a control (for drift checks) at most once per
   ``drift_window`` of its requests.
+- Speedups (``guard.speedup_from = "counts"``, the default): a request that
+  generated ``n`` tokens, drafted ``d`` and had ``a`` accepted is priced at
+  ``n / (n - a + c d)`` (``tuner.tuning.counts``), with ``c``, what a drafted token
+  costs, calibrated per variant on every class's requests against their class's
+  baseline speed. Its counts carry no timing noise and need no baseline request on
+  the same prompt, so a 6-request trial measures what the class's prompts accept,
+  not which minutes it ran in. ``"timing"``: the ratio of the variant's mean decode
+  speed to the class's baseline requests (controls interleaved in the same minutes).
 - A trial runs ``trial_requests`` requests; after ``min_trial_requests`` it stops
-  early when its whole speedup interval is below 1. Its value (speedup over the
-  baseline measured meanwhile) is told to the class's Optuna study. A class's search
+  early when its whole speedup interval is below 1. Its value (its speedup, as
+  above) is told to the class's Optuna study. A class's search
   ends (converged) after ``max_trials`` trials, or after ``patience`` trials in a row
   that measured no better than its policy.
 - Trials: a variant a parent class measured best, not yet measured here, goes
@@ -50,8 +58,9 @@ Decisions, per class:
   if its ``prior.enqueue`` best candidates confirm the verdict the search stops there;
   after ``max_trials`` trials with no variant faster than baseline it is off with
   the measured reason.
-- Drift: ``check_drift`` compares the chosen variant's recent requests with the
-  interval it was chosen on; leaving it re-opens exploration.
+- Drift: ``check_drift`` compares the chosen variant's recent requests with its
+  earlier ones (decode speed against the baseline, and acceptance per request, each
+  at 99 %); when the two intervals part, exploration re-opens.
 """
 
 from __future__ import annotations
@@ -354,12 +363,15 @@ class Engine:
                 return arm
         return None
 
-    def _steps(self, key: str, tokens: int, tok_s: float) -> float | None:
-        """How many plain decode steps of its class a request's decoding took."""
+    def _baseline_speed(self, key: str) -> float | None:
+        """A class's decode speed without speculation, its nearest level's, as tokens over
+        time (the harmonic mean: the calibration multiplies decode times by it, and the
+        arithmetic mean of noisy speeds would overstate it). Caller holds the lock."""
         base = self._baseline_arm(key)
-        if base is None or tok_s <= 0:
-            return None
-        return tokens * statistics.fmean(base.samples) / tok_s
+        return statistics.harmonic_mean(base.samples) if base is not None else None
+
+    def _costs(self, variants: Iterable[str]) -> dict[str, tuple[float, float]]:
+        return self.calibration.costs(variants, self._baseline_speed)
 
     def _prior_cost(self) -> float:
         """``c`` before any calibration: the cost model's extra verify time per drafted
@@ -376,7 +388,7 @@ class Engine:
             for name, arm in state.arms.items()
             if name != BASELINE.name and name in self.variants and arm.requests >= need
         }
-        costs = self.calibration.costs(arms)
+        costs = self._costs(arms)
         return {n: self._arm_speedup(n, arm, base, costs[n]) for n, arm in arms.items()}
 
     def _arm_speedup(
@@ -384,7 +396,7 @@ class Engine:
     ) -> Interval:
         """One variant's speedup in a class (its arm and the class's baseline arm)."""
         if self.config.guard.speedup_from == "counts":
-            c, c_se = cost or self.calibration.cost(name)
+            c, c_se = cost or self._costs([name])[name]
             found = count_speedup(arm.counts, c, c_se, self.z)
             if found is not None:
                 return found
@@ -393,13 +405,11 @@ class Engine:
 
     def _recalibrate(self) -> None:
         """Rebuild the calibration from the kept requests (after ``restore``): each leaf
-        class's speculative requests against that class's baseline speed."""
+        class's speculative requests."""
         self.calibration = Calibration(prior=self._prior_cost())
         for key, state in self.classes.items():
-            base = state.arms.get(BASELINE.name)
-            if key.count("/") != 2 or key == SAMPLED or base is None or len(base.samples) < 2:
+            if key.count("/") != 2 or key == SAMPLED:
                 continue
-            speed = statistics.fmean(base.samples)
             for name, arm in state.arms.items():
                 if name == BASELINE.name:
                     continue
@@ -407,7 +417,7 @@ class Engine:
                 kept = zip(reversed(arm.samples), reversed(arm.recent), strict=False)
                 for tok_s, (d, a, n) in kept:
                     if n > 0 and tok_s > 0:
-                        self.calibration.add(name, (n, d, a), n * speed / tok_s)
+                        self.calibration.add(key, name, (n, d, a), n / tok_s)
 
     def offline_trial(self, class_key: str) -> Decision | None:
         """A trial request for a replayed prompt of this class (idle-time tuning, outside the
@@ -455,9 +465,8 @@ class Engine:
                 if cost is not None:
                     self._state(key).spent -= 1.0 - cost
             counts = (t.predicted_n, drafted, accepted)
-            steps = self._steps(key, counts[0], tok_s)
-            if record.variant != BASELINE.name and steps is not None:
-                self.calibration.add(record.variant, counts, steps)
+            if record.variant != BASELINE.name:
+                self.calibration.add(key, record.variant, counts, t.predicted_n / tok_s)
             for level in levels(key):
                 state = self._state(level)
                 state.arm(record.variant).add(tok_s, t.predicted_n, drafted, accepted)
@@ -488,7 +497,7 @@ class Engine:
 
     def _trial_speedup(self, state: ClassState, trial: Trial) -> Interval | None:
         if self.config.guard.speedup_from == "counts":
-            c, c_se = self.calibration.cost(trial.variant.name)
+            c, c_se = self._costs([trial.variant.name])[trial.variant.name]
             return count_speedup(trial.counts, c, c_se, self.z)
         base = self._baseline_since(state, trial.baseline_mark)
         if not base or not trial.samples:
@@ -1069,9 +1078,21 @@ class Engine:
                     if s.prior
                     else None,
                     "arms": {name: arm.dump() for name, arm in s.arms.items()},
+                    # what the engine measured each variant at, as it decides (the report
+                    # shows these rather than re-deriving them)
+                    "speedups": {
+                        name: [round(x, 4) for x in (i.value, i.low, i.high)]
+                        for name, i in self._measured(s).items()
+                    },
                 }
                 for key, s in sorted(self.classes.items())
             }
+
+    def _measured(self, state: ClassState) -> dict[str, Interval]:
+        base = state.arms.get(BASELINE.name)
+        if base is None or len(base.samples) < 2:
+            return {}
+        return self._speedups(state, base, self.config.budget.min_trial_requests)
 
     def restore(self, classes: dict[str, Any]) -> None:
         """Load a snapshot (trials that were running are not resumed: their study fails them)."""

@@ -1,0 +1,127 @@
+"""Speedups from token counts and the per-variant cost calibration (pure maths)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tuner.tuning.counts import Calibration, alpha_interval, count_speedup, ratio_of_sums
+
+Z = 1.645
+costs = st.floats(min_value=0.0, max_value=2.0)
+rows = st.lists(
+    st.tuples(st.integers(1, 512), st.integers(0, 512), st.floats(0.0, 1.0)).map(
+        lambda t: (t[0], t[1], min(t[0] - 1, round(t[1] * t[2])))  # accepted < generated
+    ),
+    min_size=1,
+    max_size=30,
+)
+
+
+@given(rows, costs)
+def test_count_speedup_is_the_token_weighted_formula(counts: list, c: float) -> None:
+    found = count_speedup(counts, c, 0.0, Z)
+    assert found is not None
+    expected = sum(n for n, _, _ in counts) / sum(n - a + c * d for n, d, a in counts)
+    assert found.value == pytest.approx(expected)
+    assert found.low < found.value < found.high  # never a zero-width interval
+
+
+@given(st.integers(1, 256), st.integers(1, 256), costs, costs)
+def test_accepting_more_or_paying_less_is_faster(n: int, d: int, c: float, more: float) -> None:
+    a = min(n - 1, d) // 2
+    slow = count_speedup([(n, d, a)], c + more, 0.0, Z)
+    fast = count_speedup([(n, d, min(n - 1, d, a + 1))], c, 0.0, Z)
+    assert slow is not None and fast is not None
+    assert fast.value >= slow.value
+
+
+def test_no_drafts_is_exactly_no_speedup() -> None:
+    found = count_speedup([(128, 0, 0)] * 5, 0.45, 0.1, Z)
+    assert found is not None and found.value == 1.0
+
+
+def test_the_interval_widens_with_the_spread_and_the_cost_uncertainty() -> None:
+    same = [(128, 100, 80)] * 6
+    spread = [(128, 100, 40), (128, 100, 95)] * 3
+    tight = count_speedup(same, 0.45, 0.0, Z)
+    wide = count_speedup(spread, 0.45, 0.0, Z)
+    unsure = count_speedup(same, 0.45, 0.1, Z)
+    assert tight is not None and wide is not None and unsure is not None
+    width = [i.high / i.low for i in (tight, wide, unsure)]
+    assert width[0] < width[1] and width[0] < width[2]
+
+
+def test_ratio_of_sums_matches_a_direct_computation() -> None:
+    x, y = [3.0, 5.0, 4.0, 9.0], [2.0, 3.0, 3.0, 5.0]
+    r, se = ratio_of_sums(x, y)
+    assert r == pytest.approx(21 / 13)
+    resid = sum((a - r * b) ** 2 for a, b in zip(x, y, strict=True))
+    assert se == pytest.approx(math.sqrt(resid / 12) / (13 / 4))
+    assert ratio_of_sums([2.0], [1.0]) == (2.0, math.inf)
+    with pytest.raises(ValueError):
+        ratio_of_sums([], [])
+
+
+def test_calibration_recovers_each_variant_cost_from_noisy_requests() -> None:
+    """Requests whose decode took ``n - a + c d`` steps of their class (times timing noise,
+    as on a shared machine), in two classes of different baseline speeds: the cost per
+    variant comes back, pooled across the classes, near its true value."""
+    rng = random.Random(1)
+    truth = {"ngram-simple.n3.m48": 0.45, "ngram-cache": 0.65}
+    speeds = {"code/echo/greedy": 60.0, "prose/fresh/greedy": 45.0}
+    calibration = Calibration(prior=0.0)
+    for _ in range(100):
+        for key, speed in speeds.items():
+            for name, c in truth.items():
+                n, d = 128, rng.randint(20, 200)
+                a = rng.randint(0, min(d, n - 1))
+                seconds = (n - a + c * d) / speed * rng.lognormvariate(0, 0.12)
+                calibration.add(key, name, (n, d, a), seconds)
+    found = calibration.costs([*truth, "ngram-mod"], speeds.get)
+    for name, c in truth.items():
+        value, se = found[name]
+        assert value == pytest.approx(c, abs=0.05) and 0 < se < 0.05
+    # a variant never seen gets the pooled cost, between the two
+    assert 0.45 < found["ngram-mod"][0] < 0.65
+    # a class whose baseline speed is not known yet does not count
+    only = calibration.costs(["ngram-cache"], {"code/echo/greedy": 60.0}.get)["ngram-cache"]
+    assert only[0] == pytest.approx(0.65, abs=0.07) and only[1] > found["ngram-cache"][1]
+
+
+def test_the_baseline_speed_is_applied_when_asked_not_when_added() -> None:
+    """The class's baseline speed is an estimate that improves: the cost uses the latest,
+    so an early guess of it (two noisy requests) is not baked in."""
+    calibration = Calibration()
+    for _ in range(10):
+        calibration.add("k", "v", (100, 100, 50), (50 + 0.4 * 100) / 60.0)  # at 60 tok/s
+    # 0.4, a touch lower: the prior (0) still weighs one request's worth
+    assert calibration.costs(["v"], lambda _: 60.0)["v"][0] == pytest.approx(0.4, abs=0.015)
+    assert calibration.costs(["v"], lambda _: 66.0)["v"][0] > 0.4  # the same time, more steps
+
+
+def test_calibration_starts_at_its_prior_and_ignores_what_cannot_count() -> None:
+    calibration = Calibration(prior=0.2, prior_se=0.3)
+    speed = lambda _: 50.0  # noqa: E731
+    assert calibration.costs(["x"], speed)["x"] == (0.2, 0.3)
+    calibration.add("k", "x", (128, 0, 0), 2.0)  # nothing drafted: says nothing about c
+    calibration.add("k", "x", (128, 50, 10), math.nan)
+    calibration.add("k", "x", (0, 50, 10), 1.0)
+    assert calibration.costs(["x"], speed)["x"] == (0.2, 0.3)
+    calibration.add("k", "x", (100, 100, 50), (50 + 0.6 * 100) / 50.0)  # one request at c = 0.6
+    value, _ = calibration.costs(["x"], speed)["x"]
+    assert 0.2 < value < 0.6  # shrunk toward the prior: one request is not proof
+
+
+def test_alpha_interval_is_per_request() -> None:
+    """Two requests of 1,000 drafts each, one accepting all and one none: the binomial
+    interval over 2,000 tokens would be +-2 %; the requests disagree completely."""
+    found = alpha_interval([(1000, 1000), (1000, 0)], Z)
+    assert found is not None and found.value == 0.5
+    assert found.low == 0.0 and found.high == 1.0
+    assert alpha_interval([(10, 5)], Z) is None
+    assert alpha_interval([(0, 0), (0, 0), (10, 5)], Z) is None
