@@ -145,7 +145,7 @@ def _history_cells(trials: Sequence[TrialRecord]) -> list[list[object]]:
 def history_table(class_key: str, trials: Sequence[TrialRecord]) -> str:
     if not trials:
         return f"no trials recorded for class {class_key!r}\n"
-    title = f"trials of class {class_key} (speedup over the interleaved baseline):"
+    title = f"trials of class {class_key} (speedup over no speculation):"
     return f"{title}\n{text_table(HISTORY_HEADERS, _history_cells(trials))}\n"
 
 

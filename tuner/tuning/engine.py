@@ -65,6 +65,7 @@ Decisions, per class:
 
 from __future__ import annotations
 
+import math
 import statistics
 import threading
 import time
@@ -368,7 +369,9 @@ class Engine:
         time (the harmonic mean: the calibration multiplies decode times by it, and the
         arithmetic mean of noisy speeds would overstate it). Caller holds the lock."""
         base = self._baseline_arm(key)
-        return statistics.harmonic_mean(base.samples) if base is not None else None
+        if base is None or min(base.samples) <= 0:
+            return None
+        return len(base.samples) / math.fsum(1.0 / x for x in base.samples)
 
     def _costs(self, variants: Iterable[str]) -> dict[str, tuple[float, float]]:
         return self.calibration.costs(variants, self._baseline_speed)
