@@ -99,7 +99,7 @@ def alpha_interval(pairs: Sequence[tuple[int, ...]], z: float) -> Interval | Non
 
 @dataclass(slots=True)
 class _Sums:
-    """Running sums of (extra steps, drafted tokens) over requests: O(1) to add and read."""
+    """Sums of (extra steps, drafted tokens) over requests, with their squares and product."""
 
     n: int = 0
     x: float = 0.0
@@ -107,14 +107,6 @@ class _Sums:
     xx: float = 0.0
     xd: float = 0.0
     dd: float = 0.0
-
-    def add(self, x: float, d: float) -> None:
-        self.n += 1
-        self.x += x
-        self.d += d
-        self.xx += x * x
-        self.xd += x * d
-        self.dd += d * d
 
     def __iadd__(self, other: _Sums) -> _Sums:
         for name in self.__slots__:
