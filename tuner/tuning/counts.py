@@ -50,8 +50,12 @@ def ratio_of_sums(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]
     r = sx / sy
     if n < 2:
         return r, math.inf
-    resid = math.fsum((a - r * b) ** 2 for a, b in zip(x, y, strict=True))
-    return r, math.sqrt(resid / (n * (n - 1))) / (sy / n)
+    return r, _ratio_se(math.fsum((a - r * b) ** 2 for a, b in zip(x, y, strict=True)), n, sy)
+
+
+def _ratio_se(resid: float, n: int, sum_y: float) -> float:
+    """Standard error of ``sum x / sum y`` from ``sum (x - r y)^2`` over ``n >= 2`` pairs."""
+    return math.sqrt(resid / (n * (n - 1))) / (sum_y / n)
 
 
 def count_speedup(counts: Sequence[Counts], c: float, c_se: float, z: float) -> Interval | None:
@@ -123,8 +127,7 @@ class _Sums:
         share = self.n / (self.n + pseudo)  # the data's share of the estimate
         if self.n >= 2:
             r = self.x / self.d
-            resid = max(0.0, self.xx - 2 * r * self.xd + r * r * self.dd)
-            se = math.sqrt(resid / (self.n * (self.n - 1))) / (self.d / self.n)
+            se = _ratio_se(max(0.0, self.xx - 2 * r * self.xd + r * r * self.dd), self.n, self.d)
         else:
             se = prior_se
         return max(0.0, value), math.hypot(share * se, (1 - share) * prior_se)

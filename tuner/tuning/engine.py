@@ -577,10 +577,7 @@ class Engine:
             if base is None or len(base.samples) < 2:
                 continue
             scored = []
-            for name, arm in parent.arms.items():
-                if name == BASELINE.name or arm.requests < budget.min_trial_requests:
-                    continue
-                found = self._arm_speedup(name, arm, base)
+            for name, found in self._speedups(parent, base, budget.min_trial_requests).items():
                 if found.value < 1.0:
                     losing.add(name)
                 elif found.low > 1.0 and found.value >= guard.min_gain and candidate(name):
