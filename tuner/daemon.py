@@ -29,9 +29,10 @@ from tuner.proxy.gate import VariantGate
 from tuner.records import RecordStore
 from tuner.settings import Settings
 from tuner.systemd import Notifier, notify
+from tuner.tuning.counterfactual import Counterfactual
 from tuner.tuning.engine import Decision
 from tuner.tuning.offline import OfflineTuner, Samples
-from tuner.tuning.plan import plan_tuning, tuning_config
+from tuner.tuning.plan import TuningPlan, plan_tuning, tuning_config
 from tuner.tuning.service import TuningService
 from tuner.upstream.capabilities import Capabilities
 from tuner.upstream.client import UpstreamClient
@@ -73,6 +74,7 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
     tuning: TuningService | None = None
     public_models: list[str] = []
     gate: VariantGate | None = None
+    plan: TuningPlan | None = None
     if settings.upstream_url is not None:
         client = UpstreamClient(
             str(settings.upstream_url), read_timeout_s=settings.request_timeout_s
@@ -123,10 +125,18 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
         restarts=lambda: client.restarts,
     )
     services: list[Service] = [supervisor] + ([tuning] if tuning else []) + [notifier]
+    counterfactual: Counterfactual | None = None
+    if tuning is not None and tuning.single is None and plan is not None:
+        counterfactual = Counterfactual(
+            tuning.engine, client.base_url, router=plan.mode == "router"
+        )
+        services.append(counterfactual)
     definitions = load_definitions(settings.classes_file)
     metrics = Metrics(client, records)
     if tuning is not None:
         metrics.watch_tuning(tuning.engine)
+    if counterfactual is not None:
+        metrics.watch_counterfactual(counterfactual)
     app = create_app(
         client,
         records,
@@ -142,6 +152,8 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
     )
     if tuning is not None and tuning.single is None:  # one variant at a time: no replays
         _offline(tuning, app.state.handlers)
+    if counterfactual is not None:  # takes requests while ``[guard] replay`` is on
+        app.state.handlers.counterfactual = counterfactual.submit
     return Daemon(settings, app, client, supervisor, records, caps, notifier, tuning)
 
 

@@ -15,6 +15,10 @@ Names follow Prometheus conventions (``_total`` counters, base units in seconds)
     tuner_upstream_ready                          1 when llama-server answers /health
     tuner_upstream_restarts_total                 restarts of the managed llama-server
     tuner_records_dropped_total, tuner_record_write_errors_total
+    tuner_counterfactual_replays_total{outcome}   requests replayed through ngram-simple variants
+    tuner_counterfactual_checked_total, tuner_counterfactual_agreed_total
+                                                  replays of the served variant, and those that
+                                                  gave the server's drafted/accepted counts
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from tuner.records import RecordStore, RequestRecord
+from tuner.tuning.counterfactual import Counterfactual
 from tuner.tuning.engine import Engine
 from tuner.upstream.client import UpstreamClient
 
@@ -105,6 +110,31 @@ class _TuningCollector(Collector):
         yield from (speedup, alpha, speculation, kill, share, cost, trials, switches)
 
 
+class _CounterfactualCollector(Collector):
+    """Counterfactual replays (``tuner.tuning.counterfactual``), read when scraped."""
+
+    def __init__(self, replayer: Counterfactual) -> None:
+        self.replayer = replayer
+
+    def collect(self) -> Iterator[Metric]:
+        c = self.replayer
+        done = CounterMetricFamily(
+            "tuner_counterfactual_replays", "Answered requests replayed through the "
+            "ngram-simple variants, by outcome", labels=["outcome"],
+        )  # fmt: skip
+        for outcome, value in (("done", c.done), ("dropped", c.dropped), ("failed", c.failed)):
+            done.add_metric([outcome], value)
+        yield done
+        yield CounterMetricFamily(
+            "tuner_counterfactual_checked", "Requests an ngram-simple variant served, replayed",
+            value=c.checked,
+        )  # fmt: skip
+        yield CounterMetricFamily(
+            "tuner_counterfactual_agreed", "... whose replay gave the server's drafted and "
+            "accepted counts exactly", value=c.agreed,
+        )  # fmt: skip
+
+
 class Metrics:
     """The daemon's metrics registry; ``observe`` takes one finished request."""
 
@@ -140,6 +170,10 @@ class Metrics:
     def watch_tuning(self, engine: Engine) -> None:
         """Expose the engine's per-class decisions as gauges."""
         self.registry.register(_TuningCollector(engine))
+
+    def watch_counterfactual(self, replayer: Counterfactual) -> None:
+        """Expose the counterfactual replays' counts and their agreement with the server."""
+        self.registry.register(_CounterfactualCollector(replayer))
 
     def observe(self, record: RequestRecord) -> None:
         if record.replay:

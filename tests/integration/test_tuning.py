@@ -6,6 +6,7 @@ import itertools
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -239,3 +240,56 @@ def test_idle_time_replays_on_real_llama_server(tmp_path: Path) -> None:
     assert replays and all(r["status"] == 200 for r in replays)
     assert {r["role"] for r in replays} == {"trial", "control"}
     assert len([r for r in records if not r.get("replay")]) == 2
+
+
+# Every request served by one ngram-simple variant (pinned), two more in the space.
+REPLAY_TUNING = """
+[search.ngram-simple]
+size_n = [3, 12]
+size_m = [16]
+[overrides.all]
+pin = "ngram-simple.n3.m16"
+"""
+
+
+def _metric(text: str, name: str) -> float:
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
+
+
+def test_replays_give_the_servers_counts_and_measure_the_other_variants(tmp_path: Path) -> None:
+    """The daemon tokenizes each answer through llama-server and replays it through every
+    ngram-simple variant: for the variant that served it, the replay gives the drafted and
+    accepted counts the server reported (chat and completions, whole and streamed); the
+    variants that did not serve it get those counts as evidence in the policy file."""
+    state, env = _tuned(tmp_path, REPLAY_TUNING)
+    items = load_workload(Path(__file__).parents[2] / "tuner" / "data" / "dev.jsonl")
+    greedy = [i for i in items if i.temperature == 0][:8]
+    running = start_daemon(state, env=env)
+    try:
+        for n, item in enumerate(greedy):
+            path, body = item.request(48)
+            body["stream"] = n % 2 == 1
+            response = _send(running.url, (path, body))
+            assert response.headers["x-spec-variant"] == "ngram-simple.n3.m16"
+        for _ in range(150):  # the replays run after the answers, on their own thread
+            text = httpx.get(running.url + "/metrics", timeout=10).text
+            if _metric(text, "tuner_counterfactual_replays_total") >= len(greedy):
+                break
+            time.sleep(0.2)
+    finally:
+        assert running.stop() == 0
+    lines = [line for line in text.splitlines() if "counterfactual" in line]
+    done = _metric(text, 'tuner_counterfactual_replays_total{outcome="done"}')
+    assert done == len(greedy), lines
+    checked = _metric(text, "tuner_counterfactual_checked_total")
+    agreed = _metric(text, "tuner_counterfactual_agreed_total")
+    assert checked == len(greedy) and agreed >= checked - 1, (checked, agreed)
+    classes = json.loads((state / "policies.json").read_text())["classes"]
+    replayed = sum(
+        c["arms"].get("ngram-simple.n12.m16", {}).get("replayed", 0)
+        for key, c in classes.items()
+        if key.count("/") == 2
+    )
+    assert replayed == len(greedy)
+    served = classes["all"]["arms"]["ngram-simple.n3.m16"]
+    assert served["requests"] == len(greedy) and served.get("replayed", 0) == 0

@@ -45,7 +45,7 @@ from tuner.proxy.openai_errors import (
     sse_error_event,
     translate_upstream_error,
 )
-from tuner.proxy.sse import TimingsSniffer, extract_timings
+from tuner.proxy.sse import TimingsSniffer, answer_text, extract_timings
 from tuner.proxy.validation import CHAT, COMPLETIONS, NATIVE, parse_body, validate
 from tuner.records import RecordStore, RequestRecord, Timings
 from tuner.upstream.client import UpstreamClient, UpstreamDisconnected, UpstreamResponse
@@ -76,6 +76,10 @@ class Routing(Protocol):
 
 
 Router = Callable[[str | None], Routing]
+
+
+# takes an answered request: its record, endpoint, body and answer text
+Keep = Callable[[RequestRecord, str, dict[str, Any], str], object]
 
 
 class Service(Protocol):
@@ -115,6 +119,10 @@ class _Trace:
     replay: bool = False
     wait_ms: float | None = None
     finished: bool = False
+    # Counterfactual replays: who gets the answered request (with its body and text)
+    keep: Keep | None = None
+    request_body: dict[str, Any] | None = None
+    chunks: list[bytes] | None = None  # a stream's raw bytes, kept while ``keep`` is set
 
     def note_body(self, body: dict[str, Any]) -> None:
         self.stream = body.get("stream") is True
@@ -190,6 +198,11 @@ class _Trace:
             tok_s=parsed.predicted_per_second if parsed else None,
             error=error,
         )
+        if self.keep is not None and self.request_body is not None and status == 200:
+            text = answer_text(body, self.chunks)
+            if text:
+                self.keep(record, self.endpoint, self.request_body, text)
+        self.request_body = self.chunks = None
         return record
 
 
@@ -230,6 +243,8 @@ class _Handlers:
         self.last_active = time.monotonic()
         # Idle-time tuning (tuner.tuning.offline): keeps a sample of classified bodies.
         self.sampler: Callable[[str | None, str, dict[str, Any]], object] | None = None
+        # Counterfactual replays (tuner.tuning.counterfactual): gets each answered request.
+        self.counterfactual: Keep | None = None
         self.drain = Drain()
 
     async def read_body(self, request: Request) -> bytes:
@@ -306,7 +321,11 @@ class _Handlers:
     def _route(self, trace: _Trace, body: dict[str, Any]) -> bytes | None:
         """Apply the tuner's decision to the body; the new body bytes when it changed."""
         assert self.router is not None
-        return self._apply(trace, body, self.router(trace.class_key))
+        changed = self._apply(trace, body, self.router(trace.class_key))
+        if self.counterfactual is not None and trace.variant is not None:
+            trace.keep, trace.request_body = self.counterfactual, body
+            trace.chunks = [] if trace.stream else None
+        return changed
 
     @staticmethod
     def _apply(trace: _Trace, body: dict[str, Any], routed: Routing) -> bytes | None:
@@ -600,6 +619,8 @@ async def _relay(response: UpstreamResponse, trace: _Trace, drain: Drain) -> Asy
                 yield sse_error_event(cut)
                 break
             sniffer.feed(chunk)
+            if trace.chunks is not None:
+                trace.chunks.append(chunk)
             yield chunk
         else:
             error = None

@@ -4,6 +4,7 @@
 client and remembers the last ``timings`` object (llama-server puts it on the
 last data chunk) and whether an error event was seen. Only lines that mention
 ``timings`` or ``error`` are parsed, so the cost per chunk stays small.
+``answer_text`` reads an answer's text back (a body or kept chunks), off the loop.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["TimingsSniffer", "extract_timings"]
+__all__ = ["TimingsSniffer", "answer_text", "extract_timings"]
 
 
 def extract_timings(payload: Any) -> dict[str, Any] | None:
@@ -66,3 +67,39 @@ class TimingsSniffer:
         if isinstance(payload, dict) and "error" in payload:
             error = payload["error"]
             self.error = str(error.get("message") if isinstance(error, dict) else error)
+
+
+def answer_text(body: bytes | None, chunks: list[bytes] | None) -> str | None:
+    """The text of a one-choice answer: a JSON body, or the SSE chunks of a stream.
+
+    >>> answer_text(b'{"choices": [{"message": {"content": "hi"}}]}', None)
+    'hi'
+    >>> chunk = b'data: {"choices": [{"delta": {"content": "%s"}}]}\\n\\n'
+    >>> answer_text(None, [chunk % b"h", chunk % b"i" + b"data: [DONE]\\n"])
+    'hi'
+    """
+    try:
+        if body is not None:
+            choices = json.loads(body).get("choices") or []
+            if len(choices) != 1:
+                return None
+            choice = choices[0]
+            message = choice.get("message")
+            text = message.get("content") if isinstance(message, dict) else choice.get("text")
+            return text if isinstance(text, str) else None
+        if chunks is None:
+            return None
+        parts: list[str] = []
+        for line in b"".join(chunks).split(b"\n"):
+            if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
+                continue
+            for choice in json.loads(line[5:]).get("choices") or []:
+                if choice.get("index", 0) != 0:
+                    return None
+                delta = choice.get("delta")
+                piece = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+                if isinstance(piece, str):
+                    parts.append(piece)
+        return "".join(parts)
+    except (ValueError, AttributeError, TypeError):
+        return None

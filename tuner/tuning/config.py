@@ -49,6 +49,7 @@ class Guard(_Strict):
     drift_window: int = Field(24, ge=4)
     control_share: float = Field(0.5, ge=0.0, le=1.0)
     speedup_from: Literal["counts", "timing"] = "counts"
+    replay: bool = True  # counts mode: every answer measures every ngram-simple variant
 
 
 class Prior(_Strict):

@@ -181,6 +181,10 @@ class Arm:
     # (drafted, accepted, tokens) per request, beside ``samples``; tokens 0: not known
     # (a state file from before tokens were kept)
     recent: deque[tuple[int, int, int]] = field(default_factory=lambda: deque(maxlen=SAMPLES))
+    # (tokens, drafted, accepted) this variant would have had on requests another variant
+    # served: replayed from their token ids (``tuner.tuning.shadow``), no timing
+    replayed: int = 0
+    shadow: deque[Counts] = field(default_factory=lambda: deque(maxlen=SAMPLES))
 
     def add(self, tok_s: float, tokens: int, drafted: int, accepted: int) -> None:
         self.requests += 1
@@ -190,18 +194,38 @@ class Arm:
         self.samples.append(tok_s)
         self.recent.append((drafted, accepted, tokens))
 
+    def add_replayed(self, counts: Counts) -> None:
+        self.replayed += 1
+        self.shadow.append(counts)
+
+    @property
+    def known(self) -> int:
+        """Requests measured: served, or replayed."""
+        return self.requests + self.replayed
+
     @property
     def alpha(self) -> Interval | None:
-        return wilson(self.accepted, self.drafted)
+        return wilson(
+            self.accepted + sum(a for _, _, a in self.shadow),
+            self.drafted + sum(d for _, d, _ in self.shadow),
+        )
 
     @property
     def tokens_per_step(self) -> float:
+        if not self.requests and self.shadow:
+            n, a = sum(c[0] for c in self.shadow), sum(c[2] for c in self.shadow)
+            return n / max(n - a, 1)
         return self.tokens / max(self.tokens - self.accepted, 1)
 
     @property
     def counts(self) -> list[Counts]:
         """(tokens, drafted, accepted) of the kept requests whose token count is known."""
         return [(n, d, a) for d, a, n in self.recent if n > 0]
+
+    @property
+    def evidence(self) -> list[Counts]:
+        """The kept counts, served and replayed."""
+        return [*self.counts, *self.shadow]
 
     def dump(self) -> dict[str, Any]:
         return {
@@ -211,6 +235,8 @@ class Arm:
             "accepted": self.accepted,
             "samples": list(self.samples),
             "recent": [list(r) for r in self.recent],
+            "replayed": self.replayed,
+            "shadow": [list(c) for c in self.shadow],
         }
 
     @classmethod
@@ -222,6 +248,8 @@ class Arm:
         arm.recent.extend(
             (int(r[0]), int(r[1]), int(r[2]) if len(r) > 2 else 0) for r in data.get("recent", [])
         )
+        arm.replayed = int(data.get("replayed", 0))
+        arm.shadow.extend((int(c[0]), int(c[1]), int(c[2])) for c in data.get("shadow", []))
         return arm
 
 
@@ -389,10 +417,14 @@ class Engine:
         arms = {
             name: arm
             for name, arm in state.arms.items()
-            if name != BASELINE.name and name in self.variants and arm.requests >= need
+            if name != BASELINE.name and name in self.variants and self._known(arm) >= need
         }
         costs = self._costs(arms)
         return {n: self._arm_speedup(n, arm, base, costs[n]) for n, arm in arms.items()}
+
+    def _known(self, arm: Arm) -> int:
+        """Requests that measured a variant: with counts, replayed ones count too."""
+        return arm.known if self.config.guard.speedup_from == "counts" else arm.requests
 
     def _arm_speedup(
         self, name: str, arm: Arm, base: Arm, cost: tuple[float, float] | None = None
@@ -400,7 +432,7 @@ class Engine:
         """One variant's speedup in a class (its arm and the class's baseline arm)."""
         if self.config.guard.speedup_from == "counts":
             c, c_se = cost or self._costs([name])[name]
-            found = count_speedup(arm.counts, c, c_se, self.z)
+            found = count_speedup(arm.evidence, c, c_se, self.z)
             if found is not None:
                 return found
         # timing, or no token counts kept (a state file from before they were)
@@ -486,6 +518,26 @@ class Engine:
         elif changed:
             self._changed()
 
+    def observe_replayed(
+        self, class_key: str | None, served: str, counts: dict[str, Counts]
+    ) -> None:
+        """Add what other variants would have drafted and accepted on a request that
+        ``served`` answered (replayed from its tokens, ``tuner.tuning.shadow``): counts
+        evidence for each of them in the class and its parents. Ignored when speedups
+        come from timing (a replay has no time)."""
+        if self.config.guard.speedup_from != "counts" or not self.config.guard.replay:
+            return
+        key = class_key or ROOT
+        with self._lock:
+            for level in levels(key):
+                state = self._state(level)
+                for name, found in counts.items():
+                    if name != served and name in self.variants and name != BASELINE.name:
+                        state.arm(name).add_replayed(found)
+            changed = self._decide_all(key)
+        if changed:
+            self._changed()
+
     def _baseline_since(self, state: ClassState, mark: int) -> list[float]:
         """Baseline speeds observed after the ``mark``-th baseline request (else the last 8).
 
@@ -567,7 +619,7 @@ class Engine:
             if variant is None or not variant.speculative or variant.spec_type not in space:
                 return False
             arm = state.arms.get(name)
-            return arm is None or arm.requests < budget.min_trial_requests
+            return arm is None or self._known(arm) < budget.min_trial_requests
 
         above = [self.classes[lv] for lv in levels(key) if lv != key
                  and lv in self.classes]  # fmt: skip
@@ -593,7 +645,7 @@ class Engine:
             name
             for parent in above
             for name, arm in parent.arms.items()
-            if arm.requests >= budget.min_trial_requests
+            if self._known(arm) >= budget.min_trial_requests
         }
         picks = [v for v, _ in prior.ranked if candidate(v.name) and v.name not in losing]
         return next((v for v in picks if v.name not in elsewhere), picks[0] if picks else None)
@@ -610,7 +662,7 @@ class Engine:
                 known = (
                     arm is not None
                     and base is not None
-                    and arm.requests >= self.config.budget.trial_requests
+                    and self._known(arm) >= self.config.budget.trial_requests
                     and len(base.samples) >= 2
                 )
                 value = self._arm_speedup(variant.name, arm, base).value if known else None  # type: ignore[arg-type]
@@ -869,7 +921,7 @@ class Engine:
         arm, base = state.arms.get(variant), state.arms.get(BASELINE.name)
         if arm is None or base is None or len(base.samples) < 2:
             return True
-        if arm.requests < self.config.budget.min_trial_requests:
+        if self._known(arm) < self.config.budget.min_trial_requests:
             return True
         return self._arm_speedup(variant, arm, base).value >= 1.0
 

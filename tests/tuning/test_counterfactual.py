@@ -1,0 +1,223 @@
+"""Counterfactual replays: the engine's use of replayed counts, and the replayer's IO."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.fake_llama import FakeLlamaServer
+from tests.tuning.sim import CODE, HELP, SimUpstream, config, make
+from tuner.proxy.app import create_app
+from tuner.records import RecordStore, RequestRecord, Timings
+from tuner.tuning.counterfactual import Counterfactual
+from tuner.tuning.engine import Arm, Decision, Engine
+from tuner.tuning.service import TuningService
+from tuner.tuning.shadow import replay_simple
+from tuner.upstream.capabilities import Capabilities, parse_capabilities
+from tuner.upstream.client import UpstreamClient
+
+
+@pytest.fixture(scope="module")
+def caps() -> Capabilities:
+    return parse_capabilities(HELP.read_text())
+
+
+def _gains(engine: Engine) -> dict[str, float]:
+    """Code edits: ngram-simple n3.m48 wins (1.5x), the rest of its type 1.2x, others lose."""
+    out = {}
+    for name, v in engine.variants.items():
+        if v.spec_type == "ngram-simple":
+            out[name] = 1.5 if (v.param("size_n"), v.param("size_m")) == (3, 48) else 1.2
+        elif v.speculative:
+            out[name] = 0.9
+    return out
+
+
+def _drive(engine: Engine, sim: SimUpstream, n: int, *, replay: bool) -> list[Decision]:
+    out = []
+    simple = [k for k, v in engine.variants.items() if v.spec_type == "ngram-simple"]
+    for _ in range(n):
+        decision = engine.route(CODE)
+        engine.observe(sim.answer(CODE, decision))
+        if replay:  # what the replayer hands over: every ngram-simple variant's counts
+            counts = {v: (64, *sim.counts(CODE, v)[:2]) for v in simple}
+            engine.observe_replayed(CODE, decision.variant, counts)
+        out.append(decision)
+    return out
+
+
+def test_replayed_counts_find_the_best_variant_without_trying_it(
+    tmp_path: Path, caps: Capabilities
+) -> None:
+    """Every request measures every ngram-simple variant: the class serves the best one
+    within a few requests and spends far less on exploring than trials alone."""
+    found = {}
+    for replay in (True, False):
+        engine = make(tmp_path / str(replay), config(explore_share=0.1), caps)
+        sim = SimUpstream({CODE: _gains(engine)}, seed=4)
+        decisions = _drive(engine, sim, 150, replay=replay)
+        best = [n for n, d in enumerate(decisions) if sim.true_speedup(CODE, d.variant) == 1.5]
+        served = [sim.true_speedup(CODE, d.variant) for d in decisions]
+        found[replay] = (best[0] if best else 999, sum(served) / len(served))
+        policy = engine.classes[CODE].policy
+        if replay:
+            assert policy is not None and sim.true_speedup(CODE, policy.variant) == 1.5
+            arm = engine.classes[CODE].arms[policy.variant]
+            assert arm.replayed > 0 and policy.speedup_low and policy.speedup_low > 1.0
+    assert found[True][0] <= 12, found
+    assert found[True][0] < found[False][0], found
+    assert found[True][1] > found[False][1] + 0.05, found
+
+
+def test_replays_are_ignored_when_speedups_come_from_timing(
+    tmp_path: Path, caps: Capabilities
+) -> None:
+    cfg = config(explore_share=0.1)
+    cfg = cfg.model_copy(update={"guard": cfg.guard.model_copy(update={"speedup_from": "timing"})})
+    engine = make(tmp_path, cfg, caps)
+    sim = SimUpstream({CODE: _gains(engine)})
+    _drive(engine, sim, 20, replay=True)
+    assert all(a.replayed == 0 for a in engine.classes[CODE].arms.values())
+
+
+def test_replayed_evidence_is_kept_across_a_restart(tmp_path: Path, caps: Capabilities) -> None:
+    arm = Arm()
+    arm.add(60.0, 64, 20, 10)
+    arm.add_replayed((64, 30, 25))
+    again = Arm.load(json.loads(json.dumps(arm.dump())))
+    assert again.replayed == 1 and list(again.shadow) == [(64, 30, 25)]
+    assert again.evidence == [(64, 20, 10), (64, 30, 25)] and again.known == 2
+    old = {k: v for k, v in arm.dump().items() if k not in ("replayed", "shadow")}
+    assert Arm.load(old).replayed == 0  # a state file from before replays
+
+
+# -- the replayer against a fake llama-server (the real one: tests/integration) ----------
+
+
+def _words(text: str) -> list[int]:
+    """The fake tokenizer: one token per word, its id from a stable table."""
+    return [sum(map(ord, w)) % 997 for w in text.split()]
+
+
+def _transport(calls: list[tuple[str, dict[str, object]]]) -> httpx.MockTransport:
+    def handle(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        calls.append((request.url.path, body))
+        if request.url.path == "/apply-template":
+            text = " ".join(m["content"] for m in body["messages"])
+            return httpx.Response(200, json={"prompt": "<bos> " + text})
+        if request.url.path == "/tokenize":
+            return httpx.Response(200, json={"tokens": _words(body["content"])})
+        return httpx.Response(404, json={"error": {"code": 404, "message": "no"}})
+
+    return httpx.MockTransport(handle)
+
+
+def _record(variant: str, drafted: int = 0, accepted: int = 0, n: int = 12) -> RequestRecord:
+    timings = Timings(predicted_n=n, predicted_per_second=50.0, predicted_ms=n * 20,
+                      draft_n=drafted or None, draft_n_accepted=accepted or None)  # fmt: skip
+    return RequestRecord(id="r", ts=0.0, endpoint="/v1/chat/completions", stream=False,
+                         status=200, proxy_ms=1.0, timings=timings, class_key=CODE,
+                         variant=variant, role="exploit", max_tokens=64)  # fmt: skip
+
+
+def test_the_replayer_tokenizes_and_hands_each_variant_its_counts(
+    tmp_path: Path, caps: Capabilities
+) -> None:
+    engine = make(tmp_path, config(), caps)
+    calls: list[tuple[str, dict[str, object]]] = []
+    replayer = Counterfactual(engine, "http://fake", transport=_transport(calls))
+    assert replayer.enabled and "ngram-simple.n3.m16" in replayer.variants
+    code = "a b c d e f g h i j k l m n o p q r s t"
+    body = {"messages": [{"role": "user", "content": "copy this: " + code}], "max_tokens": 64}
+    served = "ngram-simple.n3.m16"
+    prompt, output = _words("<bos> copy this: " + code), _words(code)
+    d, a = replay_simple(prompt, output, 3, 16, 64)
+    replayer.replay(_record(served, d, a, n=len(output)), "/v1/chat/completions", body, code)
+    # the template and both tokenizations went to the instance that answered
+    assert [c[0] for c in calls] == ["/apply-template", "/tokenize", "/tokenize"]
+    assert all(c[1]["model"] == served for c in calls)
+    assert calls[1][1]["add_special"] is True and calls[2][1]["add_special"] is False
+    arms = engine.classes[CODE].arms
+    assert served not in arms or arms[served].replayed == 0  # its own counts are real ones
+    other = arms["ngram-simple.n3.m48"]
+    assert other.replayed == 1 and other.shadow[0][0] == len(output)
+    assert replayer.checked == 1 and replayer.agreed == 1
+    # a wrong count from the server shows as a disagreement, not as evidence
+    replayer.replay(_record(served, d + 1, a), "/v1/chat/completions", body, code)
+    assert replayer.checked == 2 and replayer.agreed == 1
+
+
+def test_the_replayer_runs_off_thread_and_drops_when_full(
+    tmp_path: Path, caps: Capabilities
+) -> None:
+    engine = make(tmp_path, config(), caps)
+    calls: list[tuple[str, dict[str, object]]] = []
+    replayer = Counterfactual(engine, "http://fake", transport=_transport(calls), queue_size=1)
+    body = {"prompt": "x y z x y z x y z", "max_tokens": 64}
+    record = _record("none").model_copy(update={"endpoint": "/v1/completions"})
+    assert replayer.submit(record, "/v1/completions", body, "x y z")
+    assert not replayer.submit(record, "/v1/completions", body, "x y z")  # queue full
+    assert replayer.dropped == 1
+    assert not replayer.submit(record.model_copy(update={"status": 500}), "/v1/completions",
+                               body, "x")  # fmt: skip
+    replayer.open()
+    deadline = time.monotonic() + 5
+    while replayer.done < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    replayer.close()
+    assert replayer.done == 1 and replayer.failed == 0
+    assert [c[0] for c in calls] == ["/tokenize", "/tokenize"]  # no template for completions
+    assert engine.classes[CODE].arms["ngram-simple.n3.m16"].replayed == 1
+
+
+def test_an_upstream_error_loses_one_replay_only(tmp_path: Path, caps: Capabilities) -> None:
+    engine = make(tmp_path, config(), caps)
+    replayer = Counterfactual(
+        engine, "http://fake", transport=httpx.MockTransport(lambda r: httpx.Response(503))
+    )
+    replayer.open()
+    body = {"prompt": "x y z", "max_tokens": 8}
+    assert replayer.submit(_record("none"), "/v1/completions", body, "x y")
+    deadline = time.monotonic() + 5
+    while replayer.failed < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    replayer.close()
+    assert replayer.failed == 1 and replayer.done == 0
+
+
+async def test_the_proxy_hands_over_answered_requests_with_their_text(
+    tmp_path: Path, caps: Capabilities, fake: FakeLlamaServer
+) -> None:
+    """Whole and streamed answers, chat and completions: the replayer gets the routed
+    request's body and the answer's text, after the record is built; errors are not kept."""
+    engine = make(tmp_path, config(), caps)
+    service = TuningService(engine, tmp_path, {"model_key": "m"})
+    records = RecordStore(tmp_path / "records", linger_s=0)
+    await records.start()
+    client = UpstreamClient("http://fake", transport=fake.transport(), default_model="fake-model")
+    client.mark_ready(True)
+    app = create_app(client, records, router=service.route)
+    kept: list[tuple[RequestRecord, str, dict[str, Any], str]] = []
+    app.state.handlers.counterfactual = lambda *args: kept.append(args)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as proxy:
+        for stream in (False, True):
+            chat = {"messages": [{"role": "user", "content": "hi"}], "stream": stream}
+            assert (await proxy.post("/v1/chat/completions", json=chat)).status_code == 200
+            done = {"prompt": "hi", "stream": stream}
+            assert (await proxy.post("/v1/completions", json=done)).status_code == 200
+        fake.error = (500, {"error": {"code": 500, "message": "boom"}})
+        assert (await proxy.post("/v1/completions", json={"prompt": "x"})).status_code >= 500
+    await records.flush()
+    assert [k[3] for k in kept] == ["Hello there"] * 4
+    assert [k[1] for k in kept] == ["/v1/chat/completions", "/v1/completions"] * 2
+    assert all(k[0].variant == k[2]["model"] and k[0].status == 200 for k in kept)
+    await records.stop()
+    await service.stop()
+    await client.aclose()

@@ -1,0 +1,178 @@
+"""Every answered request measures every ``ngram-simple`` variant: tokenize it, replay it.
+
+After a request is answered (and recorded), ``Counterfactual`` takes its body and the
+answer's text, asks llama-server for the token ids (``/apply-template`` for chat
+messages, ``/tokenize`` for the prompt and the answer) and replays them through each
+``ngram-simple`` variant of the search space (``tuner.tuning.shadow``). The drafted
+and accepted counts go to ``Engine.observe_replayed`` as evidence for those variants
+in the request's class. All of it runs on one background thread with a small queue
+(dropped, and counted, when full), never on the request path; nothing is written to
+disk. The upstream calls are cheap next to a generation (tokenizing a few KB) and go
+to the instance that just answered.
+
+Tokenizing the answer's text again can differ from the ids the server sampled (a
+word split another way); ``benchmarks/shadow_check.py`` measures how often and what
+it does to the counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from tuner.logs import get_logger
+from tuner.records import RequestRecord
+from tuner.tuning.engine import Engine
+from tuner.tuning.shadow import replay_simple
+
+__all__ = ["Counterfactual"]
+
+log = get_logger(__name__)
+
+_TEMPLATE_KEYS = ("messages", "tools", "tool_choice", "chat_template_kwargs")
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    record: RequestRecord
+    endpoint: str
+    body: dict[str, Any]
+    text: str
+
+
+class Counterfactual:
+    """Replays finished requests through the engine's ``ngram-simple`` variants."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        base_url: str,
+        *,
+        router: bool = True,
+        queue_size: int = 64,
+        timeout_s: float = 10.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.engine = engine
+        self.router = router
+        self.variants = {
+            name: (int(v.param("size_n", 12) or 12), int(v.param("size_m", 48) or 48))
+            for name, v in engine.variants.items()
+            if v.spec_type == "ngram-simple"
+        }
+        # no keep-alive: llama-server drops idle connections, and a pooled one that it
+        # dropped fails the next call ("disconnected without sending a response")
+        self.client = httpx.Client(
+            base_url=base_url,
+            timeout=timeout_s,
+            transport=transport,
+            limits=httpx.Limits(max_keepalive_connections=0),
+        )
+        self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=queue_size)
+        self._thread: threading.Thread | None = None
+        self.done = self.dropped = self.failed = 0
+        # requests a replayable variant served, and those whose replay gave the server's counts
+        self.checked = self.agreed = 0
+
+    @property
+    def enabled(self) -> bool:
+        guard = self.engine.config.guard
+        return bool(self.variants) and guard.replay and guard.speedup_from == "counts"
+
+    async def start(self) -> None:
+        self.open()
+
+    async def stop(self) -> None:
+        await asyncio.to_thread(self.close)
+
+    def open(self) -> None:
+        """Start the worker thread (once)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="counterfactual", daemon=True)
+            self._thread.start()
+
+    def close(self) -> None:
+        """Finish what is queued (bounded wait), then stop the worker."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout=15)
+            self._thread = None
+        self.client.close()
+
+    def submit(self, record: RequestRecord, endpoint: str, body: dict[str, Any], text: str) -> bool:
+        """Queue one answered request (any thread; never blocks). False when not taken."""
+        t = record.timings
+        if (
+            not self.enabled
+            or record.status != 200
+            or record.error
+            or record.variant is None
+            or t is None
+            or not t.predicted_n
+        ):
+            return False
+        try:
+            self._queue.put_nowait(_Job(record, endpoint, body, text))
+        except queue.Full:
+            self.dropped += 1
+            return False
+        return True
+
+    def _run(self) -> None:
+        while (job := self._queue.get()) is not None:
+            try:
+                self.replay(job.record, job.endpoint, job.body, job.text)
+                self.done += 1
+            except Exception as exc:  # an upstream hiccup loses one replay, nothing else
+                self.failed += 1
+                log.info("counterfactual_failed", error=str(exc), request_id=job.record.id)
+
+    def replay(self, record: RequestRecord, endpoint: str, body: dict[str, Any], text: str) -> None:
+        """Tokenize one request and hand each variant's counts to the engine (blocking)."""
+        model = record.variant if self.router else None
+        prompt = self._prompt(endpoint, body, model)
+        if prompt is None:
+            return
+        output = self._tokenize(text, special=False, model=model)
+        t = record.timings
+        assert t is not None and t.predicted_n
+        counts = {
+            name: (t.predicted_n, *replay_simple(prompt, output, size_n, size_m, record.max_tokens))
+            for name, (size_n, size_m) in self.variants.items()
+        }
+        served = counts.pop(record.variant or "", None)
+        if served is not None:  # the replay of what the server did: does it agree?
+            self.checked += 1
+            self.agreed += served[1:] == (t.draft_n or 0, t.draft_n_accepted or 0)
+        self.engine.observe_replayed(record.class_key, record.variant or "", counts)
+
+    def _prompt(self, endpoint: str, body: dict[str, Any], model: str | None) -> list[int] | None:
+        if endpoint.endswith("/chat/completions"):
+            request = {k: body[k] for k in _TEMPLATE_KEYS if k in body}
+            if model is not None:
+                request["model"] = model
+            reply = self.client.post("/apply-template", json=request)
+            reply.raise_for_status()
+            text = reply.json().get("prompt")
+        else:
+            text = body.get("prompt")
+        if not isinstance(text, str):
+            return None  # token-id or multi-prompt completions: not replayed
+        return self._tokenize(text, special=True, model=model)
+
+    def _tokenize(self, text: str, *, special: bool, model: str | None) -> list[int]:
+        request: dict[str, Any] = {
+            "content": text,
+            "add_special": special,
+            "parse_special": special,
+        }
+        if model is not None:
+            request["model"] = model
+        reply = self.client.post("/tokenize", json=request)
+        reply.raise_for_status()
+        return [int(t) for t in reply.json()["tokens"]]
