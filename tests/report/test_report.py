@@ -227,3 +227,19 @@ def test_one_variant_at_a_time_is_reported(tmp_path: Path) -> None:
     document = json.loads(as_json(report))
     assert document["single"]["switches"] == single.switches >= 1
     assert json.loads(as_json(build_report({"classes": {}})))["single"] is None
+
+
+def test_replayed_evidence_shows_per_arm(tmp_path: Path) -> None:
+    """A variant only ever replayed (never served) has its acceptance, its measured speedup
+    and how many requests it was replayed on."""
+    engine = make(tmp_path, config(), parse_capabilities(HELP.read_text()), scope="sim@")
+    sim = SimUpstream(truth(list(engine.variants.values())))
+    drive(engine, sim, [CODE] * 6)  # baseline requests: the class's speed
+    for _ in range(6):
+        engine.observe_replayed(CODE, "none", {"ngram-simple.n3.m48": (64, 40, 36)})
+    save_policies(tmp_path / POLICY_FILE, META, engine.snapshot())
+    row = next(r for r in load_report(tmp_path).classes if r.class_key == CODE)
+    arm = next(a for a in row.arms if a.variant == "ngram-simple.n3.m48")
+    assert arm.requests == 0 and arm.replayed == 6
+    assert arm.alpha == pytest.approx(0.9, abs=0.01)
+    assert arm.speedup is not None and arm.speedup > 1.0

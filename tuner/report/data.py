@@ -48,6 +48,7 @@ class ArmRow:
     speedup_low: float | None
     speedup_high: float | None
     predicted: float | None  # the speedup model's prior for this class
+    replayed: int = 0  # requests other variants served, replayed through this one
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +162,11 @@ def _arms(
     out = []
     for name, arm in sorted(arms.items()):
         samples = [float(x) for x in arm.get("samples", [])]
-        alpha = wilson(int(arm.get("accepted", 0)), int(arm.get("drafted", 0)))
+        shadow = arm.get("shadow") or []  # replayed (tokens, drafted, accepted)
+        alpha = wilson(
+            int(arm.get("accepted", 0)) + sum(int(c[2]) for c in shadow),
+            int(arm.get("drafted", 0)) + sum(int(c[1]) for c in shadow),
+        )
         s = _measured(measured.get(name)) if name != BASELINE else None
         if s is None and name != BASELINE and len(samples) >= 2 and len(base_samples) >= 2:
             s = ratio_interval(samples, base_samples, Z90)
@@ -174,6 +179,7 @@ def _arms(
                 speedup_low=s.low if s else None,
                 speedup_high=s.high if s else None,
                 predicted=predicted.get(name),
+                replayed=int(arm.get("replayed", 0)),
             )
         )
     return out

@@ -31,6 +31,14 @@ Decisions, per class:
   the same prompt, so a 6-request trial measures what the class's prompts accept,
   not which minutes it ran in. ``"timing"``: the ratio of the variant's mean decode
   speed to the class's baseline requests (controls interleaved in the same minutes).
+- Replays (``guard.replay``, counts mode): every answered request is replayed through
+  each ``ngram-simple`` variant of the space from its token ids
+  (``tuner.tuning.counterfactual``); ``observe_replayed`` adds what each would have
+  drafted and accepted to its arm in the class and its parents (``Arm.shadow``). Those
+  counts are exact (the drafter is a pure function of the tokens), so such a variant is
+  measured on every request without a trial and without costing the class anything;
+  its drafted token's cost ``c`` still comes from the calibration (the pooled cost until
+  it has served). Trials go to what cannot be replayed.
 - A trial runs ``trial_requests`` requests; after ``min_trial_requests`` it stops
   early when its whole speedup interval is below 1. Its value (its speedup, as
   above) is told to the class's Optuna study. A class's search
