@@ -59,15 +59,17 @@ def tokens(client: httpx.Client, url: str, text: str, special: bool) -> list[int
     return list(client.post(url + "/tokenize", json=body).json()["tokens"])
 
 
-def run(client: httpx.Client, url: str, item: dict[str, Any], max_tokens: int) -> dict[str, Any]:
+def run(
+    client: httpx.Client, url: str, item: dict[str, Any], max_tokens: int, temperature: float
+) -> dict[str, Any]:
     if "messages" in item:
         prompt = client.post(url + "/apply-template", json={"messages": item["messages"]}).json()[
             "prompt"
         ]
     else:
         prompt = item["prompt"]
-    body = {"prompt": prompt, "n_predict": max_tokens, "temperature": 0, "return_tokens": True,
-            "cache_prompt": False}  # fmt: skip
+    body = {"prompt": prompt, "n_predict": max_tokens, "temperature": temperature,
+            "seed": 1, "return_tokens": True, "cache_prompt": False}  # fmt: skip
     reply = client.post(url + "/completion", json=body, timeout=300).json()
     t = reply["timings"]
     return {
@@ -85,6 +87,7 @@ def main() -> None:
     parser.add_argument("--workload", type=Path, default=Path("benchmarks/workloads/dev.jsonl"))
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--temperature", type=float, default=0.0)
     args = parser.parse_args()
     settings = Settings()
     binary = locate_llama_server(settings.llama_server, settings.cache_dir)
@@ -96,12 +99,19 @@ def main() -> None:
             name = "none" if size is None else f"ngram-simple.n{size[0]}.m{size[1]}"
             proc, url = start(binary, model, size)
             try:
-                runs[name] = [run(client, url, item, args.max_tokens) for item in items]
+                runs[name] = [
+                    run(client, url, item, args.max_tokens, args.temperature) for item in items
+                ]
             finally:
                 proc.terminate()
                 proc.wait()
             print(name, "done", file=sys.stderr)
-    result: dict[str, Any] = {"max_tokens": args.max_tokens, "prompts": len(items), "variants": {}}
+    result: dict[str, Any] = {
+        "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
+        "prompts": len(items),
+        "variants": {},
+    }
     base = {r["id"]: r for r in runs["none"]}
     retok_same = sum(r["output"] == r["retokenized"] for r in runs["none"])
     for n, m in VARIANTS:
