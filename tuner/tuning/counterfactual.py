@@ -60,8 +60,10 @@ class Counterfactual:
     ) -> None:
         self.engine = engine
         self.router = router
+        # (lookup length, draft length): llama.cpp's size_n defaults to 12; size_m is the
+        # variant's draft length (its default known to ``Variant``)
         self.variants = {
-            name: (int(v.param("size_n", 12) or 12), int(v.param("size_m", 48) or 48))
+            name: (int(v.param("size_n", 12) or 12), v.draft_length)
             for name, v in engine.variants.items()
             if v.spec_type == "ngram-simple"
         }
