@@ -32,15 +32,18 @@ from tuner.workload import load_workload
 VARIANTS = [(3, 16), (12, 48), (6, 8), (3, 48)]
 
 
-def start(
-    binary: Path, model: Path, size: tuple[int, int] | None
-) -> tuple[subprocess.Popen[bytes], str]:
+def simple_flags(size: tuple[int, int] | None) -> list[str]:
+    if size is None:
+        return []
+    return ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(size[0]),
+            "--spec-ngram-simple-size-m", str(size[1])]  # fmt: skip
+
+
+def start(binary: Path, model: Path, flags: list[str]) -> tuple[subprocess.Popen[bytes], str]:
+    """One llama-server with one slot (so one drafter state) and the given flags."""
     port = free_port()
     argv = [str(binary), "-m", str(model), "--port", str(port), "-t", "2", "-c", "4096",
-            "-np", "1", "--no-webui"]  # fmt: skip
-    if size is not None:
-        argv += ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(size[0]),
-                 "--spec-ngram-simple-size-m", str(size[1])]  # fmt: skip
+            "-np", "1", "--no-webui", *flags]  # fmt: skip
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
@@ -97,7 +100,7 @@ def main() -> None:
     with httpx.Client(timeout=60) as client:
         for size in [None, *VARIANTS]:
             name = "none" if size is None else f"ngram-simple.n{size[0]}.m{size[1]}"
-            proc, url = start(binary, model, size)
+            proc, url = start(binary, model, simple_flags(size))
             try:
                 runs[name] = [
                     run(client, url, item, args.max_tokens, args.temperature) for item in items

@@ -15,7 +15,7 @@ Names follow Prometheus conventions (``_total`` counters, base units in seconds)
     tuner_upstream_ready                          1 when llama-server answers /health
     tuner_upstream_restarts_total                 restarts of the managed llama-server
     tuner_records_dropped_total, tuner_record_write_errors_total
-    tuner_counterfactual_replays_total{outcome}   requests replayed through ngram-simple variants
+    tuner_counterfactual_replays_total{outcome}   requests replayed through n-gram variants
     tuner_counterfactual_checked_total, tuner_counterfactual_agreed_total
                                                   replays of the served variant, and those that
                                                   gave the server's drafted/accepted counts
@@ -120,7 +120,7 @@ class _CounterfactualCollector(Collector):
         c = self.replayer
         done = CounterMetricFamily(
             "tuner_counterfactual_replays", "Answered requests replayed through the "
-            "ngram-simple variants, by outcome", labels=["outcome"],
+            "n-gram variants (ngram-simple, ngram-mod), by outcome", labels=["outcome"],
         )  # fmt: skip
         for outcome, value in (("done", c.done), ("dropped", c.dropped), ("failed", c.failed)):
             done.add_metric([outcome], value)

@@ -17,7 +17,7 @@ from tuner.records import RecordStore, RequestRecord, Timings
 from tuner.tuning.counterfactual import Counterfactual
 from tuner.tuning.engine import Arm, Decision, Engine
 from tuner.tuning.service import TuningService
-from tuner.tuning.shadow import replay_simple
+from tuner.tuning.shadow import ModDrafter, replay_simple
 from tuner.upstream.capabilities import Capabilities, parse_capabilities
 from tuner.upstream.client import UpstreamClient
 
@@ -151,6 +151,48 @@ def test_the_replayer_tokenizes_and_hands_each_variant_its_counts(
     # a wrong count from the server shows as a disagreement, not as evidence
     replayer.replay(_record(served, d + 1, a), "/v1/chat/completions", body, code)
     assert replayer.checked == 2 and replayer.agreed == 1
+
+
+def test_ngram_mod_variants_are_replayed_through_tables_that_remember(
+    tmp_path: Path, caps: Capabilities
+) -> None:
+    """Each ngram-mod variant has its own simulated drafter, fed every request in order:
+    an answer repeated later is drafted from the earlier one (as the server's table does)."""
+    engine = make(tmp_path, config(), caps)
+    replayer = Counterfactual(engine, "http://fake", transport=_transport([]))
+    mods = [k for k, v in engine.variants.items() if v.spec_type == "ngram-mod"]
+    assert mods and sorted(replayer.mod) == sorted(mods)
+    drafter = replayer.mod[mods[0]]
+    v = engine.variants[mods[0]]
+    assert (drafter.n, drafter.n_max) == (v.param("n_match", 24), v.draft_length)
+    answer = " ".join(f"w{i}" for i in range(120))
+    body = {"prompt": "tell me the words", "max_tokens": 200}
+    record = _record("none", n=120).model_copy(
+        update={"endpoint": "/v1/completions", "max_tokens": 200}
+    )
+    reference = {k: ModDrafter(d.n, d.n_max, d.n_min) for k, d in replayer.mod.items()}
+    prompt, output = _words("tell me the words"), _words(answer)
+    for _ in range(2):
+        replayer.replay(record, "/v1/completions", body, answer)
+        expected = {k: d.replay(prompt, output, record.max_tokens) for k, d in reference.items()}
+    arms = engine.classes[CODE].arms
+    for name in mods:
+        shadow = list(arms[name].shadow)
+        assert len(shadow) == 2 and shadow[0][1:] == (0, 0)  # nothing to copy the first time
+        assert shadow[1][1:] == expected[name]
+    assert any(arms[name].shadow[1][2] > 40 for name in mods)  # the second time: copied
+    # served by one of them: its own counts are the evidence; the others still learn
+    replayer.replay(record.model_copy(update={"variant": mods[0]}), "/v1/completions", body,
+                    answer)  # fmt: skip
+    assert arms[mods[0]].replayed == 2 and arms[mods[1]].replayed == 3
+    assert replayer.checked == 0  # an estimate, not checked against the server's counts
+
+
+def test_replay_mod_off_leaves_ngram_mod_to_trials(tmp_path: Path, caps: Capabilities) -> None:
+    cfg = config()
+    cfg = cfg.model_copy(update={"guard": cfg.guard.model_copy(update={"replay_mod": False})})
+    replayer = Counterfactual(make(tmp_path, cfg, caps), "http://fake", transport=_transport([]))
+    assert replayer.enabled and not replayer.mod and replayer.variants
 
 
 def test_the_replayer_runs_off_thread_and_drops_when_full(

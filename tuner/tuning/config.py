@@ -50,6 +50,7 @@ class Guard(_Strict):
     control_share: float = Field(0.5, ge=0.0, le=1.0)
     speedup_from: Literal["counts", "timing"] = "counts"
     replay: bool = True  # counts mode: every answer measures every ngram-simple variant
+    replay_mod: bool = True  # ... and, through a simulated table, every ngram-mod variant
 
 
 class Prior(_Strict):

@@ -1,9 +1,12 @@
-"""Every answered request measures every ``ngram-simple`` variant: tokenize it, replay it.
+"""Every answered request measures every n-gram variant it can: tokenize it, replay it.
 
 After a request is answered (and recorded), ``Counterfactual`` takes its body and the
 answer's text, asks llama-server for the token ids (``/apply-template`` for chat
 messages, ``/tokenize`` for the prompt and the answer) and replays them through each
-``ngram-simple`` variant of the search space (``tuner.tuning.shadow``). The drafted
+``ngram-simple`` variant of the search space (``tuner.tuning.shadow``), and, with
+``[guard] replay_mod``, each ``ngram-mod`` variant: one simulated drafter per
+variant, fed every answered request in the order they finish (an estimate of what
+the variant would draft had it served all traffic; its table takes 16 MiB). The drafted
 and accepted counts go to ``Engine.observe_replayed`` as evidence for those variants
 in the request's class. All of it runs on one background thread with a small queue
 (dropped, and counted, when full), never on the request path; nothing is written to
@@ -28,7 +31,7 @@ import httpx
 from tuner.logs import get_logger
 from tuner.records import RequestRecord
 from tuner.tuning.engine import Engine
-from tuner.tuning.shadow import replay_simple
+from tuner.tuning.shadow import ModDrafter, replay_simple
 
 __all__ = ["Counterfactual"]
 
@@ -46,7 +49,7 @@ class _Job:
 
 
 class Counterfactual:
-    """Replays finished requests through the engine's ``ngram-simple`` variants."""
+    """Replays finished requests through the engine's n-gram variants it can replay."""
 
     def __init__(
         self,
@@ -67,6 +70,17 @@ class Counterfactual:
             for name, v in engine.variants.items()
             if v.spec_type == "ngram-simple"
         }
+        # llama.cpp's defaults: n_match 24, n_max 64, n_min 48 (Variant derives n_min from
+        # n_max when only n_max is set)
+        self.mod = {
+            name: ModDrafter(
+                int(v.param("n_match", 24) or 24),
+                v.draft_length,
+                int(v.param("n_min", 48 if v.param("n_max") is None else 0) or 0),
+            )
+            for name, v in engine.variants.items()
+            if v.spec_type == "ngram-mod" and engine.config.guard.replay_mod
+        }
         # no keep-alive: llama-server drops idle connections, and a pooled one that it
         # dropped fails the next call ("disconnected without sending a response")
         self.client = httpx.Client(
@@ -84,7 +98,8 @@ class Counterfactual:
     @property
     def enabled(self) -> bool:
         guard = self.engine.config.guard
-        return bool(self.variants) and guard.replay and guard.speedup_from == "counts"
+        replayable = bool(self.variants) or bool(self.mod)
+        return replayable and guard.replay and guard.speedup_from == "counts"
 
     async def start(self) -> None:
         self.open()
@@ -151,6 +166,9 @@ class Counterfactual:
         if served is not None:  # the replay of what the server did: does it agree?
             self.checked += 1
             self.agreed += served[1:] == (t.draft_n or 0, t.draft_n_accepted or 0)
+        for name, drafter in self.mod.items():  # every drafter sees every request, in order
+            counts[name] = (t.predicted_n, *drafter.replay(prompt, output, record.max_tokens))
+        counts.pop(record.variant or "", None)  # the server's own counts are the evidence
         self.engine.observe_replayed(record.class_key, record.variant or "", counts)
 
     def _prompt(self, endpoint: str, body: dict[str, Any], model: str | None) -> list[int] | None:

@@ -38,7 +38,9 @@ Decisions, per class:
   counts are exact (the drafter is a pure function of the tokens), so such a variant is
   measured on every request without a trial and without costing the class anything;
   its drafted token's cost ``c`` still comes from the calibration (the pooled cost until
-  it has served). Trials go to what cannot be replayed.
+  it has served). With ``guard.replay_mod`` each ``ngram-mod`` variant is replayed too,
+  through a simulated table fed by all traffic (an estimate, not exact: its table
+  persists across requests). Trials go to what cannot be replayed.
 - A trial runs ``trial_requests`` requests; after ``min_trial_requests`` it stops
   early when its whole speedup interval is below 1. Its value (its speedup, as
   above) is told to the class's Optuna study. A class's search
