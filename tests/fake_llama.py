@@ -9,6 +9,7 @@ the real one can. The same behaviours are checked against the real server in
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -30,15 +31,26 @@ TIMINGS = {
 
 
 class _Chunks(httpx.AsyncByteStream):
-    def __init__(self, chunks: list[bytes], fail_after: int | None) -> None:
+    def __init__(
+        self,
+        chunks: list[bytes],
+        fail_after: int | None,
+        hold: asyncio.Event | None = None,
+        hold_at: int | None = None,
+    ) -> None:
         self.chunks = chunks
         self.fail_after = fail_after
+        self.hold, self.hold_at = hold, hold_at
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         for index, chunk in enumerate(self.chunks):
             if self.fail_after is not None and index >= self.fail_after:
                 raise httpx.ReadError("connection reset by peer")
+            if self.hold is not None and index == self.hold_at:
+                await self.hold.wait()
             yield chunk
+        if self.hold is not None and self.hold_at is None:  # the end of the response: later
+            await self.hold.wait()
 
 
 @dataclass
@@ -46,6 +58,8 @@ class FakeLlamaServer:
     model_id: str = "fake-model"
     healthy: bool = True
     fail_stream_after: int | None = None  # chunks sent before the connection drops
+    hold_stream: asyncio.Event | None = None  # a streamed answer waits for it ...
+    hold_stream_at: int | None = None  # ... before this chunk (None: after [DONE], at the end)
     error: tuple[int, dict[str, Any]] | None = None  # status and body to answer with
     requests: list[dict[str, Any]] = field(default_factory=list)
     raw: list[bytes] = field(default_factory=list)
@@ -101,5 +115,5 @@ class FakeLlamaServer:
         return httpx.Response(
             200,
             headers={"content-type": "text/event-stream"},
-            stream=_Chunks(chunks, self.fail_stream_after),
+            stream=_Chunks(chunks, self.fail_stream_after, self.hold_stream, self.hold_stream_at),
         )

@@ -99,6 +99,46 @@ async def test_client_gone_before_the_stream_starts(
     assert store.recent[-1].error == "client disconnected before the stream started"
 
 
+@pytest.mark.parametrize("at_done", [True, False])
+async def test_a_client_that_closes_at_done_had_the_whole_answer(
+    fake: FakeLlamaServer, upstream: UpstreamClient, store: RecordStore, at_done: bool
+) -> None:
+    """The official SDK closes its connection when it reads ``data: [DONE]``, which can be
+    before upstream's own end of the response reaches the proxy: that request is complete
+    (its record has no error, and it teaches the tuner). Gone before [DONE]: a disconnect."""
+    fake.hold_stream = asyncio.Event()  # upstream pauses: at its end, or before [DONE]
+    fake.hold_stream_at = None if at_done else 5
+    gone_after = b"[DONE]" if at_done else b"timings"
+    app = create_app(upstream, store, max_concurrent=4)
+    body = json.dumps({**BODY, "stream": True}).encode()
+    seen = asyncio.Event()
+    sent: list[bytes] = []
+
+    async def receive() -> dict[str, Any]:
+        if not sent:
+            sent.append(b"")
+            return {"type": "http.request", "body": body, "more_body": False}
+        await seen.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body" and gone_after in message.get("body", b""):
+            seen.set()
+
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
+             "http_version": "1.1", "method": "POST", "path": "/v1/completions",
+             "raw_path": b"/v1/completions", "query_string": b"", "root_path": "",
+             "headers": [(b"content-type", b"application/json")], "scheme": "http",
+             "server": ("p", 80), "client": ("c", 1)}  # fmt: skip
+    await asyncio.wait_for(app(scope, receive, send), timeout=10)
+    await store.flush()
+    record = store.recent[-1]
+    if at_done:
+        assert record.error is None and record.timings is not None
+    else:
+        assert record.error == "client disconnected"
+
+
 async def test_unwritable_state_dir_keeps_serving(upstream: UpstreamClient, tmp_path: Any) -> None:
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("x")

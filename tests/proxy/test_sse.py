@@ -28,6 +28,17 @@ def test_timings_found_for_any_chunking(cuts: list[int]) -> None:
     assert sniffer.timings == {"predicted_n": 9, "draft_n": 4}
     assert sniffer.events == 3
     assert sniffer.error is None
+    assert sniffer.done
+
+
+def test_the_end_of_the_stream_is_noticed_only_at_done() -> None:
+    sniffer = TimingsSniffer()
+    sniffer.feed(STREAM[: STREAM.index(b"data: [DONE]")])
+    assert not sniffer.done
+    sniffer.feed(b'data: {"choices":[{"text":"[DONE]"}]}\n\n')  # not the end: a text
+    assert not sniffer.done
+    sniffer.feed(b"data: [DONE]\n\n")
+    assert sniffer.done
 
 
 def test_error_event_is_noticed() -> None:

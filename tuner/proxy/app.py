@@ -637,4 +637,8 @@ async def _relay(response: UpstreamResponse, trace: _Trace, drain: Drain) -> Asy
         with anyio.CancelScope(shield=True):
             await response.aclose()
         sniffer.close()
+        if sniffer.done and error == "client disconnected":
+            # the client had the whole answer and closed at [DONE], before upstream's own
+            # end of the response reached us (the official SDK does): not a disconnect
+            error = None
         trace.finish(response.status_code, error=error or sniffer.error, timings=sniffer.timings)

@@ -25,15 +25,17 @@ def extract_timings(payload: Any) -> dict[str, Any] | None:
 
 
 class TimingsSniffer:
-    """Incremental SSE line reader that keeps the last ``timings`` seen."""
+    """Incremental SSE line reader that keeps the last ``timings`` seen, and whether the
+    stream's end (``data: [DONE]``) has gone by."""
 
-    __slots__ = ("_pending", "error", "events", "timings")
+    __slots__ = ("_pending", "done", "error", "events", "timings")
 
     def __init__(self) -> None:
         self._pending = bytearray()
         self.timings: dict[str, Any] | None = None
         self.error: str | None = None
         self.events = 0
+        self.done = False
 
     def feed(self, chunk: bytes) -> None:
         if b"\n" not in chunk:
@@ -55,6 +57,9 @@ class TimingsSniffer:
         if not line.startswith(b"data:"):
             return
         self.events += 1
+        if line[5:].strip() == b"[DONE]":
+            self.done = True
+            return
         if b'"timings"' not in line and b'"error"' not in line:
             return
         try:
