@@ -14,14 +14,11 @@ the server without speculation, in the same order.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from benchmarks.common import emit
-from benchmarks.shadow_check import run, start
+from benchmarks.shadow_check import answers
 from tuner.settings import Settings
 from tuner.tuning.shadow import ModDrafter
 from tuner.upstream.launch import default_model_path
@@ -29,6 +26,10 @@ from tuner.upstream.provision import locate_llama_server
 from tuner.workload import load_workload
 
 VARIANTS = [(12, 16, 12), (24, 64, 48), (12, 64, 48)]  # (n_match, n_max, n_min)
+
+
+def _name(variant: tuple[int, int, int]) -> str:
+    return "ngram-mod.match{}.max{}.min{}".format(*variant)
 
 
 def flags(variant: tuple[int, int, int] | None) -> list[str]:
@@ -52,19 +53,8 @@ def main() -> None:
     model = default_model_path()
     items = [i.model_dump(exclude_none=True) for i in load_workload(args.workload)]
     order = items * args.passes
-    runs: dict[str, list[dict[str, Any]]] = {}
-    with httpx.Client(timeout=60) as client:
-        for variant in [None, *VARIANTS]:
-            name = "none" if variant is None else "ngram-mod.match{}.max{}.min{}".format(*variant)
-            proc, url = start(binary, model, flags(variant))
-            try:
-                runs[name] = [
-                    run(client, url, item, args.max_tokens, args.temperature) for item in order
-                ]
-            finally:
-                proc.terminate()
-                proc.wait()
-            print(name, "done", file=sys.stderr)
+    servers = {"none": flags(None)} | {_name(v): flags(v) for v in VARIANTS}
+    runs = answers(binary, model, servers, order, args.max_tokens, args.temperature)
     result: dict[str, Any] = {
         "max_tokens": args.max_tokens,
         "temperature": args.temperature,
@@ -73,7 +63,7 @@ def main() -> None:
         "variants": {},
     }
     for variant in VARIANTS:
-        name = "ngram-mod.match{}.max{}.min{}".format(*variant)
+        name = _name(variant)
         own, other = ModDrafter(*variant), ModDrafter(*variant)
         exact, from_none = [0] * args.passes, [0] * args.passes
         server, replayed, replayed_none = [0, 0], [0, 0], [0, 0]

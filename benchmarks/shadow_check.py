@@ -85,6 +85,28 @@ def run(
     }
 
 
+def answers(
+    binary: Path,
+    model: Path,
+    servers: dict[str, list[str]],
+    items: list[dict[str, Any]],
+    max_tokens: int,
+    temperature: float,
+) -> dict[str, list[dict[str, Any]]]:
+    """Each server (name -> its flags), one after another, answers ``items`` in order."""
+    runs: dict[str, list[dict[str, Any]]] = {}
+    with httpx.Client(timeout=60) as client:
+        for name, flags in servers.items():
+            proc, url = start(binary, model, flags)
+            try:
+                runs[name] = [run(client, url, item, max_tokens, temperature) for item in items]
+            finally:
+                proc.terminate()
+                proc.wait()
+            print(name, "done", file=sys.stderr)
+    return runs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", type=Path, default=Path("benchmarks/workloads/dev.jsonl"))
@@ -96,19 +118,11 @@ def main() -> None:
     binary = locate_llama_server(settings.llama_server, settings.cache_dir)
     model = default_model_path()
     items = [i.model_dump(exclude_none=True) for i in load_workload(args.workload)]
-    runs: dict[str, list[dict[str, Any]]] = {}
-    with httpx.Client(timeout=60) as client:
-        for size in [None, *VARIANTS]:
-            name = "none" if size is None else f"ngram-simple.n{size[0]}.m{size[1]}"
-            proc, url = start(binary, model, simple_flags(size))
-            try:
-                runs[name] = [
-                    run(client, url, item, args.max_tokens, args.temperature) for item in items
-                ]
-            finally:
-                proc.terminate()
-                proc.wait()
-            print(name, "done", file=sys.stderr)
+    servers = {
+        "none" if size is None else f"ngram-simple.n{size[0]}.m{size[1]}": simple_flags(size)
+        for size in [None, *VARIANTS]
+    }
+    runs = answers(binary, model, servers, items, args.max_tokens, args.temperature)
     result: dict[str, Any] = {
         "max_tokens": args.max_tokens,
         "temperature": args.temperature,

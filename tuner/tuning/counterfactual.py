@@ -162,13 +162,15 @@ class Counterfactual:
             name: (t.predicted_n, *replay_simple(prompt, output, size_n, size_m, record.max_tokens))
             for name, (size_n, size_m) in self.variants.items()
         }
-        served = counts.pop(record.variant or "", None)
-        if served is not None:  # the replay of what the server did: does it agree?
-            self.checked += 1
-            self.agreed += served[1:] == (t.draft_n or 0, t.draft_n_accepted or 0)
         for name, drafter in self.mod.items():  # every drafter sees every request, in order
             counts[name] = (t.predicted_n, *drafter.replay(prompt, output, record.max_tokens))
-        counts.pop(record.variant or "", None)  # the server's own counts are the evidence
+        # the server's own counts are the served variant's evidence
+        served = counts.pop(record.variant or "", None)
+        if served is not None and record.variant in self.variants:
+            # an exact replay of what the server did: does it agree? (ngram-mod's is an
+            # estimate: its table here holds all traffic, not only what that instance served)
+            self.checked += 1
+            self.agreed += served[1:] == (t.draft_n or 0, t.draft_n_accepted or 0)
         self.engine.observe_replayed(record.class_key, record.variant or "", counts)
 
     def _prompt(self, endpoint: str, body: dict[str, Any], model: str | None) -> list[int] | None:
