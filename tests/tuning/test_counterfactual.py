@@ -195,6 +195,18 @@ def test_replay_mod_off_leaves_ngram_mod_to_trials(tmp_path: Path, caps: Capabil
     assert replayer.enabled and not replayer.mod and replayer.variants
 
 
+def test_a_lookup_length_the_drafter_cannot_model_is_not_replayed(
+    tmp_path: Path, caps: Capabilities
+) -> None:
+    """A search space with a bad n_match does not stop the replayer (nor the daemon's
+    start): that variant is left to trials."""
+    cfg = config()
+    cfg = cfg.model_copy(update={"search": {"ngram-mod": {"n_match": [-1, 0, 12], "n_max": [16]}}})
+    engine = make(tmp_path, cfg, caps)
+    replayer = Counterfactual(engine, "http://fake", transport=_transport([]))
+    assert sorted(replayer.mod) == ["ngram-mod.match12.max16"]
+
+
 def test_the_replayer_runs_off_thread_and_drops_when_full(
     tmp_path: Path, caps: Capabilities
 ) -> None:

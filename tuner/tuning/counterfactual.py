@@ -71,15 +71,17 @@ class Counterfactual:
             if v.spec_type == "ngram-simple"
         }
         # llama.cpp's defaults: n_match 24, n_max 64, n_min 48 (Variant derives n_min from
-        # n_max when only n_max is set)
+        # n_max when only n_max is set); a lookup length below 1 is not modelled (no replay)
         self.mod = {
             name: ModDrafter(
-                int(v.param("n_match", 24) or 24),
+                int(v.param("n_match", 24) or 0),
                 v.draft_length,
                 int(v.param("n_min", 48 if v.param("n_max") is None else 0) or 0),
             )
             for name, v in engine.variants.items()
-            if v.spec_type == "ngram-mod" and engine.config.guard.replay_mod
+            if v.spec_type == "ngram-mod"
+            and engine.config.guard.replay_mod
+            and int(v.param("n_match", 24) or 0) >= 1
         }
         # no keep-alive: llama-server drops idle connections, and a pooled one that it
         # dropped fails the next call ("disconnected without sending a response")
