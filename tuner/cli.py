@@ -214,6 +214,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         out=Path(args.out),
         requests=args.requests,
         repeats=args.repeats,
+        baseline_repeats=args.baseline_repeats,
         seed=args.seed,
         matrix=tuple(args.matrix.split(",")) if args.matrix else DEFAULT_MATRIX,
         explore_share=args.explore_share,
@@ -433,6 +434,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="bench-out", help="directory for summary.json and more")
     bench.add_argument("--requests", type=_count, default=500, help="tuner requests (0: none)")
     bench.add_argument("--repeats", type=_positive, default=1, help="matrix runs of each prompt")
+    bench.add_argument(
+        "--baseline-repeats", type=_positive, default=1,
+        help="baseline (no speculation) requests per prompt in each matrix run: the "
+        "denominator of every ratio, measured more often than the other arms",
+    )  # fmt: skip
     bench.add_argument("--seed", type=int, default=0, help="schedule and tuner seed")
     bench.add_argument("--matrix", help="comma list of static variant names (default: a few "
                        "settings of every spec type the build supports)")  # fmt: skip

@@ -19,6 +19,8 @@ Names follow Prometheus conventions (``_total`` counters, base units in seconds)
     tuner_counterfactual_checked_total, tuner_counterfactual_agreed_total
                                                   replays of the served variant, and those that
                                                   gave the server's drafted/accepted counts
+    tuner_counterfactual_mod_accepted_total{source}  on requests an ngram-mod variant served:
+                                                  accepted tokens simulated and served
 """
 
 from __future__ import annotations
@@ -133,6 +135,14 @@ class _CounterfactualCollector(Collector):
             "tuner_counterfactual_agreed", "... whose replay gave the server's drafted and "
             "accepted counts exactly", value=c.agreed,
         )  # fmt: skip
+        mod = CounterMetricFamily(
+            "tuner_counterfactual_mod_accepted", "Accepted draft tokens on requests an "
+            "ngram-mod variant served: its simulation's estimate and the server's count",
+            labels=["source"],
+        )  # fmt: skip
+        mod.add_metric(["simulated"], c.mod_simulated)
+        mod.add_metric(["served"], c.mod_served)
+        yield mod
 
 
 class Metrics:

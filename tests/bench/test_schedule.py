@@ -65,3 +65,16 @@ def test_a_challenger_gets_the_tuner_s_stream_side_by_side(requests: int, seed: 
     firsts = [s.arm for s in both if s.arm in (TUNER, CHALLENGER)][0::2]
     if requests >= 20:
         assert TUNER in firsts and CHALLENGER in firsts  # neither always goes first
+
+
+@given(n_items=st.integers(1, 8), baseline=st.integers(1, 4), seed=st.integers(0, 5))
+def test_the_baseline_can_be_measured_more_often_than_the_other_arms(
+    n_items: int, baseline: int, seed: int
+) -> None:
+    names = ["none", "a", "b"]
+    steps = schedule(n_items, names, requests=10, repeats=2, seed=seed, baseline=baseline)
+    cells = Counter((s.arm, s.item) for s in steps if s.arm != TUNER)
+    assert cells == {(arm, i): 2 * (baseline if arm == "none" else 1)
+                     for arm in names for i in range(n_items)}  # fmt: skip
+    if baseline == 1:  # the default: the schedule it was
+        assert steps == schedule(n_items, names, requests=10, repeats=2, seed=seed)

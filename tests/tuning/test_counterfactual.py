@@ -182,10 +182,16 @@ def test_ngram_mod_variants_are_replayed_through_tables_that_remember(
         assert shadow[1][1:] == expected[name]
     assert any(arms[name].shadow[1][2] > 40 for name in mods)  # the second time: copied
     # served by one of them: its own counts are the evidence; the others still learn
-    replayer.replay(record.model_copy(update={"variant": mods[0]}), "/v1/completions", body,
-                    answer)  # fmt: skip
+    assert record.timings is not None
+    timings = record.timings.model_copy(update={"draft_n": 30, "draft_n_accepted": 7})
+    served = record.model_copy(update={"variant": mods[0], "timings": timings})
+    replayer.replay(served, "/v1/completions", body, answer)
     assert arms[mods[0]].replayed == 2 and arms[mods[1]].replayed == 3
     assert replayer.checked == 0  # an estimate, not checked against the server's counts
+    # ... but how far it is off is counted: simulated against served accepted tokens
+    simulated = reference[mods[0]].replay(prompt, output, record.max_tokens)[1]
+    assert simulated > 40
+    assert (replayer.mod_checked, replayer.mod_simulated, replayer.mod_served) == (1, simulated, 7)
 
 
 def test_replay_mod_off_leaves_ngram_mod_to_trials(tmp_path: Path, caps: Capabilities) -> None:
@@ -275,3 +281,40 @@ async def test_the_proxy_hands_over_answered_requests_with_their_text(
     await records.stop()
     await service.stop()
     await client.aclose()
+
+
+def test_a_simulated_estimate_is_replaced_by_what_the_variant_served(
+    tmp_path: Path, caps: Capabilities
+) -> None:
+    """An ngram-mod variant whose simulation promises 1.6x but that serves at 0.95x (as in
+    sampled classes on the real server, where its table is reset more often than the
+    simulation's): chosen on the estimate, it is dropped once it has served
+    ``confirm_served`` requests. Pooling the two (``confirm_served = 0``) keeps it."""
+    kept = {}
+    for confirm in (6, 0):
+        cfg = config(explore_share=0.1)
+        guard = cfg.guard.model_copy(update={"confirm_served": confirm})
+        engine = make(tmp_path / str(confirm), cfg.model_copy(update={"guard": guard}), caps)
+        mod = next(k for k, v in engine.variants.items() if v.spec_type == "ngram-mod")
+        gains = {name: 0.9 for name, v in engine.variants.items() if v.speculative}
+        real = SimUpstream({CODE: gains | {mod: 0.95}}, seed=3)
+        promised = SimUpstream({CODE: {mod: 1.6}}, seed=4)
+        chose, estimate = [], False
+        for _ in range(160):
+            decision = engine.route(CODE)
+            engine.observe(real.answer(CODE, decision))
+            if decision.variant != mod:
+                engine.observe_replayed(CODE, decision.variant,
+                                        {mod: (64, *promised.counts(CODE, mod)[:2])})  # fmt: skip
+            policy = engine.classes[CODE].policy
+            assert policy is not None
+            chose.append(policy.variant == mod)
+            estimate = estimate or "simulated)" in policy.reason  # the report says so
+        assert any(chose[:40]), "the estimate proposes the variant"
+        assert estimate == bool(confirm)
+        kept[confirm] = chose[-1]
+        if confirm:
+            arm = engine.classes[CODE].arms[mod]
+            assert arm.confirmed(confirm) and arm.evidence_for(confirm) == arm.counts
+            assert 6 <= arm.requests <= 20, arm.requests
+    assert kept == {6: False, 0: True}, kept

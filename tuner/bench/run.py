@@ -79,6 +79,7 @@ class BenchOptions:
     out: Path
     requests: int = 500
     repeats: int = 1
+    baseline_repeats: int = 1  # baseline requests per item in each matrix repeat
     seed: int = 0
     matrix: tuple[str, ...] = DEFAULT_MATRIX
     explore_share: float | None = None
@@ -283,10 +284,11 @@ async def run_bench(
     challenger = options.challenger if options.requests else None
     steps = schedule(
         len(items), arms, requests=options.requests, repeats=options.repeats, seed=options.seed,
-        challenger=challenger is not None,
+        challenger=challenger is not None, baseline=options.baseline_repeats,
     )  # fmt: skip
     progress(
-        f"bench: {len(items)} prompts, {len(arms)} static arms x {options.repeats}, "
+        f"bench: {len(items)} prompts, {len(arms)} static arms x {options.repeats} "
+        f"(baseline x {options.repeats * options.baseline_repeats}), "
         f"{options.requests} tuner requests{' (x2: tuner, challenger)' if challenger else ''}: "
         f"{len(steps)} requests"
     )
@@ -297,6 +299,7 @@ async def run_bench(
         "hardware": hardware_fingerprint(),
         "seed": options.seed,
         "repeats": options.repeats,
+        "baseline_repeats": options.baseline_repeats,
         "tuner_requests_planned": options.requests,
         "explore_share": options.explore_share
         if options.explore_share is not None

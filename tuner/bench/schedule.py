@@ -52,9 +52,12 @@ def schedule(
     repeats: int,
     seed: int,
     challenger: bool = False,
+    baseline: int = 1,
 ) -> list[Step]:
     """Every request of a bench run, in the order to send them (with a challenger, the same
-    schedule plus its requests: the rest does not move).
+    schedule plus its requests: the rest does not move). ``baseline``: how often each block
+    measures the first arm (no speculation, the denominator of every ratio), its
+    measurements shuffled among the other arms'.
 
     >>> steps = schedule(3, ["none", "v"], requests=4, repeats=1, seed=0)
     >>> sum(s.arm == TUNER for s in steps), sum(s.arm != TUNER for s in steps)
@@ -65,7 +68,7 @@ def schedule(
     blocks: list[list[Step]] = []
     for repeat in range(repeats):
         for item in range(n_items):
-            order = list(arms)
+            order = [*arms, *list(arms[:1]) * (baseline - 1)]
             rng.shuffle(order)
             blocks.append([Step(arm, item, repeat) for arm in order])
     rng.shuffle(blocks)

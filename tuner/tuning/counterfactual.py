@@ -96,6 +96,9 @@ class Counterfactual:
         self.done = self.dropped = self.failed = 0
         # requests a replayable variant served, and those whose replay gave the server's counts
         self.checked = self.agreed = 0
+        # requests an ngram-mod variant served: accepted tokens its simulation gave, and the
+        # server's (how far the estimate is off: its table holds all traffic on one streak)
+        self.mod_checked = self.mod_simulated = self.mod_served = 0
 
     @property
     def enabled(self) -> bool:
@@ -173,6 +176,10 @@ class Counterfactual:
             # estimate: its table here holds all traffic, not only what that instance served)
             self.checked += 1
             self.agreed += served[1:] == (t.draft_n or 0, t.draft_n_accepted or 0)
+        elif served is not None:
+            self.mod_checked += 1
+            self.mod_simulated += served[2]
+            self.mod_served += t.draft_n_accepted or 0
         self.engine.observe_replayed(record.class_key, record.variant or "", counts)
 
     def _prompt(self, endpoint: str, body: dict[str, Any], model: str | None) -> list[int] | None:

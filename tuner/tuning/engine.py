@@ -40,7 +40,10 @@ Decisions, per class:
   its drafted token's cost ``c`` still comes from the calibration (the pooled cost until
   it has served). With ``guard.replay_mod`` each ``ngram-mod`` variant is replayed too,
   through a simulated table fed by all traffic (an estimate, not exact: its table
-  persists across requests). Trials go to what cannot be replayed.
+  persists across requests). Such an estimate only proposes: once the variant has served
+  ``guard.confirm_served`` requests of a class, its served counts alone measure it there
+  (the simulation overstated sampled classes, where the real table is reset more often).
+  Trials go to what cannot be replayed.
 - A trial runs ``trial_requests`` requests; after ``min_trial_requests`` it stops
   early when its whole speedup interval is below 1. Its value (its speedup, as
   above) is told to the class's Optuna study. A class's search
@@ -94,6 +97,7 @@ from tuner.records import RequestRecord
 from tuner.tuning.config import Override, TuningConfig
 from tuner.tuning.counts import Calibration, Counts, alpha_interval, count_speedup
 from tuner.tuning.prior import PriorView, rank
+from tuner.tuning.shadow import EXACT
 from tuner.tuning.studies import Space, StudyBook
 from tuner.tuning.variants import BASELINE, Variant
 
@@ -219,6 +223,20 @@ class Arm:
             self.accepted + sum(a for _, _, a in self.shadow),
             self.drafted + sum(d for _, d, _ in self.shadow),
         )
+
+    def confirmed(self, confirm: int) -> bool:
+        """Whether the variant has served ``confirm`` (> 0) requests with known counts: from
+        then on its served counts alone measure it (a replay that is only an estimate
+        proposes a variant, serving it confirms or refutes)."""
+        return 0 < confirm <= len(self.counts)
+
+    def evidence_for(self, confirm: int) -> list[Counts]:
+        """The counts a speedup rests on: served and replayed, or only served once
+        ``confirmed``."""
+        return self.counts if self.confirmed(confirm) else self.evidence
+
+    def alpha_for(self, confirm: int) -> Interval | None:
+        return wilson(self.accepted, self.drafted) if self.confirmed(confirm) else self.alpha
 
     @property
     def tokens_per_step(self) -> float:
@@ -442,11 +460,19 @@ class Engine:
         """One variant's speedup in a class (its arm and the class's baseline arm)."""
         if self.config.guard.speedup_from == "counts":
             c, c_se = cost or self._costs([name])[name]
-            found = count_speedup(arm.evidence, c, c_se, self.z)
+            found = count_speedup(arm.evidence_for(self._confirm(name)), c, c_se, self.z)
             if found is not None:
                 return found
         # timing, or no token counts kept (a state file from before they were)
         return ratio_interval(arm.samples, base.samples, self.z)
+
+    def _confirm(self, name: str) -> int:
+        """Served requests after which a variant's replays stop counting: ``confirm_served``
+        for a variant whose replay is an estimate (``ngram-mod``), 0 (never) for an exact one."""
+        variant = self.variants.get(name)
+        if variant is None or variant.spec_type in EXACT:
+            return 0
+        return self.config.guard.confirm_served
 
     def _recalibrate(self) -> None:
         """Rebuild the calibration from the kept requests (after ``restore``): each leaf
@@ -781,13 +807,17 @@ class Engine:
         best, best_any = self._best_measured(state)
         if best is not None:
             _, name, s, arm = best
-            a = arm.alpha
+            confirm = self._confirm(name)
+            a = arm.alpha_for(confirm)
             predicted = prior.predicted(name) if prior else None
+            reason = f"measured {s.value:.2f}x [{s.low:.2f}, {s.high:.2f}] over baseline"
+            if confirm and not arm.confirmed(confirm) and arm.shadow:
+                reason += f" (estimate: {len(arm.counts)} served, {len(arm.shadow)} simulated)"
             return Policy(
                 class_key=state.key,
                 variant=name,
                 speculation=True,
-                reason=f"measured {s.value:.2f}x [{s.low:.2f}, {s.high:.2f}] over baseline",
+                reason=reason,
                 requests=arm.requests,
                 alpha=a.value if a else None,
                 alpha_low=a.low if a else None,

@@ -29,9 +29,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MOD_SIZE", "REPLAYABLE", "ModDrafter", "draft_simple", "mod_index", "replay_simple"]
+__all__ = [
+    "EXACT", "MOD_SIZE", "REPLAYABLE", "ModDrafter", "draft_simple", "mod_index", "replay_simple"
+]  # fmt: skip
 
 REPLAYABLE = frozenset({"ngram-simple", "ngram-mod"})
+# replays that give exactly the server's counts (ngram-mod's table depends on what the one
+# instance served, on which slot: its replay is an estimate)
+EXACT = frozenset({"ngram-simple"})
 
 
 def draft_simple(history: Sequence[int], sampled: int, size_n: int, size_m: int) -> list[int]:
