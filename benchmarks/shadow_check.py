@@ -39,11 +39,13 @@ def simple_flags(size: tuple[int, int] | None) -> list[str]:
             "--spec-ngram-simple-size-m", str(size[1])]  # fmt: skip
 
 
-def start(binary: Path, model: Path, flags: list[str]) -> tuple[subprocess.Popen[bytes], str]:
-    """One llama-server with one slot (so one drafter state) and the given flags."""
+def start(
+    binary: Path, model: Path, flags: list[str], slots: int = 1
+) -> tuple[subprocess.Popen[bytes], str]:
+    """One llama-server with the given flags and ``slots`` slots (1: one drafter state)."""
     port = free_port()
-    argv = [str(binary), "-m", str(model), "--port", str(port), "-t", "2", "-c", "4096",
-            "-np", "1", "--no-webui", *flags]  # fmt: skip
+    argv = [str(binary), "-m", str(model), "--port", str(port), "-t", "2",
+            "-c", str(4096 * slots), "-np", str(slots), "--no-webui", *flags]  # fmt: skip
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
@@ -63,16 +65,27 @@ def tokens(client: httpx.Client, url: str, text: str, special: bool) -> list[int
 
 
 def run(
-    client: httpx.Client, url: str, item: dict[str, Any], max_tokens: int, temperature: float
+    client: httpx.Client,
+    url: str,
+    item: dict[str, Any],
+    max_tokens: int,
+    temperature: float | None,
+    cache_prompt: bool = False,
 ) -> dict[str, Any]:
+    """One request; ``temperature`` None: the item's own (and its seed), as the bench sends."""
     if "messages" in item:
         prompt = client.post(url + "/apply-template", json={"messages": item["messages"]}).json()[
             "prompt"
         ]
     else:
         prompt = item["prompt"]
-    body = {"prompt": prompt, "n_predict": max_tokens, "temperature": temperature,
-            "seed": 1, "return_tokens": True, "cache_prompt": False}  # fmt: skip
+    sampling = (
+        {"temperature": item.get("temperature", 0.0), "seed": item.get("seed", 1)}
+        if temperature is None
+        else {"temperature": temperature, "seed": 1}
+    )
+    body = {"prompt": prompt, "n_predict": max_tokens, "return_tokens": True,
+            "cache_prompt": cache_prompt, **sampling}  # fmt: skip
     reply = client.post(url + "/completion", json=body, timeout=300).json()
     t = reply["timings"]
     return {
@@ -91,15 +104,20 @@ def answers(
     servers: dict[str, list[str]],
     items: list[dict[str, Any]],
     max_tokens: int,
-    temperature: float,
+    temperature: float | None,
+    *,
+    slots: int = 1,
+    cache_prompt: bool = False,
 ) -> dict[str, list[dict[str, Any]]]:
     """Each server (name -> its flags), one after another, answers ``items`` in order."""
     runs: dict[str, list[dict[str, Any]]] = {}
     with httpx.Client(timeout=60) as client:
         for name, flags in servers.items():
-            proc, url = start(binary, model, flags)
+            proc, url = start(binary, model, flags, slots)
             try:
-                runs[name] = [run(client, url, item, max_tokens, temperature) for item in items]
+                runs[name] = [
+                    run(client, url, item, max_tokens, temperature, cache_prompt) for item in items
+                ]
             finally:
                 proc.terminate()
                 proc.wait()

@@ -206,6 +206,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.prompts:
         items = items[: args.prompts]
     challenger = Path(args.challenger).resolve() if args.challenger else None
+    if args.challenger_env and challenger is None:
+        raise ConfigError("--challenger-env TUNER_KEY=VALUE needs --challenger")
     if challenger is not None:
         from tuner.tuning.config import load_tuning
 
@@ -220,6 +222,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         explore_share=args.explore_share,
         max_tokens=args.max_tokens,
         challenger=challenger,
+        challenger_env=tuple(args.challenger_env),
     )
     summary = asyncio.run(
         run_bench(settings, items, options, lambda m: print(f"[bench] {m}", file=sys.stderr))
@@ -375,6 +378,14 @@ _positive = _ranged(int, 1)
 _count = _ranged(int, 0)
 
 
+def _tuner_env(text: str) -> tuple[str, str]:
+    """``TUNER_KEY=VALUE`` -> (key, value): a daemon setting as its environment variable."""
+    key, equals, value = text.partition("=")
+    if not equals or not key.startswith("TUNER_") or key != key.upper():
+        raise argparse.ArgumentTypeError(f"expected TUNER_KEY=VALUE, got {text!r}")
+    return key, value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tuner", description=__doc__)
     parser.add_argument("--config", help="TOML settings file (or TUNER_CONFIG)")
@@ -453,6 +464,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--challenger", metavar="TUNING_FILE",
         help="also run a second tuner with this tuning file, sent the tuner's prompts side by "
         "side (each pair back to back), and compare the two",
+    )  # fmt: skip
+    bench.add_argument(
+        "--challenger-env", metavar="TUNER_KEY=VALUE", type=_tuner_env, action="append",
+        default=[], help="a daemon setting for the challenger only (repeatable), e.g. "
+        "TUNER_MAX_INSTANCES=8; needs --challenger",
     )  # fmt: skip
     bench.add_argument("--model", help="target GGUF (default: the configured model)")
     bench.set_defaults(func=cmd_bench)

@@ -64,10 +64,18 @@ def test_a_challenger_runs_side_by_side_with_its_own_tuning_file(tmp_path: Path)
     result = tuner(
         "bench", "--workload", str(WORKLOAD), "--prompts", "2", "--requests", "8",
         "--max-tokens", "16", "--matrix", "ngram-mod", "--explore-share", "1.0",
-        "--challenger", str(tuning), "--out", str(out), state=tmp_path / "state",
+        "--challenger", str(tuning), "--challenger-env", "TUNER_MAX_INSTANCES=1",
+        "--out", str(out), state=tmp_path / "state",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    assert all(r["wall_ms"] >= r["ms"] > 0 for r in rows)  # the client waited for the decode
+    # the challenger's own daemon setting reached it, and only it
+    plans = {}
+    for arm in ("tuner", "challenger"):
+        lines = (out / f"{arm}-daemon.log").read_text().splitlines()
+        plans[arm] = next(json.loads(x) for x in lines if '"tuning_plan"' in x)
+    assert plans["challenger"]["loaded_at_once"] == 1 < plans["tuner"]["loaded_at_once"]
     ours = [r for r in rows if r["arm"] == "tuner"]
     theirs = [r for r in rows if r["arm"] == "challenger"]
     assert len(ours) == len(theirs) == 8 and not [r for r in rows if r.get("error")]
@@ -77,6 +85,7 @@ def test_a_challenger_runs_side_by_side_with_its_own_tuning_file(tmp_path: Path)
     summary = json.loads((out / "summary.json").read_text())
     overall = summary["overall"]
     assert summary["challenger_tuning"] == str(tuning)
+    assert summary["challenger_env"] == {"TUNER_MAX_INSTANCES": "1"}
     assert overall["side_by_side_pairs"] == 8 and overall["challenger_vs_tuner"] > 0
     assert "challenger" not in summary["static_arms"]
     assert (out / "challenger-state" / "policies.json").is_file()
@@ -94,6 +103,17 @@ def test_bench_refuses_a_challenger_tuning_file_it_cannot_read(tmp_path: Path) -
         )  # fmt: skip
         assert result.returncode == 2 and "tuning file" in result.stderr, result.stderr
         assert not (tmp_path / "out").exists()  # refused before anything ran
+
+
+def test_bench_refuses_a_challenger_setting_it_cannot_use(tmp_path: Path) -> None:
+    for extra in (["--challenger-env", "MAX=1", "--challenger", str(WORKLOAD)],
+                  ["--challenger-env", "TUNER_MAX_INSTANCES=1"]):  # fmt: skip
+        result = tuner(
+            "bench", "--workload", str(WORKLOAD), *extra, "--out", str(tmp_path / "out"),
+            state=tmp_path,
+        )  # fmt: skip
+        assert result.returncode == 2 and "TUNER_" in result.stderr, result.stderr
+        assert not (tmp_path / "out").exists()
 
 
 def test_bench_refuses_a_matrix_name_it_cannot_parse(tmp_path: Path) -> None:

@@ -286,9 +286,9 @@ async def test_the_proxy_hands_over_answered_requests_with_their_text(
 def test_a_simulated_estimate_is_replaced_by_what_the_variant_served(
     tmp_path: Path, caps: Capabilities
 ) -> None:
-    """An ngram-mod variant whose simulation promises 1.6x but that serves at 0.95x (as in
-    sampled classes on the real server, where its table is reset more often than the
-    simulation's): chosen on the estimate, it is dropped once it has served
+    """An ngram-mod variant whose simulation promises 1.6x but that serves at 0.95x (as
+    measured in sampled classes on the real server): chosen on the estimate, it is dropped
+    once it has served
     ``confirm_served`` requests. Pooling the two (``confirm_served = 0``) keeps it."""
     kept = {}
     for confirm in (6, 0):

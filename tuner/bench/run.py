@@ -85,6 +85,9 @@ class BenchOptions:
     explore_share: float | None = None
     max_tokens: int | None = None
     challenger: Path | None = None  # a second tuner's tuning file, run side by side
+    # the challenger daemon's own settings (TUNER_* environment variables), e.g. its
+    # TUNER_MAX_INSTANCES: daemon settings, not tuning-file keys
+    challenger_env: tuple[tuple[str, str], ...] = ()
 
 
 def matrix_variants(names: Sequence[str], prepared: Prepared) -> list[Variant]:
@@ -184,6 +187,7 @@ def _daemon_env(
     if tuning is not None:  # the challenger: its own file decides, explore_share included
         env["TUNER_TUNING_FILE"] = str(tuning)
         env.pop("TUNER_EXPLORE_SHARE", None)
+        env.update(options.challenger_env)
     elif options.explore_share is not None:
         env["TUNER_EXPLORE_SHARE"] = str(options.explore_share)
     return env
@@ -308,6 +312,7 @@ async def run_bench(
     }
     if challenger is not None:
         meta["challenger_tuning"] = str(challenger)
+        meta["challenger_env"] = dict(options.challenger_env)
     write_atomic(out / "run.json", json.dumps(meta, indent=2) + "\n")
     rows_path = out / "requests.jsonl"
     rows: list[dict[str, Any]] = []
@@ -391,6 +396,7 @@ async def _one(
         "arm": step.arm, "item": step.item, "id": item.id, "repeat": step.repeat,
         "class": item_classes[step.item], "t": time.time(),
     }  # fmt: skip
+    sent = time.monotonic()
     try:
         if step.arm in (TUNER, CHALLENGER):
             data, headers = await _send(http, urls[step.arm], item, None, options.max_tokens)
@@ -401,6 +407,9 @@ async def _one(
             data, headers = await _send(http, urls["matrix"], item, step.arm, options.max_tokens)
             row["variant"] = step.arm
         _timings(row, data)
+        # what the client waited, model loads and queueing included (the ratios use
+        # llama-server's decode time, which has neither)
+        row["wall_ms"] = round((time.monotonic() - sent) * 1000, 1)
     except (httpx.HTTPError, UpstreamError, ValueError) as exc:
         row["error"] = str(exc) or type(exc).__name__
     return row

@@ -51,9 +51,9 @@ class Guard(_Strict):
     speedup_from: Literal["counts", "timing"] = "counts"
     replay: bool = True  # counts mode: every answer measures every ngram-simple variant
     replay_mod: bool = True  # ... and, through a simulated table, every ngram-mod variant
-    # an inexactly replayed (ngram-mod) variant's replays count until it has served this many
-    # requests of the class; from then on only what it served does (0: always both)
-    confirm_served: int = Field(6, ge=0)
+    # > 0: an inexactly replayed (ngram-mod) variant's replays count until it has served this
+    # many requests of a class; from then on only what it served does (0: always both)
+    confirm_served: int = Field(0, ge=0)
 
 
 class Prior(_Strict):

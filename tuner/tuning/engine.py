@@ -40,9 +40,10 @@ Decisions, per class:
   its drafted token's cost ``c`` still comes from the calibration (the pooled cost until
   it has served). With ``guard.replay_mod`` each ``ngram-mod`` variant is replayed too,
   through a simulated table fed by all traffic (an estimate, not exact: its table
-  persists across requests). Such an estimate only proposes: once the variant has served
-  ``guard.confirm_served`` requests of a class, its served counts alone measure it there
-  (the simulation overstated sampled classes, where the real table is reset more often).
+  persists across requests). With ``guard.confirm_served`` > 0 such an estimate only
+  proposes: once the variant has served that many requests of a class, its served counts
+  alone measure it there (off by default: the simulation overstates every ``ngram-mod``
+  variant alike, so confirmed ones then lose to simulated ones; measured slower).
   Trials go to what cannot be replayed.
 - A trial runs ``trial_requests`` requests; after ``min_trial_requests`` it stops
   early when its whole speedup interval is below 1. Its value (its speedup, as
