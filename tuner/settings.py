@@ -101,7 +101,10 @@ class Settings(BaseSettings):
         None, ge=0, le=1, description="share of decode time exploring may cost; overrides the file"
     )
     max_instances: int = Field(
-        4, ge=1, description="most variants loaded at once (fewer if memory is short)"
+        12,
+        ge=1,
+        description="most variants loaded at once (fewer if memory is short); every load "
+        "of an evicted variant costs a model load and empties its n-gram tables",
     )
     exclusive_variants: Literal["auto", "on", "off"] = Field(
         "auto",
