@@ -26,6 +26,7 @@ from typing import Any
 
 from benchmarks.common import emit
 from benchmarks.shadow_check import answers
+from tuner.bench.schedule import tuner_stream
 from tuner.settings import Settings
 from tuner.tuning.shadow import ModDrafter
 from tuner.upstream.launch import default_model_path
@@ -72,13 +73,11 @@ def main() -> None:
     binary = locate_llama_server(settings.llama_server, settings.cache_dir)
     model = default_model_path()
     items = [i.model_dump(exclude_none=True) for i in load_workload(args.workload)]
-    rng = random.Random(args.shuffle)
-    order = []
-    for _ in range(args.passes):
-        cycle = list(items)
-        if args.shuffle is not None:
-            rng.shuffle(cycle)
-        order += cycle
+    if args.shuffle is None:
+        order = items * args.passes
+    else:  # shuffled cycles, as the bench's tuner sees the workload
+        stream = tuner_stream(len(items), len(items) * args.passes, random.Random(args.shuffle))
+        order = [items[i] for i in stream]
     servers = {"none": flags(None)} | {_name(v): flags(v) for v in variants}
     temperature = None if args.item_sampling else args.temperature
     runs = answers(binary, model, servers, order, args.max_tokens, temperature,
@@ -93,7 +92,7 @@ def main() -> None:
         "passes": args.passes,
         "variants": {},
     }
-    sampled = [j for j, item in enumerate(order) if float(item.get("temperature", 0) or 0) > 0]
+    sampled = {j for j, item in enumerate(order) if float(item.get("temperature", 0) or 0) > 0}
     for variant in variants:
         name = _name(variant)
         own, other = ModDrafter(*variant), ModDrafter(*variant)

@@ -288,8 +288,8 @@ def test_a_simulated_estimate_is_replaced_by_what_the_variant_served(
 ) -> None:
     """An ngram-mod variant whose simulation promises 1.6x but that serves at 0.95x (as
     measured in sampled classes on the real server): chosen on the estimate, it is dropped
-    once it has served
-    ``confirm_served`` requests. Pooling the two (``confirm_served = 0``) keeps it."""
+    once it has served ``confirm_served`` requests. Pooling the two (``confirm_served = 0``)
+    keeps it."""
     kept = {}
     for confirm in (6, 0):
         cfg = config(explore_share=0.1)

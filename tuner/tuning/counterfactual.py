@@ -72,17 +72,12 @@ class Counterfactual:
         }
         # llama.cpp's defaults: n_match 24, n_max 64, n_min 48 (Variant derives n_min from
         # n_max when only n_max is set); a lookup length below 1 is not modelled (no replay)
-        self.mod = {
-            name: ModDrafter(
-                int(v.param("n_match", 24) or 0),
-                v.draft_length,
-                int(v.param("n_min", 48 if v.param("n_max") is None else 0) or 0),
-            )
-            for name, v in engine.variants.items()
-            if v.spec_type == "ngram-mod"
-            and engine.config.guard.replay_mod
-            and int(v.param("n_match", 24) or 0) >= 1
-        }
+        self.mod: dict[str, ModDrafter] = {}
+        for name, v in engine.variants.items():
+            n_match = int(v.param("n_match", 24) or 0)
+            if v.spec_type == "ngram-mod" and engine.config.guard.replay_mod and n_match >= 1:
+                n_min = int(v.param("n_min", 48 if v.param("n_max") is None else 0) or 0)
+                self.mod[name] = ModDrafter(n_match, v.draft_length, n_min)
         # no keep-alive: llama-server drops idle connections, and a pooled one that it
         # dropped fails the next call ("disconnected without sending a response")
         self.client = httpx.Client(
@@ -97,7 +92,8 @@ class Counterfactual:
         # requests a replayable variant served, and those whose replay gave the server's counts
         self.checked = self.agreed = 0
         # requests an ngram-mod variant served: accepted tokens its simulation gave, and the
-        # server's (how far the estimate is off: its table holds all traffic on one streak)
+        # server's (how far the estimate is off: the simulated table holds all traffic, the
+        # instance's only what it served since it was last loaded)
         self.mod_checked = self.mod_simulated = self.mod_served = 0
 
     @property

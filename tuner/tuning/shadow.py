@@ -34,8 +34,8 @@ __all__ = [
 ]  # fmt: skip
 
 REPLAYABLE = frozenset({"ngram-simple", "ngram-mod"})
-# replays that give exactly the server's counts (ngram-mod's table depends on what the one
-# instance served, on which slot: its replay is an estimate)
+# replays that give exactly the server's counts (ngram-mod's table depends on what that one
+# instance has served since it was loaded: its replay is an estimate)
 EXACT = frozenset({"ngram-simple"})
 
 
