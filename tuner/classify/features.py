@@ -209,11 +209,15 @@ def _code_language(scan: _Scan) -> tuple[str | None, int]:
     if tagged:
         return tagged, 3
     scores = dict.fromkeys(lx.LANGUAGES, 0)
-    for word, count in scan.words.items():  # one pass over the distinct words
-        for name, weight in lx.WORD_INDEX.get(word, ()):
+    words = scan.words
+    for word in lx.KEYWORDS.intersection(words):  # the keywords present, not every word
+        count = words[word]
+        for name, weight in lx.WORD_INDEX[word]:
             scores[name] += weight * count
-    for name, markers in lx.LANGUAGE_MARKERS.items():
-        scores[name] += 2 * scan.marks(markers)
+    lower, gates = scan.lower, scan.gates
+    for name, marker, gate in lx.LANGUAGE_MARKS:  # as ``_Scan.marks``, for every language
+        if not gate or gate in gates:
+            scores[name] += 2 * lower.count(marker)
     if scores["typescript"] and scores["javascript"]:
         scores["typescript"] += scores["javascript"]
     present = lx.SQL_WORDS.intersection(scan.words)  # counts of present words are >= 1
@@ -221,7 +225,7 @@ def _code_language(scan: _Scan) -> tuple[str | None, int]:
     distinct = len(present)
     if distinct >= 3 and any(a in present and b in present for a, b in lx.SQL_OPENERS):
         scores["sql"] = 2 * sql
-    name = max(scores, key=lambda k: scores[k])
+    name = max(scores, key=scores.__getitem__)
     code_lines = sum(scan.code_line)
     strength = scores[name] // 2 + code_lines // 2
     if scores[name] >= 4 or (scores[name] >= 2 and code_lines >= 2):

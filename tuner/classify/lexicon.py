@@ -41,6 +41,7 @@ WORD_INDEX: dict[str, tuple[tuple[str, int], ...]] = {}
 for _name, (_weights, _) in LANGUAGES.items():
     for _word, _weight in _weights.items():
         WORD_INDEX[_word] = (*WORD_INDEX.get(_word, ()), (_name, _weight))
+KEYWORDS = frozenset(WORD_INDEX)  # intersected with a window's words: only the hits are read
 SQL_OPENERS = (("select", "from"), ("insert", "into"), ("create", "table"), ("delete", "from"),
                 ("update", "set"))  # fmt: skip
 SQL_WORDS = frozenset({"select", "from", "where", "join", "group", "order", "limit",
@@ -138,6 +139,8 @@ def gated(markers: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
 
 
 LANGUAGE_MARKERS = {name: gated(markers) for name, (_, markers) in LANGUAGES.items()}
+# (language, marker, gate) in one flat tuple: one loop for all languages, no call per language
+LANGUAGE_MARKS = tuple((name, m, g) for name, ms in LANGUAGE_MARKERS.items() for m, g in ms)
 MATH_PHRASE_MARKERS = gated(MATH_PHRASES)
 GATES = "".join(sorted({g for ms in (*LANGUAGE_MARKERS.values(), MATH_PHRASE_MARKERS)
                         for _, g in ms if g}))  # fmt: skip
