@@ -77,6 +77,13 @@ def test_tuner_ratio_convergence_and_targets() -> None:
     }  # fmt: skip
     # prose stays at baseline where its oracle is 1.05x: 0.97 of the oracle not reached
     assert t["worst_class_after_convergence"]["met"]
+    # the worst class is named, with the requests its figure rests on and their interval
+    assert t["worst_class_after_convergence"]["class"] == "prose"
+    assert t["worst_class_after_convergence"]["requests"] == 3
+    assert prose["tuner_requests_after_convergence"] == 3
+    assert code["tuner_requests_after_convergence"] == 11
+    low, high = code["tuner_interval_after_convergence"]
+    assert low <= code["tuner_ratio_after_convergence"] <= high
     overall = s["overall"]
     assert overall["tuner_requests"] == 16
     # after convergence: code 11 requests at 2x (1 trial + 10), prose 3 at 1x

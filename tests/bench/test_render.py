@@ -14,6 +14,9 @@ def test_markdown_has_targets_arms_and_classes(tmp_path: Path) -> None:
     assert "## Targets" in text and "| fast-code |" in text
     assert "| code | 2 |" in text and "| prose | 2 |" in text
     assert "Best single static arm: **fast-code**" in text
+    # the worst class is named, with the requests (4 per class here) its figure rests on
+    worst = summary["targets"]["worst_class_after_convergence"]
+    assert f"({worst['class']}: 4 requests [" in text
     out = plot(summary, rows, tmp_path / "p.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

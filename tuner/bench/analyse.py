@@ -359,6 +359,7 @@ def _tuner_class(
     for role, _ in served:
         roles[role] += 1
     late_ratio = round(_ratio(late, late_base), 4) if late else None
+    late_interval = _bootstrap(late, late_base, rng)
     entry = _arm_entry(measured, base, rng)
     return {
         "tuner_requests": len(rows),
@@ -370,6 +371,8 @@ def _tuner_class(
         "converged_after": after,
         "converged": bool(rows) and after < len(rows) and policy is not None and policy.settled,
         "tuner_ratio_after_convergence": late_ratio,
+        "tuner_interval_after_convergence": list(late_interval) if late_interval else None,
+        "tuner_requests_after_convergence": len(late),
         "tuner_exploit_ratio_after_convergence": round(
             _ratio([measured[i] for i in exploit], [base[i] for i in exploit]), 4
         )
@@ -429,12 +432,20 @@ def _targets(overall: Mapping[str, Any], classes: Mapping[str, Any]) -> dict[str
         out["tuner_vs_best_static_whole_run"] = _target(
             overall["tuner_vs_best_static"], ">=", TARGETS["tuner_vs_best_static_whole_run"]
         )
-    late = [c["tuner_ratio_after_convergence"] for c in classes.values()
-            if c.get("tuner_ratio_after_convergence") is not None]  # fmt: skip
+    late = {k: c for k, c in classes.items() if c.get("tuner_ratio_after_convergence") is not None}
     if late:
-        out["worst_class_after_convergence"] = _target(
-            min(late), ">=", TARGETS["worst_class_after_convergence"]
+        # the class, how many requests its figure rests on and their interval: a class of a
+        # few requests reads +-10 % per request on a noisy machine (judged on the value alone)
+        worst = min(late, key=lambda k: late[k]["tuner_ratio_after_convergence"])
+        target = _target(
+            late[worst]["tuner_ratio_after_convergence"],
+            ">=",
+            TARGETS["worst_class_after_convergence"],
         )
+        target["class"] = worst
+        target["requests"] = late[worst].get("tuner_requests_after_convergence")
+        target["interval"] = late[worst].get("tuner_interval_after_convergence")
+        out["worst_class_after_convergence"] = target
     counts = [c["converged_after"] for c in classes.values() if "converged_after" in c]
     if counts:
         unconverged = [k for k, c in classes.items() if c.get("converged") is False]

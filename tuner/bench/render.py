@@ -31,6 +31,15 @@ def _interval(entry: Mapping[str, Any] | None) -> str:
     return f" [{low:.2f}, {high:.2f}]"
 
 
+def _target_note(target: Mapping[str, Any]) -> str:
+    """What a target's value rests on: the classes not converged, or the worst class."""
+    if target.get("unconverged_classes"):
+        return f" (not converged: {', '.join(target['unconverged_classes'])})"
+    if target.get("class"):
+        return f" ({target['class']}: {target.get('requests')} requests{_interval(target)})"
+    return ""
+
+
 def _tuner_rows(overall: Mapping[str, Any], arm: str) -> list[str]:
     """The overall table's rows of a tuner arm: its whole run and after convergence (the
     tuner's with the oracle on the same requests)."""
@@ -64,13 +73,9 @@ def markdown(summary: Mapping[str, Any]) -> str:
     if targets:
         lines += ["## Targets", "", "| target | measured | wanted | met |", "|---|---|---|---|"]
         for name, t in targets.items():
-            extra = (
-                f" (not converged: {', '.join(t['unconverged_classes'])})"
-                if t.get("unconverged_classes")
-                else ""
-            )
             lines.append(
-                f"| {name} | {t['value']}{extra} | {t['target']} | {'yes' if t['met'] else 'no'} |"
+                f"| {name} | {t['value']}{_target_note(t)} | {t['target']} "
+                f"| {'yes' if t['met'] else 'no'} |"
             )
         lines.append("")
     lines += ["## Overall (ratio to no speculation, 90 % interval)", ""]
@@ -122,7 +127,8 @@ def markdown(summary: Mapping[str, Any]) -> str:
         if "tuner_ratio" in overall:
             roles = ", ".join(f"{r} {n}" for r, n in (c.get("tuner_roles") or {}).items())
             row += (
-                f" {_x(c.get('tuner_ratio'))} | {_x(c.get('tuner_ratio_after_convergence'))} | "
+                f" {_x(c.get('tuner_ratio'))} | {_x(c.get('tuner_ratio_after_convergence'))}"
+                f"{_interval({'interval': c.get('tuner_interval_after_convergence')})} | "
                 f"{c.get('final_variant') or '-'} | {c.get('converged_after', '-')} of "
                 f"{c.get('tuner_requests', 0)} | {roles} |"
             )
