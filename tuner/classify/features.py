@@ -251,7 +251,8 @@ def _data_format(scan: _Scan) -> tuple[str | None, int]:
     json_keys = (
         len(lx.JSON_KEY.findall(scan.text)) if '":' in scan.text or '" :' in scan.text else 0
     )
-    csv = _csv_lines(scan.lines) if "," in scan.text else 0  # one memchr, not a line loop
+    # a run of 3 lines with commas needs 3 commas: one count, not a line loop, decides that
+    csv = _csv_lines(scan.lines) if scan.text.count(",") >= 3 else 0
     scores = {"json": json_keys, "table": scan.table, "log": scan.log, "csv": csv,
               "yaml": scan.yaml if scan.yaml >= 3 else 0}  # fmt: skip
     name = max(scores, key=lambda k: scores[k])
@@ -269,7 +270,10 @@ def _looks_like_data(line: str, stripped: str) -> bool:
 def _material_lines(scan: _Scan, code: str | None, data: str | None) -> int:
     """Lines inside fences, quoted passages, or that look like code or data."""
     count, fenced, quoted = 0, False, False
-    for line, code_like in zip(scan.lines, scan.code_line, strict=True):
+    markers = _code_markers(code)
+    # lower-casing neither adds nor removes line breaks: these are the lines, lower-cased
+    lowered = scan.lower.splitlines() if code is not None else scan.lines
+    for line, low, code_like in zip(scan.lines, lowered, scan.code_line, strict=True):
         stripped = line.strip()
         if stripped.startswith("```"):
             fenced = not fenced
@@ -283,18 +287,23 @@ def _material_lines(scan: _Scan, code: str | None, data: str | None) -> int:
             fenced
             or quoted
             or stripped.startswith(">")
-            or (code is not None and (code_like or _has_code_word(stripped, code)))
+            or (code is not None and (code_like or _has_marker(low.strip(), markers)))
             or (data is not None and _looks_like_data(line, stripped))
         )
         count += looks
     return count
 
 
-def _has_code_word(line: str, language: str) -> bool:
-    """A line with one of the language's markers (substring checks only: this runs per line)."""
-    lower = line.lower()
-    markers = lx.SQL_MARKERS if language == "sql" else lx.LANGUAGES.get(language, ({}, ()))[1]
-    return any(m in lower for m in markers)
+def _code_markers(language: str | None) -> tuple[str, ...]:
+    if language is None:
+        return ()
+    return lx.SQL_MARKERS if language == "sql" else lx.LANGUAGES.get(language, ({}, ()))[1]
+
+
+def _has_marker(lower: str, markers: tuple[str, ...]) -> bool:
+    """A (lower-cased, stripped) line with one of the language's markers: substring checks
+    only, this runs per line."""
+    return any(marker in lower for marker in markers)
 
 
 def _digit_share(text: str) -> float:
