@@ -40,3 +40,10 @@ def test_older_build_uses_old_draft_flags() -> None:
 def test_garbage_help_gives_empty_capabilities() -> None:
     caps = parse_capabilities("usage: something else\n", "")
     assert not caps.flags and not caps.spec_types and caps.build is None
+
+
+def test_a_build_without_git_reports_its_version_but_no_commit() -> None:
+    help_text = (DATA / "help-0c1e570.txt").read_text()
+    caps = parse_capabilities(help_text, "version: 0.5.0-dev (build 0, commit unknown)\n")
+    assert caps.version == "0.5.0-dev" and caps.build == 0 and caps.commit is None
+    assert caps.router and "ngram-mod" in caps.spec_types

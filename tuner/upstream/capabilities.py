@@ -6,9 +6,10 @@ help texts of old and new builds; ``probe_capabilities`` runs the binary.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tuner.errors import ProvisionError
@@ -16,10 +17,13 @@ from tuner.errors import ProvisionError
 __all__ = ["Capabilities", "parse_capabilities", "probe_capabilities"]
 
 _SPEC_TYPE = re.compile(r"--spec-type\s+\[?([a-z0-9,|\-]+)\]?")
-# "version: 0.5.0-dev (build 1, commit 0c1e570)" (2026) or "version: 4567 (abc1234)" (older)
+# "version: 0.5.0-dev (build 1, commit 0c1e570)" (2026) or "version: 4567 (abc1234)" (older);
+# a build from a source tree without git says "(build 0, commit unknown)"
 _VERSION = re.compile(
-    r"version:\s*(?P<version>\S+)\s*\((?:build\s+(?P<build>\d+),\s*commit\s+)?(?P<commit>[0-9a-f]+)\)"
+    r"version:\s*(?P<version>\S+)\s*\((?:build\s+(?P<build>\d+),\s*commit\s+)?"
+    r"(?P<commit>[0-9a-f]+|unknown)\)"
 )
+BUILD_INFO = "build-info.json"  # written next to the binary by ``tuner provision``
 _HINT = re.compile(r"^[A-Z0-9_<>\[\]|{}.,:=-]+$|^[a-z0-9-]+(?:[,|][a-z0-9-]+)+$")
 
 
@@ -86,12 +90,13 @@ def parse_capabilities(help_text: str, version_text: str = "") -> Capabilities:
             frozenset({"none", "draft-simple"}) if "--model-draft" in flags else frozenset()
         )
     version = _VERSION.search(version_text + "\n" + help_text)
+    commit = version.group("commit") if version else None
     return Capabilities(
         version=version.group("version") if version else None,
         build=int(version.group("build") or version.group("version"))
         if version and (version.group("build") or version.group("version").isdigit())
         else None,
-        commit=version.group("commit") if version else None,
+        commit=commit if commit != "unknown" else None,
         spec_types=spec_types,
         new_spec_flags=new_flags,
         old_draft_flags=old_flags,
@@ -115,4 +120,15 @@ def probe_capabilities(binary: Path, timeout_s: float = 60.0) -> Capabilities:
     caps = parse_capabilities(outputs[1], outputs[0])
     if not caps.flags:
         raise ProvisionError(f"{binary} --help printed no flags; is it a llama-server?")
+    if caps.commit is None:  # built from a tarball: the provisioned build knows its commit
+        caps = replace(caps, commit=_provisioned_commit(binary))
     return caps
+
+
+def _provisioned_commit(binary: Path) -> str | None:
+    try:
+        info = json.loads((binary.parent / BUILD_INFO).read_text())
+    except (OSError, ValueError):
+        return None
+    commit = info.get("commit") if isinstance(info, dict) else None
+    return commit if isinstance(commit, str) and re.fullmatch(r"[0-9a-f]{7,40}", commit) else None

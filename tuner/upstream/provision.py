@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Literal
 
 from tuner.errors import ProvisionError
+from tuner.upstream.capabilities import BUILD_INFO
 
 __all__ = [
     "LLAMA_CPP_COMMIT",
@@ -235,6 +236,6 @@ def _install(binary: Path, target: Path, cuda: bool) -> None:
     staging.mkdir(parents=True)
     shutil.copy2(binary, staging / "llama-server")
     info = {"sdist": f"{SDIST_NAME}=={SDIST_VERSION}", "commit": LLAMA_CPP_COMMIT, "cuda": cuda}
-    (staging / "build-info.json").write_text(json.dumps(info, indent=2) + "\n")
+    (staging / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
     shutil.rmtree(target.parent, ignore_errors=True)
     os.replace(staging, target.parent)
