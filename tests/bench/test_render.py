@@ -17,6 +17,14 @@ def test_markdown_has_targets_arms_and_classes(tmp_path: Path) -> None:
     # the worst class is named, with the requests (4 per class here) its figure rests on
     worst = summary["targets"]["worst_class_after_convergence"]
     assert f"({worst['class']}: 4 requests [" in text
+    # 8 tuner requests over 4 prompts, each static arm twice: no caution
+    assert summary["overall"]["requests_per_prompt"] == {"tuner": 2.0, "static_arm": 2.0}
+    assert "Caution" not in text
+    many = summarize(rows + [tuner_row(i % 4, "meh") for i in range(24)], CLASSES)
+    assert many["overall"]["requests_per_prompt"]["tuner"] == 8.0
+    assert "Caution: the tuner met each prompt 8 times on average, each static arm 2" in (
+        markdown(many)
+    )
     out = plot(summary, rows, tmp_path / "p.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

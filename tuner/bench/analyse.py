@@ -223,6 +223,7 @@ def summarize(
                 overall["tuner_ratio"] / overall_arms[best_static]["ratio"], 4
             )
         overall["tuner_vs_oracle"] = round(overall["tuner_ratio"] / overall["oracle_ratio"], 4)
+        overall["requests_per_prompt"] = _exposure(ok, tuner, statics, common)
     if challenger:
         overall.update(
             _challenger(challenger, tuner, means, classes, item_classes, challenger_policies, rng)
@@ -454,6 +455,24 @@ def _targets(overall: Mapping[str, Any], classes: Mapping[str, Any]) -> dict[str
         target["met"] = target["met"] and not unconverged
         out["requests_to_converge"] = target
     return out
+
+
+def _exposure(
+    ok: Sequence[Mapping[str, Any]],
+    tuner: Sequence[Mapping[str, Any]],
+    statics: Sequence[str],
+    common: set[int],
+) -> dict[str, float]:
+    """How often the tuner, and each static arm, met each prompt. A variant whose table
+    outlives a request (``ngram-mod``) drafts a prompt's earlier answers when it meets the
+    prompt again, so where the tuner meets prompts more often, tuner / static ratios favour it
+    (``python -m benchmarks.repeat_memory DIR`` measures by how much)."""
+    arms = set(statics)
+    static = sum(1 for r in ok if r["arm"] in arms and int(r["item"]) in common)
+    return {
+        "tuner": round(len(tuner) / max(len(common), 1), 1),
+        "static_arm": round(static / max(len(statics) * len(common), 1), 1),
+    }
 
 
 def _target(value: float, op: str, threshold: float) -> dict[str, Any]:

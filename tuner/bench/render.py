@@ -31,6 +31,20 @@ def _interval(entry: Mapping[str, Any] | None) -> str:
     return f" [{low:.2f}, {high:.2f}]"
 
 
+def _exposure_note(exposure: Mapping[str, float] | None) -> list[str]:
+    """A warning where the tuner met each prompt far more often than a static arm did."""
+    if not exposure or exposure["tuner"] <= 2 * exposure["static_arm"]:
+        return []
+    return [
+        "",
+        f"Caution: the tuner met each prompt {exposure['tuner']:g} times on average, each "
+        f"static arm {exposure['static_arm']:g}. An `ngram-mod` table outlives a request and "
+        "drafts a prompt's earlier answers when the prompt comes again, so tuner / static "
+        "ratios favour the tuner here (`python -m benchmarks.repeat_memory DIR` measures by "
+        "how much); `--repeats` gives the static arms the same exposure.",
+    ]
+
+
 def _target_note(target: Mapping[str, Any]) -> str:
     """What a target's value rests on: the classes not converged, or the worst class."""
     if target.get("unconverged_classes"):
@@ -97,6 +111,7 @@ def markdown(summary: Mapping[str, Any]) -> str:
             f"{_x(overall.get('tuner_vs_best_static'))}; tuner / oracle = "
             f"{_x(overall.get('tuner_vs_oracle'))}.",
         ]
+        lines += _exposure_note(overall.get("requests_per_prompt"))
         if overall.get("challenger_vs_tuner") is not None:
             side = _interval({"interval": overall.get("challenger_vs_tuner_interval")})
             lines += [
