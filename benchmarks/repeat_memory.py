@@ -54,16 +54,18 @@ def _first_and_later(items: dict[int, list[float]]) -> dict[str, Any]:
 
 
 def repeat_effect(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """``tuner <family>`` (its requests served by any variant of the family) and each static
-    arm: accepted tokens per generated token on items' first and later requests."""
+    """``tuner <family>`` (its requests served by any variant of the family; the same for a
+    ``challenger``) and each static arm: accepted tokens per generated token on items' first
+    and later requests."""
     groups: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     for row in rows:
-        if row.get("error") or float(row.get("ms") or 0) <= 0 or row["arm"] == "challenger":
+        if row.get("error") or float(row.get("ms") or 0) <= 0:
             continue
         variant = str(row.get("variant") or "none")
         if variant == "none":
             continue
-        name = f"tuner {variant.split('.')[0]}" if row["arm"] == "tuner" else row["arm"]
+        daemon = row["arm"] in ("tuner", "challenger")
+        name = f"{row['arm']} {variant.split('.')[0]}" if daemon else row["arm"]
         groups[name][int(row["item"])].append(_accepted_per_token(row))
     return {name: _first_and_later(items) for name, items in sorted(groups.items())}
 
