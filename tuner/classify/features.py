@@ -167,11 +167,15 @@ class _Scan:
         gates = "".join(g for g in lx.GATES if g in lower)
         return cls(text, lower, lines, words, code_line, table, log, yaml, gates)
 
-    def marks(self, markers: tuple[tuple[str, str], ...]) -> int:
-        """Occurrences of the markers in the lower-cased text: markers gated by
+    def marks(self, markers: tuple[tuple[str, str, str], ...]) -> dict[str, int]:
+        """Occurrences of the markers in the lower-cased text, summed per key: triples from
         ``lexicon.gated`` whose gates are among ``lexicon.GATES`` (the ones checked)."""
         lower, gates = self.lower, self.gates
-        return sum(lower.count(m) for m, gate in markers if not gate or gate in gates)
+        counts: dict[str, int] = {}
+        for key, marker, gate in markers:
+            if not gate or gate in gates:
+                counts[key] = counts.get(key, 0) + lower.count(marker)
+        return counts
 
 
 def _language_tag(window: str) -> str | None:
@@ -214,10 +218,8 @@ def _code_language(scan: _Scan) -> tuple[str | None, int]:
         count = words[word]
         for name, weight in lx.WORD_INDEX[word]:
             scores[name] += weight * count
-    lower, gates = scan.lower, scan.gates
-    for name, marker, gate in lx.LANGUAGE_MARKS:  # as ``_Scan.marks``, for every language
-        if not gate or gate in gates:
-            scores[name] += 2 * lower.count(marker)
+    for name, count in scan.marks(lx.LANGUAGE_MARKS).items():
+        scores[name] += 2 * count
     if scores["typescript"] and scores["javascript"]:
         scores["typescript"] += scores["javascript"]
     present = lx.SQL_WORDS.intersection(scan.words)  # counts of present words are >= 1
@@ -362,7 +364,7 @@ def _is_math(scan: _Scan) -> bool:
     hits = sum(words[w] for w in lx.MATH_WORDS.intersection(words)) + sum(
         words[w] for w in lx.MATH_STRONG.intersection(words)
     )
-    hits += scan.marks(lx.MATH_PHRASE_MARKERS)
+    hits += scan.marks(lx.MATH_PHRASE_MARKS).get("math", 0)
     digits = _digit_share(scan.text[:HEAD])
     if digits or lx.DIGIT.search(scan.text):
         hits += len(lx.ARITHMETIC.findall(scan.text)) + len(lx.UNITS.findall(scan.lower))

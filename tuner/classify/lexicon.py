@@ -133,14 +133,13 @@ def _gate(marker: str) -> str:
     return next((c for c in _RAREST_FIRST if c in marker), "")
 
 
-def gated(markers: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
-    """(marker, gate character or "" for none) pairs."""
-    return tuple((m, _gate(m)) for m in markers)
+def gated(key: str, markers: tuple[str, ...]) -> tuple[tuple[str, str, str], ...]:
+    """(key, marker, gate character or "" for none) triples: what ``_Scan.marks`` counts,
+    summed per key."""
+    return tuple((key, m, _gate(m)) for m in markers)
 
 
-LANGUAGE_MARKERS = {name: gated(markers) for name, (_, markers) in LANGUAGES.items()}
-# (language, marker, gate) in one flat tuple: one loop for all languages, no call per language
-LANGUAGE_MARKS = tuple((name, m, g) for name, ms in LANGUAGE_MARKERS.items() for m, g in ms)
-MATH_PHRASE_MARKERS = gated(MATH_PHRASES)
-GATES = "".join(sorted({g for ms in (*LANGUAGE_MARKERS.values(), MATH_PHRASE_MARKERS)
-                        for _, g in ms if g}))  # fmt: skip
+# every language's markers in one flat tuple: one loop counts them all
+LANGUAGE_MARKS = tuple(t for name, (_, ms) in LANGUAGES.items() for t in gated(name, ms))
+MATH_PHRASE_MARKS = gated("math", MATH_PHRASES)
+GATES = "".join(sorted({g for _, _, g in (*LANGUAGE_MARKS, *MATH_PHRASE_MARKS) if g}))
