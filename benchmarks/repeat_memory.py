@@ -75,8 +75,11 @@ def main() -> None:
     parser.add_argument("run", type=Path, help="a bench run's directory (with requests.jsonl)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    lines = (args.run / "requests.jsonl").read_text().splitlines()
-    rows = [json.loads(line) for line in lines if line.strip()]
+    try:
+        lines = (args.run / "requests.jsonl").read_text().splitlines()
+        rows = [json.loads(line) for line in lines if line.strip()]
+    except (OSError, ValueError) as exc:
+        parser.error(f"{args.run}: no readable requests.jsonl: {exc}")
     emit({"run": str(args.run), "accepted_per_token": repeat_effect(rows)}, args.out)
 
 

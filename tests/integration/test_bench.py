@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.repeat_memory import repeat_effect
 from tests.bench.test_render import assert_documented
 from tuner.model.gguf_facts import read_facts
 
@@ -49,6 +50,13 @@ def test_bench_replays_the_matrix_and_the_tuner_and_writes_its_summary(tmp_path:
     assert set(summary["classes"]) == {r["class"] for r in rows}
     assert all("converged_after" in c for c in summary["classes"].values())
     assert set(summary["targets"]) >= {"tuner_vs_best_static_whole_run", "requests_to_converge"}
+    # 8 tuner requests over 4 prompts, every static arm once: how often each met each prompt
+    assert summary["overall"]["requests_per_prompt"] == {"tuner": 2.0, "static_arm": 1.0}
+    worst = summary["targets"].get("worst_class_after_convergence")
+    assert worst is None or worst["class"] in summary["classes"]
+    # the repeat measurement reads the real rows: each static arm met its 4 prompts once
+    effect = repeat_effect(rows)
+    assert effect["ngram-mod"]["items"] == 4 and effect["ngram-mod"]["requests_per_item"] == 1
     assert (out / "summary.png").read_bytes()[:4] == b"\x89PNG"
     assert "| ngram-simple |" in (out / "summary.md").read_text()
     assert (out / "tuner-state" / "policies.json").is_file()  # the daemon's own fresh state
