@@ -17,7 +17,7 @@ from tuner.records import RecordStore, RequestRecord, Timings
 from tuner.tuning.counterfactual import Counterfactual
 from tuner.tuning.engine import Arm, Decision, Engine
 from tuner.tuning.service import TuningService
-from tuner.tuning.shadow import ModDrafter, replay_simple
+from tuner.tuning.shadow import REPLAYABLE, ModDrafter, replay_simple
 from tuner.upstream.capabilities import Capabilities, parse_capabilities
 from tuner.upstream.client import UpstreamClient
 
@@ -72,6 +72,89 @@ def test_replayed_counts_find_the_best_variant_without_trying_it(
     assert found[True][0] <= 12, found
     assert found[True][0] < found[False][0], found
     assert found[True][1] > found[False][1] + 0.05, found
+
+
+def _drive_all(engine: Engine, sim: SimUpstream, n: int) -> list[Decision]:
+    """Requests of CODE whose replays measure every ngram-simple and ngram-mod variant."""
+    replayed = [k for k, v in engine.variants.items() if v.spec_type in REPLAYABLE]
+    out = []
+    for _ in range(n):
+        decision = engine.route(CODE)
+        engine.observe(sim.answer(CODE, decision))
+        counts = {v: (64, *sim.counts(CODE, v)[:2]) for v in replayed}
+        engine.observe_replayed(CODE, decision.variant, counts)
+        out.append(decision)
+    return out
+
+
+def test_variants_that_replays_measure_get_no_trials(tmp_path: Path, caps: Capabilities) -> None:
+    """Trials go only to what replays cannot measure: the class finds its best replayed
+    variant with no trial of it and explores less than when every variant is tried
+    (``trial_replayed``, the engine before)."""
+    found = {}
+    for trial_replayed in (False, True):
+        cfg = config(explore_share=0.1)
+        guard = cfg.guard.model_copy(update={"trial_replayed": trial_replayed})
+        engine = make(tmp_path / str(trial_replayed), cfg.model_copy(update={"guard": guard}), caps)
+        gains = {n: 0.9 for n, v in engine.variants.items() if v.speculative}
+        gains |= {n: 1.2 for n, v in engine.variants.items() if v.spec_type in REPLAYABLE}
+        gains["ngram-mod.match24.max16"] = 1.6
+        sim = SimUpstream({CODE: gains}, seed=5)
+        decisions = _drive_all(engine, sim, 150)
+        tried = {d.variant for d in decisions if d.role == "trial"}
+        replayed_tried = {v for v in tried if engine.variants[v].spec_type in REPLAYABLE}
+        if not trial_replayed:
+            assert not replayed_tried, replayed_tried
+            assert tried, "what replays cannot measure is still tried"
+        policy = engine.classes[CODE].policy
+        assert policy is not None and policy.variant == "ngram-mod.match24.max16"
+        served = [sim.true_speedup(CODE, d.variant) for d in decisions]
+        found[trial_replayed] = (
+            sum(d.role in ("trial", "control") for d in decisions),
+            sum(served) / len(served),
+        )
+    assert found[False][0] < found[True][0], found
+    assert found[False][1] > found[True][1], found
+
+
+def test_a_search_that_asks_only_for_measured_variants_is_over(
+    tmp_path: Path, caps: Capabilities
+) -> None:
+    """With only replayed types in the space every ask is told at once: the search ends
+    without a trial, on the best replayed variant."""
+    cfg = config(explore_share=0.3)
+    cfg = cfg.model_copy(update={"search": {t: cfg.search[t] for t in sorted(REPLAYABLE)}})
+    engine = make(tmp_path, cfg, caps)
+    gains = {n: 1.2 for n, v in engine.variants.items() if v.speculative}
+    sim = SimUpstream({CODE: gains | {"ngram-simple.n6.m16": 1.5}}, seed=6)
+    decisions = _drive_all(engine, sim, 60)
+    state = engine.classes[CODE]
+    assert state.converged and state.trials_done == 0
+    assert not any(d.role == "trial" for d in decisions)
+    assert state.policy is not None and state.policy.variant == "ngram-simple.n6.m16"
+
+
+def test_with_counts_a_trial_needs_controls_only_until_the_class_has_a_baseline(
+    tmp_path: Path, caps: Capabilities
+) -> None:
+    """Timing compares a trial with baseline requests of the same minutes, so controls
+    interleave with every trial; counts need a baseline speed only to price a drafted
+    token, so they stop at ``trial_controls_until`` baseline requests (drift checks aside)."""
+    found = {}
+    for mode in ("counts", "timing"):
+        cfg = config(explore_share=0.5, patience=0)
+        guard = cfg.guard.model_copy(update={"speedup_from": mode, "replay": False})
+        engine = make(tmp_path / mode, cfg.model_copy(update={"guard": guard}), caps)
+        gains = {n: 1.3 for n, v in engine.variants.items() if v.speculative}
+        decisions = _drive(engine, SimUpstream({CODE: gains}, seed=7), 200, replay=False)
+        found[mode] = (
+            sum(d.role == "trial" for d in decisions),
+            sum(d.role == "control" for d in decisions),
+        )
+    window, until = engine.config.guard.drift_window, engine.config.guard.trial_controls_until
+    assert found["counts"][1] <= until + 200 / window + 1, found
+    assert found["timing"][1] >= 0.4 * found["timing"][0], found
+    assert found["counts"][0] >= 0.8 * found["timing"][0] > 0, found  # the same search
 
 
 def test_replays_are_ignored_when_speedups_come_from_timing(

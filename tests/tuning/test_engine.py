@@ -93,7 +93,7 @@ def test_exploring_variants_that_pay_is_free(tmp_path: Path, caps: Capabilities)
     decisions = drive(engine, sim, [CODE] * 150)
     state = engine.classes[CODE]
     explored = sum(d.role in ("trial", "control") for d in decisions)
-    assert explored > 0.3 * len(decisions)
+    assert explored > 2 * 0.1 * len(decisions)  # twice the share (few controls with counts)
     assert state.trials_done >= 5 and state.policy is not None
     assert sim.true_speedup(CODE, state.policy.variant) == 1.5
     # and the true cost stayed inside the budget

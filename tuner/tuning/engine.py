@@ -19,10 +19,13 @@ Decisions, per class:
   when it is observed (a request never observed stays charged 1). So exploring
   is cheap where the variants tried are as fast as what the class runs now (a
   dense target whose n-gram drafts pay) and stays rare where they lose (a
-  small-active MoE). Exploring means a trial request, or a control (no speculation)
-  interleaved so that the trial is compared with baseline requests from the same
-  minutes; a converged class sends a control (for drift checks) at most once per
-  ``drift_window`` of its requests.
+  small-active MoE). Exploring means a trial request, or a control (no speculation):
+  with timing, controls interleave with every trial so that it is compared with
+  baseline requests from the same minutes; with counts only until the class has
+  ``trial_controls_until`` baseline requests (a count needs a baseline speed only to
+  price a drafted token), and, with replays, when a class served speculation has fewer
+  than two (its replayed arms are measured against its own baseline). A converged class
+  sends a control (for drift checks) at most once per ``drift_window`` of its requests.
 - Speedups (``guard.speedup_from = "counts"``, the default): a request that
   generated ``n`` tokens, drafted ``d`` and had ``a`` accepted is priced at
   ``n / (n - a + c d)`` (``tuner.tuning.counts``), with ``c``, what a drafted token
@@ -44,7 +47,14 @@ Decisions, per class:
   proposes: once the variant has served that many requests of a class, its served counts
   alone measure it there (off by default: the simulation overstates every ``ngram-mod``
   variant alike, so confirmed ones then lose to simulated ones; measured slower).
-  Trials go to what cannot be replayed.
+  Trials go to what cannot be replayed (``guard.trial_replayed`` = false, the default):
+  a class's first ``trial_requests`` requests measure the replayed variants before its
+  first trial; a replayed variant is never a trial (its study is told its replayed value
+  at once); a search whose study asks eight times in a row only for such variants is
+  over (what it has not measured does not look better). While replays do not arrive
+  (none after the engine's first ``trial_requests`` requests, or a class whose replayed
+  arm stays under ``min_trial_requests`` after ``2 x trial_requests`` requests) every
+  variant is tried as before.
 - A trial runs ``trial_requests`` requests; after ``min_trial_requests`` it stops
   early when its whole speedup interval is below 1. Its value (its speedup, as
   above) is told to the class's Optuna study. A class's search
@@ -98,7 +108,7 @@ from tuner.records import RequestRecord
 from tuner.tuning.config import Override, TuningConfig
 from tuner.tuning.counts import Calibration, Counts, alpha_interval, count_speedup
 from tuner.tuning.prior import PriorView, rank
-from tuner.tuning.shadow import EXACT
+from tuner.tuning.shadow import EXACT, REPLAYABLE
 from tuner.tuning.studies import Space, StudyBook
 from tuner.tuning.variants import BASELINE, Variant
 
@@ -352,6 +362,7 @@ class Engine:
         self.classes: dict[str, ClassState] = {}
         self._opened: set[str] = set()  # classes whose study this process has used
         self._overrides: dict[str, Override] = {}  # per class key; the config is frozen
+        self._observed = self._replays = 0  # requests observed, and replays received
         self._lock = threading.RLock()
 
     # -- the request path -------------------------------------------------------------
@@ -383,11 +394,22 @@ class Engine:
         trial = state.trial
         if trial is not None:
             controls = state.none_routed - trial.none_mark
-            if controls < self.config.guard.control_share * trial.sent:
+            if (
+                self._needs_controls(state)
+                and controls < self.config.guard.control_share * trial.sent
+            ):
                 return Decision(BASELINE.name, "control", policy_class=key)
             trial.sent += 1
             return Decision(trial.variant.name, "trial", trial.number, key)
-        if not state.converged and not state.preparing and self.studies is not None:
+        replays = self._replays_arrive()
+        base = state.arms.get(BASELINE.name)
+        if replays and policy.speculation and (base.requests if base else 0) < 2:
+            # replays measure a class's variants only against its own baseline speed
+            return Decision(BASELINE.name, "control", policy_class=key)
+        # with replays, a class's first requests measure every replayed variant before a
+        # trial asks for what they cannot
+        young = replays and state.seen <= self.config.budget.trial_requests
+        if not state.converged and not state.preparing and self.studies is not None and not young:
             state.preparing = True
             self.io(lambda: self._next_trial(key))
         elif (
@@ -398,6 +420,41 @@ class Engine:
             state.last_control = state.seen  # keep the baseline fresh for drift checks
             return Decision(BASELINE.name, "control", policy_class=key)
         return None
+
+    def _needs_controls(self, state: ClassState) -> bool:
+        """Whether a trial interleaves controls: always when speedups come from timing (the
+        trial is compared with baseline requests of the same minutes); with counts only
+        until the class has ``trial_controls_until`` baseline requests of its own."""
+        guard = self.config.guard
+        if guard.speedup_from != "counts":
+            return True
+        base = state.arms.get(BASELINE.name)
+        return (base.requests if base else 0) < guard.trial_controls_until
+
+    def _replays_arrive(self) -> bool:
+        """Whether replays are configured and arriving: once replays are on, the first
+        ``trial_requests`` requests the engine observes give them time to start; after
+        that, at least one must have come (a daemon whose replays fail, or tests that send
+        none, keep trialing every variant)."""
+        guard = self.config.guard
+        if not guard.replay or guard.speedup_from != "counts" or guard.trial_replayed:
+            return False
+        return self._replays > 0 or self._observed < self.config.budget.trial_requests
+
+    def _replay_measured(self, state: ClassState, name: str) -> bool:
+        """Whether replays measure this variant in this class, so that it needs no trial:
+        an ``ngram-simple`` variant, or an ``ngram-mod`` one with ``replay_mod``, while
+        replays arrive, unless the class has seen ``2 x trial_requests`` requests and its
+        arm still has fewer than ``min_trial_requests`` (replays of it are not arriving)."""
+        variant = self.variants.get(name)
+        if variant is None or variant.spec_type not in REPLAYABLE or not self._replays_arrive():
+            return False
+        if variant.spec_type == "ngram-mod" and not self.config.guard.replay_mod:
+            return False
+        budget = self.config.budget
+        arm = state.arms.get(name)
+        known = self._known(arm) if arm is not None else 0
+        return state.seen < 2 * budget.trial_requests or known >= budget.min_trial_requests
 
     def _cost(self, key: str, tok_s: float) -> float | None:
         """What one exploring request of this class that decoded at ``tok_s`` cost, in
@@ -532,6 +589,7 @@ class Engine:
         drafted, accepted = t.draft_n or 0, t.draft_n_accepted or 0
         finish: Trial | None = None
         with self._lock:
+            self._observed += 1
             if record.role in ("trial", "control") and not record.replay:
                 cost = self._cost(key, tok_s)
                 if cost is not None:
@@ -566,6 +624,7 @@ class Engine:
             return
         key = class_key or ROOT
         with self._lock:
+            self._replays += 1
             for level in levels(key):
                 state = self._state(level)
                 for name, found in counts.items():
@@ -626,7 +685,17 @@ class Engine:
                 pick = self._suggest(key, space, prior)
             if pick is not None:
                 self.studies.enqueue(key, space, [pick])
-            number, variant = self._ask_new(key, space)
+            asked = self._ask_new(key, space)
+            if asked == "over":
+                with self._lock:
+                    state.converged = True
+                    self._decide_all(key)
+                log.info("search_over", class_key=key, reason="nothing unmeasured looks better")
+                self._changed()
+                return
+            if asked == "later":
+                return
+            number, variant = asked
             with self._lock:
                 mark = state.arm(BASELINE.name).requests
                 if variant.name in self.variants:
@@ -655,6 +724,8 @@ class Engine:
             variant = self.variants.get(name)
             if variant is None or not variant.speculative or variant.spec_type not in space:
                 return False
+            if self._replay_measured(state, name):
+                return False  # every request measures it already
             arm = state.arms.get(name)
             return arm is None or self._known(arm) < budget.min_trial_requests
 
@@ -684,29 +755,50 @@ class Engine:
             for name, arm in parent.arms.items()
             if self._known(arm) >= budget.min_trial_requests
         }
-        picks = [v for v, _ in prior.ranked if candidate(v.name) and v.name not in losing]
+        ranked = [v for v, _ in prior.ranked]
+        # a prior pick only where the prior ranks it above every replayed variant: those
+        # are measured on the class's own requests, a better guide than the prior
+        cut = next(
+            (i for i, v in enumerate(ranked) if self._replay_measured(state, v.name)), len(ranked)
+        )
+        picks = [v for v in ranked[:cut] if candidate(v.name) and v.name not in losing]
         return next((v for v in picks if v.name not in elsewhere), picks[0] if picks else None)
 
-    def _ask_new(self, key: str, space: Space) -> tuple[int, Variant]:
-        """Ask; a variant already measured enough in this class is told its value at once."""
+    def _ask_new(self, key: str, space: Space) -> tuple[int, Variant] | Literal["over", "later"]:
+        """Ask the study for the next variant to try. One this class has measured enough
+        (a trial's worth of requests, or ``min_trial_requests`` replayed ones for a variant
+        replays measure) is told its value at once and the study asked again, up to eight
+        times; a variant that has not, and that replays do not measure, is the answer (after
+        eight asks, the last one that replays do not measure runs again rather than stay
+        told). ``"over"`` when the study asked only for what replays measured here: what it
+        has not measured does not look better, the search is over. ``"later"`` when it asked
+        for replayed variants whose replays have not come yet."""
         assert self.studies is not None
+        budget = self.config.budget
+        pending = False
         for attempt in range(8):
             number, variant = self.studies.ask(key, space)
             with self._lock:
                 state = self._state(key)
                 arm = state.arms.get(variant.name)
                 base = state.arms.get(BASELINE.name)
+                replayed = self._replay_measured(state, variant.name)
+                need = budget.min_trial_requests if replayed else budget.trial_requests
                 known = (
                     arm is not None
                     and base is not None
-                    and self._known(arm) >= self.config.budget.trial_requests
+                    and self._known(arm) >= need
                     and len(base.samples) >= 2
                 )
                 value = self._arm_speedup(variant.name, arm, base).value if known else None  # type: ignore[arg-type]
-            if value is None or attempt == 7:
-                return number, variant  # the last one runs again rather than stay told
-            self.studies.tell(key, space, number, value, attrs={"reused": True})
-        raise AssertionError("unreachable")
+            if not replayed and (value is None or attempt == 7):
+                return number, variant
+            if value is None:
+                pending = True
+                self.studies.tell(key, space, number, None, attrs={"skipped": "replay pending"})
+            else:
+                self.studies.tell(key, space, number, value, attrs={"reused": True})
+        return "later" if pending else "over"
 
     def _finish_trial(self, key: str, trial: Trial) -> None:
         """Tell the study and re-decide (IO thread)."""
