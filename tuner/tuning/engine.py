@@ -47,7 +47,10 @@ Decisions, per class:
   proposes: once the variant has served that many requests of a class, its served counts
   alone measure it there (off by default: the simulation overstates every ``ngram-mod``
   variant alike, so confirmed ones then lose to simulated ones; measured slower).
-  Trials go to what cannot be replayed (``guard.trial_replayed`` = false, the default):
+  Trials go to what cannot be replayed (``guard.trial_replayed`` = false, the default),
+  once the engine has served a trial's worth of speculative requests (until then every
+  ``c`` is the cost model's guess, too uncertain for replayed counts to clear the guard,
+  and the first trials, the prior's picks, serve and calibrate it):
   a class's first ``trial_requests`` requests measure the replayed variants before its
   first trial; a replayed variant is never a trial (its study is told its replayed value
   at once); a search whose study asks eight times in a row only for such variants is
@@ -362,7 +365,8 @@ class Engine:
         self.classes: dict[str, ClassState] = {}
         self._opened: set[str] = set()  # classes whose study this process has used
         self._overrides: dict[str, Override] = {}  # per class key; the config is frozen
-        self._observed = self._replays = 0  # requests observed, and replays received
+        # requests observed, speculative ones among them, and replays received
+        self._observed = self._served = self._replays = 0
         self._lock = threading.RLock()
 
     # -- the request path -------------------------------------------------------------
@@ -408,7 +412,7 @@ class Engine:
             return Decision(BASELINE.name, "control", policy_class=key)
         # with replays, a class's first requests measure every replayed variant before a
         # trial asks for what they cannot
-        young = replays and state.seen <= self.config.budget.trial_requests
+        young = replays and self._calibrated() and state.seen <= self.config.budget.trial_requests
         if not state.converged and not state.preparing and self.studies is not None and not young:
             state.preparing = True
             self.io(lambda: self._next_trial(key))
@@ -441,13 +445,23 @@ class Engine:
             return False
         return self._replays > 0 or self._observed < self.config.budget.trial_requests
 
+    def _calibrated(self) -> bool:
+        """Whether a drafted token's cost has been measured on served drafts: a trial's worth
+        of speculative requests observed. Before, every ``c`` is the cost model's guess, so
+        wide that replayed counts alone clear no guard: the first trials serve and
+        calibrate it, replayed variants included."""
+        return self._served >= self.config.budget.trial_requests
+
     def _replay_measured(self, state: ClassState, name: str) -> bool:
         """Whether replays measure this variant in this class, so that it needs no trial:
         an ``ngram-simple`` variant, or an ``ngram-mod`` one with ``replay_mod``, while
-        replays arrive, unless the class has seen ``2 x trial_requests`` requests and its
-        arm still has fewer than ``min_trial_requests`` (replays of it are not arriving)."""
+        replays arrive and once the cost of a drafted token is calibrated, unless the class
+        has seen ``2 x trial_requests`` requests and its arm still has fewer than
+        ``min_trial_requests`` (replays of it are not arriving)."""
         variant = self.variants.get(name)
         if variant is None or variant.spec_type not in REPLAYABLE or not self._replays_arrive():
+            return False
+        if not self._calibrated():
             return False
         if variant.spec_type == "ngram-mod" and not self.config.guard.replay_mod:
             return False
@@ -590,6 +604,7 @@ class Engine:
         finish: Trial | None = None
         with self._lock:
             self._observed += 1
+            self._served += record.variant != BASELINE.name
             if record.role in ("trial", "control") and not record.replay:
                 cost = self._cost(key, tok_s)
                 if cost is not None:
