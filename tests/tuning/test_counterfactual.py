@@ -17,7 +17,7 @@ from tuner.records import RecordStore, RequestRecord, Timings
 from tuner.tuning.counterfactual import Counterfactual
 from tuner.tuning.engine import Arm, Decision, Engine
 from tuner.tuning.service import TuningService
-from tuner.tuning.shadow import REPLAYABLE, ModDrafter, replay_simple
+from tuner.tuning.shadow import EXACT, REPLAYABLE, ModDrafter, replay_simple
 from tuner.upstream.capabilities import Capabilities, parse_capabilities
 from tuner.upstream.client import UpstreamClient
 
@@ -88,11 +88,14 @@ def _drive_all(engine: Engine, sim: SimUpstream, plan: list[str]) -> list[Decisi
     return out
 
 
-def test_variants_that_replays_measure_get_no_trials(tmp_path: Path, caps: Capabilities) -> None:
-    """Once the first trials have served drafts (calibrating their cost), trials go only to
-    what replays cannot measure: each class finds its best replayed variant without trying
-    it, and the classes explore less than when the prior's picks are tried in every class
-    (``trial_replayed``, the engine before)."""
+def test_variants_that_replays_measure_exactly_get_no_trials(
+    tmp_path: Path, caps: Capabilities
+) -> None:
+    """Once the first trials have served drafts (calibrating their cost), no trial goes to
+    what replays measure exactly (ngram-simple): each class finds its best such variant
+    without trying it, and the classes try fewer of them than when the prior's picks are
+    tried in every class (``trial_replayed``, the engine before). ngram-mod, whose replay is
+    an estimate, is still tried."""
     keys = [CODE, "code/fresh/greedy", "text/echo/greedy", "chat/fresh/greedy"]
     plan = keys * 60
     found = {}
@@ -102,18 +105,18 @@ def test_variants_that_replays_measure_get_no_trials(tmp_path: Path, caps: Capab
         engine = make(tmp_path / str(trial_replayed), cfg.model_copy(update={"guard": guard}), caps)
         gains = {n: 0.9 for n, v in engine.variants.items() if v.speculative}
         gains |= {n: 1.2 for n, v in engine.variants.items() if v.spec_type in REPLAYABLE}
-        gains["ngram-mod.match24.max16"] = 1.6
+        gains["ngram-simple.n6.m16"] = 1.6
         sim = SimUpstream(dict.fromkeys(keys, gains), seed=5)
         decisions = _drive_all(engine, sim, plan)
         trials = [d.variant for d in decisions if d.role == "trial"]
-        replayed = [v for v in trials if engine.variants[v].spec_type in REPLAYABLE]
+        replayed = [v for v in trials if engine.variants[v].spec_type in EXACT]
         if not trial_replayed:
             # only the classes' first trials, which serve drafts to calibrate their cost
             assert len(replayed) <= len(keys) * engine.config.budget.trial_requests, replayed
             assert len(trials) > len(replayed), "what replays cannot measure is still tried"
         for key in keys:
             policy = engine.classes[key].policy
-            assert policy is not None and policy.variant == "ngram-mod.match24.max16", key
+            assert policy is not None and policy.variant == "ngram-simple.n6.m16", key
         served = [sim.true_speedup(c, d.variant) for c, d in zip(plan, decisions, strict=True)]
         found[trial_replayed] = (len(replayed), sum(served) / len(served))
     assert found[False][0] < found[True][0], found
@@ -123,10 +126,10 @@ def test_variants_that_replays_measure_get_no_trials(tmp_path: Path, caps: Capab
 def test_a_search_that_asks_only_for_measured_variants_is_over(
     tmp_path: Path, caps: Capabilities
 ) -> None:
-    """With only replayed types in the space every ask after the first trial is told at
-    once: the search ends after that one trial, on the best replayed variant."""
+    """With only exactly replayed types in the space every ask after the first trial is
+    told at once: the search ends after that one trial, on the best replayed variant."""
     cfg = config(explore_share=0.3)
-    cfg = cfg.model_copy(update={"search": {t: cfg.search[t] for t in sorted(REPLAYABLE)}})
+    cfg = cfg.model_copy(update={"search": {t: cfg.search[t] for t in sorted(EXACT)}})
     engine = make(tmp_path, cfg, caps)
     gains = {n: 1.2 for n, v in engine.variants.items() if v.speculative}
     sim = SimUpstream({CODE: gains | {"ngram-simple.n6.m16": 1.5}}, seed=6)

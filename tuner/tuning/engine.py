@@ -47,13 +47,14 @@ Decisions, per class:
   proposes: once the variant has served that many requests of a class, its served counts
   alone measure it there (off by default: the simulation overstates every ``ngram-mod``
   variant alike, so confirmed ones then lose to simulated ones; measured slower).
-  Trials go to what cannot be replayed (``guard.trial_replayed`` = false, the default),
+  Trials go to what cannot be replayed exactly (``guard.trial_replayed`` = false, the
+  default; ``ngram-mod``'s estimate only ranks, trials confirm it),
   once the engine has served a trial's worth of speculative requests (until then every
   ``c`` is the cost model's guess, too uncertain for replayed counts to clear the guard,
   and the first trials, the prior's picks, serve and calibrate it):
   a class's first ``trial_requests`` requests measure the replayed variants before its
-  first trial; a replayed variant is never a trial (its study is told its replayed value
-  at once); a search whose study asks eight times in a row only for such variants is
+  first trial; an exactly replayed variant is never a trial (its study is told its replayed
+  value at once); a search whose study asks eight times in a row only for such variants is
   over (what it has not measured does not look better). While replays do not arrive
   (none after the engine's first ``trial_requests`` requests, or a class whose replayed
   arm stays under ``min_trial_requests`` after ``2 x trial_requests`` requests) every
@@ -111,7 +112,7 @@ from tuner.records import RequestRecord
 from tuner.tuning.config import Override, TuningConfig
 from tuner.tuning.counts import Calibration, Counts, alpha_interval, count_speedup
 from tuner.tuning.prior import PriorView, rank
-from tuner.tuning.shadow import EXACT, REPLAYABLE
+from tuner.tuning.shadow import EXACT
 from tuner.tuning.studies import Space, StudyBook
 from tuner.tuning.variants import BASELINE, Variant
 
@@ -453,17 +454,16 @@ class Engine:
         return self._served >= self.config.budget.trial_requests
 
     def _replay_measured(self, state: ClassState, name: str) -> bool:
-        """Whether replays measure this variant in this class, so that it needs no trial:
-        an ``ngram-simple`` variant, or an ``ngram-mod`` one with ``replay_mod``, while
-        replays arrive and once the cost of a drafted token is calibrated, unless the class
-        has seen ``2 x trial_requests`` requests and its arm still has fewer than
+        """Whether replays measure this variant in this class exactly, so that it needs no
+        trial: an ``ngram-simple`` variant (an ``ngram-mod`` replay is an estimate, which
+        served trials confirm: it understated long drafts on returning prompts, BENCHMARKS),
+        while replays arrive and once the cost of a drafted token is calibrated, unless the
+        class has seen ``2 x trial_requests`` requests and its arm still has fewer than
         ``min_trial_requests`` (replays of it are not arriving)."""
         variant = self.variants.get(name)
-        if variant is None or variant.spec_type not in REPLAYABLE or not self._replays_arrive():
+        if variant is None or variant.spec_type not in EXACT or not self._replays_arrive():
             return False
         if not self._calibrated():
-            return False
-        if variant.spec_type == "ngram-mod" and not self.config.guard.replay_mod:
             return False
         budget = self.config.budget
         arm = state.arms.get(name)
