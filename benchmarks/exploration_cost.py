@@ -1,0 +1,128 @@
+"""Where a bench run's tuner lost time: its requests by role, against the best static arm.
+
+Each daemon request (``tuner``, and ``challenger`` when there is one) is priced against the
+static arms' requests of the same prompt: its decode speed over the prompt's mean speed
+without speculation (``speed``), and the best static arm's mean ratio on that prompt
+(``static``: the best arm over the whole run, as the bench's ``best_static``). A request's
+loss is ``1 - speed / static``: what it cost, in requests at the static arm's speed, to have
+been sent as it was (negative: it gained). Summed per role (``exploit``, ``trial``,
+``control``) that says how much of the gap to the static arm is exploration and how much the
+served choice; per spec type for trials; and per quarter of the daemon's stream.
+
+    python -m benchmarks.exploration_cost DIR [--out FILE.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import emit
+
+DAEMONS = ("tuner", "challenger")
+
+
+def _speed(row: dict[str, Any]) -> float:
+    return float(row["tokens"]) / float(row["ms"])
+
+
+def _usable(row: dict[str, Any]) -> bool:
+    return not row.get("error") and float(row.get("ms") or 0) > 0 and float(row["tokens"]) > 0
+
+
+def static_ratios(rows: Iterable[dict[str, Any]]) -> tuple[dict[str, float], str | None]:
+    """Per prompt id, the best static arm's mean speed over the prompt's baseline, and its
+    name (the arm with the highest mean ratio over all prompts); the baseline speeds too."""
+    base: dict[str, list[float]] = defaultdict(list)
+    arms: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    rows = [r for r in rows if _usable(r) and r["arm"] not in DAEMONS]
+    for row in rows:
+        if row["arm"] == "none":
+            base[row["id"]].append(_speed(row))
+    for row in rows:
+        if row["arm"] != "none" and row["id"] in base:
+            arms[row["arm"]][row["id"]].append(_speed(row) / statistics.fmean(base[row["id"]]))
+    if not arms:
+        return {}, None
+    means = {
+        arm: statistics.fmean(statistics.fmean(v) for v in by_id.values())
+        for arm, by_id in arms.items()
+    }
+    best = max(means, key=lambda a: means[a])
+    out = {i: statistics.fmean(v) for i, v in arms[best].items()}
+    return out, best
+
+
+def _roles(priced: list[tuple[dict[str, Any], float, float]]) -> dict[str, Any]:
+    by: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for row, speed, static in priced:
+        by[str(row.get("role") or "exploit")].append((speed, static))
+    return {
+        role: {
+            "requests": len(pairs),
+            "speed": round(statistics.fmean(s for s, _ in pairs), 3),
+            "static": round(statistics.fmean(t for _, t in pairs), 3),
+            "loss_requests": round(sum(1 - s / t for s, t in pairs), 1),
+        }
+        for role, pairs in sorted(by.items())
+    }
+
+
+def exploration_cost(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per daemon arm: requests by role (count, mean speed and static ratio, summed loss),
+    trials by spec type (mean speed / static), and each quarter's mean speed / static."""
+    static, best = static_ratios(rows)
+    base: dict[str, list[float]] = defaultdict(list)
+    for row in rows:
+        if _usable(row) and row["arm"] == "none":
+            base[row["id"]].append(_speed(row))
+    out: dict[str, Any] = {"best_static": best}
+    for arm in DAEMONS:
+        priced = [
+            (row, _speed(row) / statistics.fmean(base[row["id"]]), static[row["id"]])
+            for row in rows
+            if row["arm"] == arm and _usable(row) and row["id"] in static and row["id"] in base
+        ]
+        if not priced:
+            continue
+        trials: dict[str, list[float]] = defaultdict(list)
+        for row, speed, ref in priced:
+            if row.get("role") == "trial":
+                trials[str(row["variant"]).split(".")[0]].append(speed / ref)
+        n = len(priced)
+        quarters = [priced[n * q // 4 : n * (q + 1) // 4] for q in range(4)]
+        out[arm] = {
+            "requests": n,
+            "speed_over_static": round(statistics.fmean(s / t for _, s, t in priced), 3),
+            "roles": _roles(priced),
+            "trials_by_type": {
+                t: {"requests": len(v), "speed_over_static": round(statistics.fmean(v), 3)}
+                for t, v in sorted(trials.items())
+            },
+            "quarters": [
+                round(statistics.fmean(s / t for _, s, t in q), 3) if q else None for q in quarters
+            ],
+        }
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run", type=Path, help="a bench run's directory (with requests.jsonl)")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    try:
+        lines = (args.run / "requests.jsonl").read_text().splitlines()
+        rows = [json.loads(line) for line in lines if line.strip()]
+    except (OSError, ValueError) as exc:
+        parser.error(f"{args.run}: no readable requests.jsonl: {exc}")
+    emit({"run": str(args.run), **exploration_cost(rows)}, args.out)
+
+
+if __name__ == "__main__":
+    main()

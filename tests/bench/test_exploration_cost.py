@@ -1,0 +1,54 @@
+"""``benchmarks/exploration_cost.py``: a daemon's requests by role against the best static arm."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from benchmarks.exploration_cost import exploration_cost, static_ratios
+
+
+def row(
+    arm: str, pid: str, speed: float, role: str | None = None, variant: str = "none"
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"arm": arm, "id": pid, "tokens": 100, "ms": 1000 * 100 / speed,
+                           "variant": variant}  # fmt: skip
+    return out | ({"role": role} if role else {})
+
+
+def _run() -> list[dict[str, Any]]:
+    rows = []
+    for pid, base in (("a", 50.0), ("b", 100.0)):
+        rows += [row("none", pid, base), row("none", pid, base)]
+        rows += [row("good", pid, 2 * base), row("poor", pid, 1.2 * base)]
+        rows += [row("tuner", pid, 2 * base, "exploit", "ngram-mod.x")]  # as good as static
+        rows += [row("tuner", pid, base, "control")]  # costs half a request
+        rows += [row("tuner", pid, base / 2, "trial", "ngram-map-k.y")]  # costs 3/4
+    rows.append({"arm": "tuner", "id": "a", "tokens": 0, "ms": 0, "error": "boom"})
+    return rows
+
+
+def test_the_best_static_arm_is_the_reference_per_prompt() -> None:
+    static, best = static_ratios(_run())
+    assert best == "good" and static == {"a": pytest.approx(2.0), "b": pytest.approx(2.0)}
+
+
+def test_losses_add_up_by_role_and_type() -> None:
+    found = exploration_cost(_run())
+    assert found["best_static"] == "good" and "challenger" not in found
+    tuner = found["tuner"]
+    assert tuner["requests"] == 6
+    roles = tuner["roles"]
+    assert roles["exploit"] == {"requests": 2, "speed": 2.0, "static": 2.0, "loss_requests": 0.0}
+    assert roles["control"]["loss_requests"] == pytest.approx(1.0)  # 2 x 0.5
+    assert roles["trial"]["loss_requests"] == pytest.approx(1.5)  # 2 x 0.75
+    assert tuner["trials_by_type"] == {"ngram-map-k": {"requests": 2, "speed_over_static": 0.25}}
+    assert tuner["speed_over_static"] == pytest.approx((1 + 0.5 + 0.25) / 3, abs=1e-3)
+    assert len(tuner["quarters"]) == 4
+
+
+def test_a_run_without_static_arms_has_no_reference() -> None:
+    assert exploration_cost([row("none", "a", 50.0), row("tuner", "a", 60.0, "exploit")]) == {
+        "best_static": None
+    }
