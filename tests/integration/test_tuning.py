@@ -92,9 +92,8 @@ def test_engine_settles_per_class_on_real_llama_server(tmp_path: Path) -> None:
     assert 1.0 < low <= value <= high, policies[edit_class]["speedups"]
     # Sampled stories: nothing clears the guard, speculation stays off.
     assert story_policy["variant"] == "none" and not story_policy["speculation"], story_policy
-    # replays measured both ngram-simple variants there on every request; the trials went
-    # to what replays cannot measure (ngram-cache)
-    assert policies[story_class]["trials_done"] >= 1
+    # replays measured both ngram-simple variants there on every request, trials or not
+    assert policies[story_class]["trials_done"] >= 2
     assert {"ngram-simple.n3.m8", "ngram-simple.n3.m16"} <= set(policies[story_class]["speedups"])
     assert set(variants["story"]) > {"none"}  # it did explore there
 

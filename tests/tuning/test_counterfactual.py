@@ -129,7 +129,9 @@ def test_a_search_that_asks_only_for_measured_variants_is_over(
     """With only exactly replayed types in the space every ask after the first trial is
     told at once: the search ends after that one trial, on the best replayed variant."""
     cfg = config(explore_share=0.3)
-    cfg = cfg.model_copy(update={"search": {t: cfg.search[t] for t in sorted(EXACT)}})
+    guard = cfg.guard.model_copy(update={"trial_replayed": False})
+    search = {t: cfg.search[t] for t in sorted(EXACT)}
+    cfg = cfg.model_copy(update={"search": search, "guard": guard})
     engine = make(tmp_path, cfg, caps)
     gains = {n: 1.2 for n, v in engine.variants.items() if v.speculative}
     sim = SimUpstream({CODE: gains | {"ngram-simple.n6.m16": 1.5}}, seed=6)
@@ -147,21 +149,25 @@ def test_with_counts_a_trial_needs_controls_only_until_the_class_has_a_baseline(
 ) -> None:
     """Timing compares a trial with baseline requests of the same minutes, so controls
     interleave with every trial; counts need a baseline speed only to price a drafted
-    token, so they stop at ``trial_controls_until`` baseline requests (drift checks aside)."""
+    token, so with ``trial_controls_until`` they stop at that many baseline requests (drift
+    checks aside); at 0, the default, counts interleave them as timing does."""
     found = {}
-    for mode in ("counts", "timing"):
+    for name, mode, until in (("counts", "counts", 6), ("default", "counts", 0),
+                              ("timing", "timing", 6)):  # fmt: skip
         cfg = config(explore_share=0.5, patience=0)
-        guard = cfg.guard.model_copy(update={"speedup_from": mode, "replay": False})
-        engine = make(tmp_path / mode, cfg.model_copy(update={"guard": guard}), caps)
+        update = {"speedup_from": mode, "replay": False, "trial_controls_until": until}
+        guard = cfg.guard.model_copy(update=update)
+        engine = make(tmp_path / name, cfg.model_copy(update={"guard": guard}), caps)
         gains = {n: 1.3 for n, v in engine.variants.items() if v.speculative}
         decisions = _drive(engine, SimUpstream({CODE: gains}, seed=7), 200, replay=False)
-        found[mode] = (
+        found[name] = (
             sum(d.role == "trial" for d in decisions),
             sum(d.role == "control" for d in decisions),
         )
-    window, until = engine.config.guard.drift_window, engine.config.guard.trial_controls_until
-    assert found["counts"][1] <= until + 200 / window + 1, found
+    window = engine.config.guard.drift_window
+    assert found["counts"][1] <= 6 + 200 / window + 1, found
     assert found["timing"][1] >= 0.4 * found["timing"][0], found
+    assert found["default"][1] >= 0.4 * found["default"][0], found
     assert found["counts"][0] >= 0.8 * found["timing"][0] > 0, found  # the same search
 
 

@@ -93,9 +93,8 @@ def test_exploring_variants_that_pay_is_free(tmp_path: Path, caps: Capabilities)
     decisions = drive(engine, sim, [CODE] * 150)
     state = engine.classes[CODE]
     explored = sum(d.role in ("trial", "control") for d in decisions)
-    assert explored > 1.5 * 0.1 * len(decisions)  # few controls with counts
-    # a finished search of 4+ trials: a 10 % request-count budget buys 2 in 150 requests
-    assert state.converged and state.trials_done >= 4 and state.policy is not None
+    assert explored > 0.3 * len(decisions)
+    assert state.trials_done >= 5 and state.policy is not None
     assert sim.true_speedup(CODE, state.policy.variant) == 1.5
     # and the true cost stayed inside the budget
     assert _exploration_cost([CODE] * 150, decisions, sim, CODE) <= 0.1 * 150 + 1

@@ -54,11 +54,12 @@ class Guard(_Strict):
     # > 0: an inexactly replayed (ngram-mod) variant's replays count until it has served this
     # many requests of a class; from then on only what it served does (0: always both)
     confirm_served: int = Field(0, ge=0)
-    # counts mode: a trial interleaves controls only while its class has fewer baseline
-    # requests than this (a count needs a baseline speed only to price a drafted token)
-    trial_controls_until: int = Field(6, ge=0)
-    # with replay: trials also for the variants replays measure (off: they need none)
-    trial_replayed: bool = False
+    # counts mode, > 0: a trial interleaves controls only while its class has fewer
+    # baseline requests than this (0: always, as with timing; 6 measured no better)
+    trial_controls_until: int = Field(0, ge=0)
+    # with replay: trials also for the variants replays measure exactly (false: ngram-simple
+    # untried once drafts are calibrated; measured slower side by side, BENCHMARKS.md)
+    trial_replayed: bool = True
 
 
 class Prior(_Strict):

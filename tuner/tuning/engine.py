@@ -20,11 +20,12 @@ Decisions, per class:
   is cheap where the variants tried are as fast as what the class runs now (a
   dense target whose n-gram drafts pay) and stays rare where they lose (a
   small-active MoE). Exploring means a trial request, or a control (no speculation):
-  with timing, controls interleave with every trial so that it is compared with
-  baseline requests from the same minutes; with counts only until the class has
-  ``trial_controls_until`` baseline requests (a count needs a baseline speed only to
-  price a drafted token), and, with replays, when a class served speculation has fewer
-  than two (its replayed arms are measured against its own baseline). A converged class
+  controls interleave with every trial so that it is compared with baseline requests
+  from the same minutes (with counts and ``trial_controls_until`` > 0, only until the
+  class has that many baseline requests: a count needs a baseline speed only to price a
+  drafted token; off by default, it measured no better); with ``trial_replayed`` off, a
+  class served speculation also sends one while it has fewer than two (its replayed
+  arms are measured against its own baseline). A converged class
   sends a control (for drift checks) at most once per ``drift_window`` of its requests.
 - Speedups (``guard.speedup_from = "counts"``, the default): a request that
   generated ``n`` tokens, drafted ``d`` and had ``a`` accepted is priced at
@@ -47,9 +48,11 @@ Decisions, per class:
   proposes: once the variant has served that many requests of a class, its served counts
   alone measure it there (off by default: the simulation overstates every ``ngram-mod``
   variant alike, so confirmed ones then lose to simulated ones; measured slower).
-  Trials go to what cannot be replayed exactly (``guard.trial_replayed`` = false, the
-  default; ``ngram-mod``'s estimate only ranks, trials confirm it),
-  once the engine has served a trial's worth of speculative requests (until then every
+  Every variant is tried, replayed or not (``guard.trial_replayed``, the default): a
+  served trial anchors a class's choice; side by side the tuner was slower without them
+  (BENCHMARKS.md). With ``trial_replayed = false`` trials go only to what cannot be
+  replayed exactly (``ngram-mod``'s estimate only ranks, trials confirm it), once the
+  engine has served a trial's worth of speculative requests (until then every
   ``c`` is the cost model's guess, too uncertain for replayed counts to clear the guard,
   and the first trials, the prior's picks, serve and calibrate it):
   a class's first ``trial_requests`` requests measure the replayed variants before its
@@ -428,10 +431,11 @@ class Engine:
 
     def _needs_controls(self, state: ClassState) -> bool:
         """Whether a trial interleaves controls: always when speedups come from timing (the
-        trial is compared with baseline requests of the same minutes); with counts only
-        until the class has ``trial_controls_until`` baseline requests of its own."""
+        trial is compared with baseline requests of the same minutes) or when
+        ``trial_controls_until`` is 0 (the default); with counts and a positive value, only
+        until the class has that many baseline requests of its own."""
         guard = self.config.guard
-        if guard.speedup_from != "counts":
+        if guard.speedup_from != "counts" or guard.trial_controls_until == 0:
             return True
         base = state.arms.get(BASELINE.name)
         return (base.requests if base else 0) < guard.trial_controls_until
