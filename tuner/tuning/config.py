@@ -58,7 +58,7 @@ class Guard(_Strict):
     # baseline requests than this (0: always, as with timing; 6 measured no better)
     trial_controls_until: int = Field(0, ge=0)
     # with replay: trials also for the variants replays measure exactly (false: ngram-simple
-    # untried once drafts are calibrated; measured slower side by side, BENCHMARKS.md)
+    # untried once drafts are calibrated; measured no better side by side, BENCHMARKS.md)
     trial_replayed: bool = True
 
 
