@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 from typing import Any
+
+
+def read_requests(parser: argparse.ArgumentParser, run: Path) -> list[dict[str, Any]]:
+    """The rows of a bench run's ``run/requests.jsonl``; a missing or unreadable file is a
+    usage error (``parser.error``: a message and exit status 2), not a traceback."""
+    try:
+        lines = (run / "requests.jsonl").read_text().splitlines()
+        return [json.loads(line) for line in lines if line.strip()]
+    except (OSError, ValueError) as exc:
+        parser.error(f"{run}: no readable requests.jsonl: {exc}")
 
 
 def emit(result: dict[str, Any], out: Path | None, *, quiet: bool = False) -> None:

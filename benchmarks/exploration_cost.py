@@ -15,14 +15,13 @@ served choice; per spec type for trials; and per quarter of the daemon's stream.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import emit
+from benchmarks.common import emit, read_requests
 
 DAEMONS = ("tuner", "challenger")
 
@@ -35,18 +34,27 @@ def _usable(row: dict[str, Any]) -> bool:
     return not row.get("error") and float(row.get("ms") or 0) > 0 and float(row["tokens"]) > 0
 
 
-def static_ratios(rows: Iterable[dict[str, Any]]) -> tuple[dict[str, float], str | None]:
-    """Per prompt id, the best static arm's mean speed over the prompt's baseline, and its
-    name (the arm with the highest mean ratio over all prompts); the baseline speeds too."""
-    base: dict[str, list[float]] = defaultdict(list)
-    arms: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    rows = [r for r in rows if _usable(r) and r["arm"] not in DAEMONS]
+def baselines(rows: Iterable[dict[str, Any]]) -> dict[str, float]:
+    """Per prompt id, its mean decode speed without speculation (the ``none`` arm)."""
+    speeds: dict[str, list[float]] = defaultdict(list)
     for row in rows:
-        if row["arm"] == "none":
-            base[row["id"]].append(_speed(row))
+        if row["arm"] == "none" and _usable(row):
+            speeds[row["id"]].append(_speed(row))
+    return {i: statistics.fmean(v) for i, v in speeds.items()}
+
+
+def static_ratios(
+    rows: Iterable[dict[str, Any]], base: dict[str, float] | None = None
+) -> tuple[dict[str, float], str | None]:
+    """Per prompt id, the best static arm's mean speed over the prompt's baseline, and its
+    name (the arm with the highest mean ratio over all prompts). ``base``: ``baselines(rows)``
+    when the caller has it."""
+    rows = [r for r in rows if _usable(r) and r["arm"] not in DAEMONS]
+    base = baselines(rows) if base is None else base
+    arms: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for row in rows:
         if row["arm"] != "none" and row["id"] in base:
-            arms[row["arm"]][row["id"]].append(_speed(row) / statistics.fmean(base[row["id"]]))
+            arms[row["arm"]][row["id"]].append(_speed(row) / base[row["id"]])
     if not arms:
         return {}, None
     means = {
@@ -76,15 +84,12 @@ def _roles(priced: list[tuple[dict[str, Any], float, float]]) -> dict[str, Any]:
 def exploration_cost(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Per daemon arm: requests by role (count, mean speed and static ratio, summed loss),
     trials by spec type (mean speed / static), and each quarter's mean speed / static."""
-    static, best = static_ratios(rows)
-    base: dict[str, list[float]] = defaultdict(list)
-    for row in rows:
-        if _usable(row) and row["arm"] == "none":
-            base[row["id"]].append(_speed(row))
+    base = baselines(rows)
+    static, best = static_ratios(rows, base)
     out: dict[str, Any] = {"best_static": best}
     for arm in DAEMONS:
         priced = [
-            (row, _speed(row) / statistics.fmean(base[row["id"]]), static[row["id"]])
+            (row, _speed(row) / base[row["id"]], static[row["id"]])
             for row in rows
             if row["arm"] == arm and _usable(row) and row["id"] in static and row["id"] in base
         ]
@@ -116,11 +121,7 @@ def main() -> None:
     parser.add_argument("run", type=Path, help="a bench run's directory (with requests.jsonl)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    try:
-        lines = (args.run / "requests.jsonl").read_text().splitlines()
-        rows = [json.loads(line) for line in lines if line.strip()]
-    except (OSError, ValueError) as exc:
-        parser.error(f"{args.run}: no readable requests.jsonl: {exc}")
+    rows = read_requests(parser, args.run)
     emit({"run": str(args.run), **exploration_cost(rows)}, args.out)
 
 

@@ -19,13 +19,12 @@ text only: it is the control, and should not rise.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import emit
+from benchmarks.common import emit, read_requests
 
 LATER = 3  # an item's requests from the 4th on count as "later"
 
@@ -75,11 +74,7 @@ def main() -> None:
     parser.add_argument("run", type=Path, help="a bench run's directory (with requests.jsonl)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    try:
-        lines = (args.run / "requests.jsonl").read_text().splitlines()
-        rows = [json.loads(line) for line in lines if line.strip()]
-    except (OSError, ValueError) as exc:
-        parser.error(f"{args.run}: no readable requests.jsonl: {exc}")
+    rows = read_requests(parser, args.run)
     emit({"run": str(args.run), "accepted_per_token": repeat_effect(rows)}, args.out)
 
 

@@ -38,15 +38,19 @@ def _gains(engine: Engine) -> dict[str, float]:
     return out
 
 
-def _drive(engine: Engine, sim: SimUpstream, n: int, *, replay: bool) -> list[Decision]:
+def _drive(
+    engine: Engine, sim: SimUpstream, plan: list[str], replayed: frozenset[str] = frozenset()
+) -> list[Decision]:
+    """Requests of the classes in ``plan``; after each, what the replayer hands over: the
+    counts of every variant whose spec type is in ``replayed`` (none: no replays)."""
+    names = [k for k, v in engine.variants.items() if v.spec_type in replayed]
     out = []
-    simple = [k for k, v in engine.variants.items() if v.spec_type == "ngram-simple"]
-    for _ in range(n):
-        decision = engine.route(CODE)
-        engine.observe(sim.answer(CODE, decision))
-        if replay:  # what the replayer hands over: every ngram-simple variant's counts
-            counts = {v: (64, *sim.counts(CODE, v)[:2]) for v in simple}
-            engine.observe_replayed(CODE, decision.variant, counts)
+    for key in plan:
+        decision = engine.route(key)
+        engine.observe(sim.answer(key, decision))
+        if names:
+            counts = {v: (64, *sim.counts(key, v)[:2]) for v in names}
+            engine.observe_replayed(key, decision.variant, counts)
         out.append(decision)
     return out
 
@@ -60,7 +64,7 @@ def test_replayed_counts_find_the_best_variant_without_trying_it(
     for replay in (True, False):
         engine = make(tmp_path / str(replay), config(explore_share=0.1), caps)
         sim = SimUpstream({CODE: _gains(engine)}, seed=4)
-        decisions = _drive(engine, sim, 150, replay=replay)
+        decisions = _drive(engine, sim, [CODE] * 150, EXACT if replay else frozenset())
         best = [n for n, d in enumerate(decisions) if sim.true_speedup(CODE, d.variant) == 1.5]
         served = [sim.true_speedup(CODE, d.variant) for d in decisions]
         found[replay] = (best[0] if best else 999, sum(served) / len(served))
@@ -72,20 +76,6 @@ def test_replayed_counts_find_the_best_variant_without_trying_it(
     assert found[True][0] <= 12, found
     assert found[True][0] < found[False][0], found
     assert found[True][1] > found[False][1] + 0.05, found
-
-
-def _drive_all(engine: Engine, sim: SimUpstream, plan: list[str]) -> list[Decision]:
-    """Requests of the classes in ``plan`` whose replays measure every ngram-simple and
-    ngram-mod variant."""
-    replayed = [k for k, v in engine.variants.items() if v.spec_type in REPLAYABLE]
-    out = []
-    for key in plan:
-        decision = engine.route(key)
-        engine.observe(sim.answer(key, decision))
-        counts = {v: (64, *sim.counts(key, v)[:2]) for v in replayed}
-        engine.observe_replayed(key, decision.variant, counts)
-        out.append(decision)
-    return out
 
 
 def test_variants_that_replays_measure_exactly_get_no_trials(
@@ -107,7 +97,7 @@ def test_variants_that_replays_measure_exactly_get_no_trials(
         gains |= {n: 1.2 for n, v in engine.variants.items() if v.spec_type in REPLAYABLE}
         gains["ngram-simple.n6.m16"] = 1.6
         sim = SimUpstream(dict.fromkeys(keys, gains), seed=5)
-        decisions = _drive_all(engine, sim, plan)
+        decisions = _drive(engine, sim, plan, REPLAYABLE)
         trials = [d.variant for d in decisions if d.role == "trial"]
         replayed = [v for v in trials if engine.variants[v].spec_type in EXACT]
         if not trial_replayed:
@@ -135,7 +125,7 @@ def test_a_search_that_asks_only_for_measured_variants_is_over(
     engine = make(tmp_path, cfg, caps)
     gains = {n: 1.2 for n, v in engine.variants.items() if v.speculative}
     sim = SimUpstream({CODE: gains | {"ngram-simple.n6.m16": 1.5}}, seed=6)
-    decisions = _drive_all(engine, sim, [CODE] * 60)
+    decisions = _drive(engine, sim, [CODE] * 60, REPLAYABLE)
     state = engine.classes[CODE]
     # one trial serves drafts to calibrate their cost; then the study is told, not tried
     assert state.converged and state.trials_done == 1
@@ -159,7 +149,7 @@ def test_with_counts_a_trial_needs_controls_only_until_the_class_has_a_baseline(
         guard = cfg.guard.model_copy(update=update)
         engine = make(tmp_path / name, cfg.model_copy(update={"guard": guard}), caps)
         gains = {n: 1.3 for n, v in engine.variants.items() if v.speculative}
-        decisions = _drive(engine, SimUpstream({CODE: gains}, seed=7), 200, replay=False)
+        decisions = _drive(engine, SimUpstream({CODE: gains}, seed=7), [CODE] * 200)
         found[name] = (
             sum(d.role == "trial" for d in decisions),
             sum(d.role == "control" for d in decisions),
@@ -178,7 +168,7 @@ def test_replays_are_ignored_when_speedups_come_from_timing(
     cfg = cfg.model_copy(update={"guard": cfg.guard.model_copy(update={"speedup_from": "timing"})})
     engine = make(tmp_path, cfg, caps)
     sim = SimUpstream({CODE: _gains(engine)})
-    _drive(engine, sim, 20, replay=True)
+    _drive(engine, sim, [CODE] * 20, EXACT)
     assert all(a.replayed == 0 for a in engine.classes[CODE].arms.values())
 
 

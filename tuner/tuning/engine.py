@@ -338,6 +338,12 @@ class ClassState:
     def measured(self) -> int:
         return sum(a.requests for a in self.arms.values())
 
+    @property
+    def baseline_requests(self) -> int:
+        """Requests this class has observed without speculation."""
+        base = self.arms.get(BASELINE.name)
+        return base.requests if base is not None else 0
+
 
 class Engine:
     """Per-class decisions on live traffic. Thread-safe: one lock around the memory state."""
@@ -410,8 +416,7 @@ class Engine:
             trial.sent += 1
             return Decision(trial.variant.name, "trial", trial.number, key)
         replays = self._replays_arrive()
-        base = state.arms.get(BASELINE.name)
-        if replays and policy.speculation and (base.requests if base else 0) < 2:
+        if replays and policy.speculation and state.baseline_requests < 2:
             # replays measure a class's variants only against its own baseline speed
             return Decision(BASELINE.name, "control", policy_class=key)
         # with replays, a class's first requests measure every replayed variant before a
@@ -437,8 +442,7 @@ class Engine:
         guard = self.config.guard
         if guard.speedup_from != "counts" or guard.trial_controls_until == 0:
             return True
-        base = state.arms.get(BASELINE.name)
-        return (base.requests if base else 0) < guard.trial_controls_until
+        return state.baseline_requests < guard.trial_controls_until
 
     def _replays_arrive(self) -> bool:
         """Whether replays are configured and arriving: once replays are on, the first
