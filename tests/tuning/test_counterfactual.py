@@ -405,3 +405,60 @@ def test_a_simulated_estimate_is_replaced_by_what_the_variant_served(
             assert arm.confirmed(confirm) and arm.evidence_for(confirm) == arm.counts
             assert 6 <= arm.requests <= 20, arm.requests
     assert kept == {6: False, 0: True}, kept
+
+
+def _bar_run(
+    tmp_path: Path, caps: Capabilities, bar: str, seed: int
+) -> tuple[Engine, list[Decision], list[float]]:
+    """Four classes where ``ngram-mod.match12.max16`` is far ahead (1.9x), the variants
+    replays measure exactly 1.3x and the rest 1.1x; every answer replayed for ngram-simple.
+    The engine, its decisions and each request's true speedup."""
+    keys = [CODE, "code/fresh/greedy", "text/echo/greedy", "chat/fresh/greedy"]
+    cfg = config(explore_share=0.1)
+    guard = cfg.guard.model_copy(update={"trial_bar": bar})
+    engine = make(tmp_path / f"{bar}{seed}", cfg.model_copy(update={"guard": guard}), caps)
+    gains = {n: 1.1 for n, v in engine.variants.items() if v.speculative}
+    gains |= {n: 1.3 for n, v in engine.variants.items() if v.spec_type in EXACT}
+    gains["ngram-mod.match12.max16"] = 1.9
+    sim = SimUpstream(dict.fromkeys(keys, gains), seed=seed)
+    plan = keys * 100
+    decisions = _drive(engine, sim, plan, EXACT)
+    served = [sim.true_speedup(c, d.variant) for c, d in zip(plan, decisions, strict=True)]
+    return engine, decisions, served
+
+
+def test_a_trial_below_the_served_policy_stops_early_and_replayed_losers_go_untried(
+    tmp_path: Path, caps: Capabilities
+) -> None:
+    """``trial_bar = "policy"``: once a class is served a variant measured at some speedup,
+    a trial whose interval lies wholly below that stops after ``min_trial_requests`` (under
+    ``"baseline"`` only one below 1 does, and nothing here is), and an ngram-simple variant
+    whose replays already show it below that gets no trial. Less is spent exploring and
+    more requests are served the best variant."""
+    budget = config().budget
+    found: dict[str, dict[str, float]] = {}
+    for bar in ("baseline", "policy"):
+        total = {"trials": 0.0, "exact": 0.0, "controls": 0.0, "short": 0.0, "speed": 0.0}
+        for seed in (5, 6):
+            engine, decisions, served = _bar_run(tmp_path, caps, bar, seed)
+            sizes: dict[tuple[str, int | None], int] = {}
+            for d in decisions:
+                if d.role == "trial":
+                    sizes[(d.policy_class, d.trial)] = sizes.get((d.policy_class, d.trial), 0) + 1
+                    total["trials"] += 1
+                    total["exact"] += engine.variants[d.variant].spec_type in EXACT
+                total["controls"] += d.role == "control"
+            last = {k: max(t or 0 for c, t in sizes if c == k) for k, _ in sizes}
+            total["short"] += sum(
+                budget.min_trial_requests <= n < budget.trial_requests
+                for (key, number), n in sizes.items()
+                if number != last[key]  # the trial still running when the plan ended
+            )
+            total["speed"] += sum(served) / len(served) / 2
+        found[bar] = total
+    assert found["baseline"]["short"] == 0, found
+    assert found["policy"]["short"] > 0, found
+    assert found["policy"]["exact"] < found["baseline"]["exact"], found
+    assert found["policy"]["trials"] < 0.85 * found["baseline"]["trials"], found
+    assert found["policy"]["controls"] < found["baseline"]["controls"], found
+    assert found["policy"]["speed"] > found["baseline"]["speed"], found

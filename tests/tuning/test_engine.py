@@ -9,7 +9,7 @@ import pytest
 
 from tests.tuning.sim import CODE, HELP, PROSE, SimUpstream, config, drive, make, schedule, truth
 from tuner.model.envelope import cost_model
-from tuner.tuning.config import Budget, Override
+from tuner.tuning.config import Budget, Guard, Override
 from tuner.tuning.engine import Arm, Decision
 from tuner.tuning.state import load_policies, save_policies
 from tuner.upstream.capabilities import Capabilities, parse_capabilities
@@ -329,6 +329,12 @@ def test_reconfigure_applies_overrides_and_budget_but_not_the_search(
 def test_budget_validation() -> None:
     with pytest.raises(ValueError, match="min_trial_requests"):
         Budget(trial_requests=2, min_trial_requests=3)
+
+
+def test_the_trial_bar_is_one_of_two_words() -> None:
+    assert Guard(trial_bar="policy").trial_bar == "policy"
+    with pytest.raises(ValueError, match="trial_bar"):
+        Guard(trial_bar="oracle")
 
 
 def test_per_class_decisions_are_prometheus_gauges(tmp_path: Path, caps: Capabilities) -> None:

@@ -60,6 +60,11 @@ class Guard(_Strict):
     # with replay: trials also for the variants replays measure exactly (false: ngram-simple
     # untried once drafts are calibrated; measured no better side by side, BENCHMARKS.md)
     trial_replayed: bool = True
+    # what a trial must not lie below to go on: "baseline" (after min_trial_requests it stops
+    # when its interval lies below 1) or "policy" (below the speedup the class is served now;
+    # and, with replay, an exactly replayed variant whose replayed interval lies below that
+    # is not tried at all; measured no better side by side, BENCHMARKS.md)
+    trial_bar: Literal["baseline", "policy"] = "baseline"
 
 
 class Prior(_Strict):

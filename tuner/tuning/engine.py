@@ -63,8 +63,14 @@ Decisions, per class:
   arm stays under ``min_trial_requests`` after ``2 x trial_requests`` requests) every
   variant is tried as before.
 - A trial runs ``trial_requests`` requests; after ``min_trial_requests`` it stops
-  early when its whole speedup interval is below 1. Its value (its speedup, as
-  above) is told to the class's Optuna study. A class's search
+  early when its whole speedup interval is below its bar: 1 (``guard.trial_bar =
+  "baseline"``), or with ``"policy"`` the measured speedup of the policy serving the
+  class, where that is higher (a variant clearly slower than what the class runs now is
+  not worth three more requests); with ``"policy"`` and replays, an exactly replayed
+  variant whose replayed interval already lies below that bar is not tried at all (its
+  study is told its replayed value; off by default: within the budget, the requests it
+  saves went to more trials, and side by side it measured no better). Its value (its
+  speedup, as above) is told to the class's Optuna study. A class's search
   ends (converged) after ``max_trials`` trials, or after ``patience`` trials in a row
   that measured no better than its policy.
 - Trials: a variant a parent class measured best, not yet measured here, goes
@@ -685,8 +691,42 @@ class Engine:
             return True
         if n >= budget.min_trial_requests:
             found = self._trial_speedup(state, trial)
-            return found is not None and found.high < 1.0
+            return found is not None and found.high < self._bar(state.key, trial.variant.name)
         return False
+
+    def _bar(self, key: str, name: str) -> float:
+        """What a variant's speedup interval must not lie wholly below to be worth more
+        requests of this class (caller holds the lock): 1 (baseline), or with ``guard.trial_bar
+        = "policy"`` the measured speedup of the policy serving the class now, if higher and
+        not this variant's own."""
+        if self.config.guard.trial_bar == "baseline":
+            return 1.0
+        _, policy = self._effective_policy(key)
+        return 1.0 if policy.variant == name else max(1.0, policy.gain)
+
+    def _replay_loss(self, state: ClassState, name: str) -> Interval | None:
+        """With ``guard.trial_bar = "policy"``: this variant's replayed speedup in this class
+        when replays, which measure it exactly (``ngram-simple``), already show it wholly
+        below the bar, on ``min_trial_requests`` replayed requests and a calibrated drafted
+        token's cost, so that a trial of it would only spend requests; else None (caller
+        holds the lock)."""
+        guard = self.config.guard
+        variant = self.variants.get(name)
+        if (
+            guard.trial_bar != "policy"
+            or not guard.replay
+            or guard.speedup_from != "counts"
+            or variant is None
+            or variant.spec_type not in EXACT
+            or not self._calibrated()
+        ):
+            return None
+        arm = state.arms.get(name)
+        if arm is None or arm.replayed < self.config.budget.min_trial_requests:
+            return None
+        c, c_se = self._costs([name])[name]
+        found = count_speedup(arm.evidence, c, c_se, self.z)
+        return found if found is not None and found.high < self._bar(state.key, name) else None
 
     def _next_trial(self, key: str) -> None:
         """Ask the class's study for its next trial (IO thread)."""
@@ -747,8 +787,8 @@ class Engine:
             variant = self.variants.get(name)
             if variant is None or not variant.speculative or variant.spec_type not in space:
                 return False
-            if self._replay_measured(state, name):
-                return False  # every request measures it already
+            if self._replay_measured(state, name) or self._replay_loss(state, name):
+                return False  # every request measures it already (or it loses there)
             arm = state.arms.get(name)
             return arm is None or self._known(arm) < budget.min_trial_requests
 
@@ -793,9 +833,10 @@ class Engine:
         replays measure) is told its value at once and the study asked again, up to eight
         times; a variant that has not, and that replays do not measure, is the answer (after
         eight asks, the last one that replays do not measure runs again rather than stay
-        told). ``"over"`` when the study asked only for what replays measured here: what it
-        has not measured does not look better, the search is over. ``"later"`` when it asked
-        for replayed variants whose replays have not come yet."""
+        told); one whose replays show it below the trial bar (``_replay_loss``) counts as
+        measured by replays. ``"over"`` when the study asked only for what replays measured
+        here: what it has not measured does not look better, the search is over.
+        ``"later"`` when it asked for replayed variants whose replays have not come yet."""
         assert self.studies is not None
         budget = self.config.budget
         pending = False
@@ -805,7 +846,8 @@ class Engine:
                 state = self._state(key)
                 arm = state.arms.get(variant.name)
                 base = state.arms.get(BASELINE.name)
-                replayed = self._replay_measured(state, variant.name)
+                loss = self._replay_loss(state, variant.name)
+                replayed = loss is not None or self._replay_measured(state, variant.name)
                 need = budget.min_trial_requests if replayed else budget.trial_requests
                 known = (
                     arm is not None
@@ -814,6 +856,8 @@ class Engine:
                     and len(base.samples) >= 2
                 )
                 value = self._arm_speedup(variant.name, arm, base).value if known else None  # type: ignore[arg-type]
+                if loss is not None:
+                    value = loss.value
             if not replayed and (value is None or attempt == 7):
                 return number, variant
             if value is None:
@@ -860,6 +904,7 @@ class Engine:
             class_key=key,
             variant=trial.variant.name,
             speedup=round(found.value, 3) if found else None,
+            requests=len(trial.samples),
             pruned=pruned,
         )
         self._changed()
@@ -990,10 +1035,10 @@ class Engine:
     ) -> tuple[tuple[float, str, Interval, Arm] | None, tuple[float, str] | None]:
         """The variant to choose (if any clears the guard) and the best measured at all."""
         guard, need = self.config.guard, self.config.budget.min_trial_requests
-        base = state.arms.get(BASELINE.name)
         best: tuple[float, str, Interval, Arm] | None = None
         best_any: tuple[float, str] | None = None
         current: tuple[float, str, Interval, Arm] | None = None
+        base = state.arms.get(BASELINE.name)
         if base is None or len(base.samples) < 2:
             return None, None
         speedups = self._speedups(state, base, need)
