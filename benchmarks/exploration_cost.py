@@ -5,7 +5,10 @@ static arms' requests of the same prompt: its decode speed over the prompt's mea
 without speculation (``speed``), and the best static arm's mean ratio on that prompt
 (``static``: the best arm over the whole run, as the bench's ``best_static``). A request's
 loss is ``1 - speed / static``: what it cost, in requests at the static arm's speed, to have
-been sent as it was (negative: it gained). Summed per role (``exploit``, ``trial``,
+been sent as it was (negative: it gained); ``loss_seconds`` is the same in decode time (its
+time less the time it would have taken at the static arm's speed), which is what a run's
+tokens per second, and so the bench's whole-run ratio, weighs: a slow request's loss counts
+for more than a fast one's. Summed per role (``exploit``, ``trial``,
 ``control``) that says how much of the gap to the static arm is exploration and how much the
 served choice; per spec type for trials; and per quarter of the daemon's stream.
 
@@ -66,23 +69,29 @@ def static_ratios(
     return out, best
 
 
+def _seconds(row: dict[str, Any]) -> float:
+    return float(row["ms"]) / 1000.0
+
+
 def _roles(priced: list[tuple[dict[str, Any], float, float]]) -> dict[str, Any]:
-    by: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    by: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
     for row, speed, static in priced:
-        by[str(row.get("role") or "exploit")].append((speed, static))
+        by[str(row.get("role") or "exploit")].append((speed, static, _seconds(row)))
     return {
         role: {
             "requests": len(pairs),
-            "speed": round(statistics.fmean(s for s, _ in pairs), 3),
-            "static": round(statistics.fmean(t for _, t in pairs), 3),
-            "loss_requests": round(sum(1 - s / t for s, t in pairs), 1),
+            "speed": round(statistics.fmean(s for s, _, _ in pairs), 3),
+            "static": round(statistics.fmean(t for _, t, _ in pairs), 3),
+            "loss_requests": round(sum(1 - s / t for s, t, _ in pairs), 1),
+            "loss_seconds": round(sum(sec * (1 - s / t) for s, t, sec in pairs), 1),
         }
         for role, pairs in sorted(by.items())
     }
 
 
 def exploration_cost(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per daemon arm: requests by role (count, mean speed and static ratio, summed loss),
+    """Per daemon arm: requests by role (count, mean speed and static ratio, summed loss in
+    requests and in seconds), the static arm's decode time over the arm's (``time_over_static``),
     trials by spec type (mean speed / static), and each quarter's mean speed / static."""
     base = baselines(rows)
     static, best = static_ratios(rows, base)
@@ -104,6 +113,12 @@ def exploration_cost(rows: list[dict[str, Any]]) -> dict[str, Any]:
         out[arm] = {
             "requests": n,
             "speed_over_static": round(statistics.fmean(s / t for _, s, t in priced), 3),
+            # the static arm's decode time for these requests over theirs: tokens per second
+            "time_over_static": round(
+                sum(_seconds(r) * s / t for r, s, t in priced)
+                / sum(_seconds(r) for r, _, _ in priced),
+                3,
+            ),
             "roles": _roles(priced),
             "trials_by_type": {
                 t: {"requests": len(v), "speed_over_static": round(statistics.fmean(v), 3)}

@@ -40,9 +40,16 @@ def test_losses_add_up_by_role_and_type() -> None:
     tuner = found["tuner"]
     assert tuner["requests"] == 6
     roles = tuner["roles"]
-    assert roles["exploit"] == {"requests": 2, "speed": 2.0, "static": 2.0, "loss_requests": 0.0}
+    assert roles["exploit"] == {
+        "requests": 2, "speed": 2.0, "static": 2.0, "loss_requests": 0.0, "loss_seconds": 0.0
+    }  # fmt: skip
     assert roles["control"]["loss_requests"] == pytest.approx(1.0)  # 2 x 0.5
     assert roles["trial"]["loss_requests"] == pytest.approx(1.5)  # 2 x 0.75
+    # in time: a control of 100 tokens took 2 s (a) and 1 s (b) where the static arm took
+    # 1 s and 0.5 s; a trial 4 s and 2 s: the slow prompt's loss weighs double
+    assert roles["control"]["loss_seconds"] == pytest.approx(1.5)
+    assert roles["trial"]["loss_seconds"] == pytest.approx(4.5)
+    assert tuner["time_over_static"] == pytest.approx(4.5 / 10.5, abs=1e-3)
     assert tuner["trials_by_type"] == {"ngram-map-k": {"requests": 2, "speed_over_static": 0.25}}
     assert tuner["speed_over_static"] == pytest.approx((1 + 0.5 + 0.25) / 3, abs=1e-3)
     assert len(tuner["quarters"]) == 4

@@ -29,7 +29,7 @@ class _Strict(BaseModel):
 
 
 class Budget(_Strict):
-    explore_share: float = Field(0.10, ge=0.0, le=1.0)
+    explore_share: float = Field(0.03, ge=0.0, le=1.0)
     trial_requests: int = Field(6, ge=1)
     min_trial_requests: int = Field(3, ge=1)
     max_trials: int = Field(12, ge=0)
