@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,3 +26,14 @@ def emit(result: dict[str, Any], out: Path | None, *, quiet: bool = False) -> No
         print(text)
     if out:
         out.write_text(text + "\n")
+
+
+def run_main(doc: str, analyse: Callable[[list[dict[str, Any]]], dict[str, Any]]) -> None:
+    """The command line of a script that reads one bench run: ``DIR [--out FILE.json]``;
+    prints (and writes) ``{"run": DIR, **analyse(rows)}``."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("run", type=Path, help="a bench run's directory (with requests.jsonl)")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    rows = read_requests(parser, args.run)
+    emit({"run": str(args.run), **analyse(rows)}, args.out)

@@ -17,14 +17,12 @@ served choice; per spec type for trials; and per quarter of the daemon's stream.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
-from benchmarks.common import emit, read_requests
+from benchmarks.common import run_main
 
 DAEMONS = ("tuner", "challenger")
 
@@ -132,12 +130,7 @@ def exploration_cost(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run", type=Path, help="a bench run's directory (with requests.jsonl)")
-    parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
-    rows = read_requests(parser, args.run)
-    emit({"run": str(args.run), **exploration_cost(rows)}, args.out)
+    run_main(__doc__, exploration_cost)
 
 
 if __name__ == "__main__":

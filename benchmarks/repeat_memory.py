@@ -18,13 +18,11 @@ text only: it is the control, and should not rise.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
-from benchmarks.common import emit, read_requests
+from benchmarks.common import run_main
 
 LATER = 3  # an item's requests from the 4th on count as "later"
 
@@ -70,12 +68,7 @@ def repeat_effect(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run", type=Path, help="a bench run's directory (with requests.jsonl)")
-    parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
-    rows = read_requests(parser, args.run)
-    emit({"run": str(args.run), "accepted_per_token": repeat_effect(rows)}, args.out)
+    run_main(__doc__, lambda rows: {"accepted_per_token": repeat_effect(rows)})
 
 
 if __name__ == "__main__":

@@ -855,9 +855,12 @@ class Engine:
                     and self._known(arm) >= need
                     and len(base.samples) >= 2
                 )
-                value = self._arm_speedup(variant.name, arm, base).value if known else None  # type: ignore[arg-type]
                 if loss is not None:
-                    value = loss.value
+                    value: float | None = loss.value
+                elif known:
+                    value = self._arm_speedup(variant.name, arm, base).value  # type: ignore[arg-type]
+                else:
+                    value = None
             if not replayed and (value is None or attempt == 7):
                 return number, variant
             if value is None:
@@ -1035,10 +1038,10 @@ class Engine:
     ) -> tuple[tuple[float, str, Interval, Arm] | None, tuple[float, str] | None]:
         """The variant to choose (if any clears the guard) and the best measured at all."""
         guard, need = self.config.guard, self.config.budget.min_trial_requests
+        base = state.arms.get(BASELINE.name)
         best: tuple[float, str, Interval, Arm] | None = None
         best_any: tuple[float, str] | None = None
         current: tuple[float, str, Interval, Arm] | None = None
-        base = state.arms.get(BASELINE.name)
         if base is None or len(base.samples) < 2:
             return None, None
         speedups = self._speedups(state, base, need)
