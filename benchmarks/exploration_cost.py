@@ -2,8 +2,13 @@
 
 Each daemon request (``tuner``, and ``challenger`` when there is one) is priced against the
 static arms' requests of the same prompt: its decode speed over the prompt's mean speed
-without speculation (``speed``), and the best static arm's mean ratio on that prompt
-(``static``: the best arm over the whole run, as the bench's ``best_static``). A request's
+without speculation (``speed``), and the best static arm's ratio on that prompt
+(``static``: the best arm over the whole run, as the bench's ``best_static``) at the same
+occurrence: the daemon's k-th request of a prompt against the static arm's k-th (with
+repeated prompts an n-gram table that has seen a prompt's answer drafts it the next time,
+so every arm's later requests of a prompt run faster than its first; their mean would
+charge a daemon's early requests with the static arm's later speed), or, where the static
+arm has fewer requests of the prompt, their mean. A request's
 loss is ``1 - speed / static``: what it cost, in requests at the static arm's speed, to have
 been sent as it was (negative: it gained); ``loss_seconds`` is the same in decode time (its
 time less the time it would have taken at the static arm's speed), which is what a run's
@@ -67,6 +72,15 @@ def static_ratios(
     return out, best
 
 
+def occurrences(rows: Iterable[dict[str, Any]], arm: str) -> dict[str, list[float]]:
+    """Per prompt id, one arm's requests' decode speeds in the order they ran."""
+    found: dict[str, list[float]] = defaultdict(list)
+    for row in rows:
+        if row["arm"] == arm and _usable(row):
+            found[row["id"]].append(_speed(row))
+    return found
+
+
 def _seconds(row: dict[str, Any]) -> float:
     return float(row["ms"]) / 1000.0
 
@@ -94,12 +108,18 @@ def exploration_cost(rows: list[dict[str, Any]]) -> dict[str, Any]:
     base = baselines(rows)
     static, best = static_ratios(rows, base)
     out: dict[str, Any] = {"best_static": best}
+    paired = occurrences(rows, best) if best is not None else {}
     for arm in DAEMONS:
-        priced = [
-            (row, _speed(row) / base[row["id"]], static[row["id"]])
-            for row in rows
-            if row["arm"] == arm and _usable(row) and row["id"] in static and row["id"] in base
-        ]
+        priced = []
+        seen: dict[str, int] = defaultdict(int)
+        for row in rows:
+            pid = row["id"]
+            if row["arm"] != arm or not _usable(row) or pid not in static or pid not in base:
+                continue
+            k, same = seen[pid], paired.get(pid, [])
+            seen[pid] += 1
+            ref = same[k] / base[pid] if k < len(same) else static[pid]
+            priced.append((row, _speed(row) / base[pid], ref))
         if not priced:
             continue
         trials: dict[str, list[float]] = defaultdict(list)

@@ -163,10 +163,40 @@ def test_a_challenger_is_summarised_like_the_tuner_and_compared_pair_by_pair() -
     assert overall["challenger_vs_best_static"] == pytest.approx(
         overall["challenger_ratio"] / overall["best_static_ratio"], rel=0.01
     )
+    # the targets judged on the challenger: at baseline where code's oracle is 2x
+    theirs, ours = s["challenger_targets"], s["targets"]
+    assert theirs["tuner_vs_best_static_whole_run"]["value"] == overall["challenger_vs_best_static"]
+    assert theirs["worst_class_after_convergence"]["class"] == "code"
+    assert theirs["worst_class_after_convergence"]["value"] == pytest.approx(1.0, rel=0.01)
+    # at baseline after convergence: 12 s where the oracle took 6 x 0.5 + 6 x 0.95 s
+    assert theirs["tuner_vs_oracle_after_convergence"]["value"] == pytest.approx(8.7 / 12, abs=0.01)
+    assert not theirs["tuner_vs_oracle_after_convergence"]["met"]
+    assert ours["tuner_vs_oracle_after_convergence"]["value"] > 0.95
 
 
 def test_a_run_without_a_challenger_has_no_challenger_fields() -> None:
     rows = [*static_rows(), tuner_row(0, "fast-code"), tuner_row(2, "none")]
     s = summarize(rows, CLASSES)
     assert not [k for k in s["overall"] if k.startswith(("challenger", "side_by_side"))]
+    assert s["challenger_targets"] is None
     assert not [k for c in s["classes"].values() for k in c if k.startswith("challenger")]
+
+
+def test_after_convergence_the_oracle_is_priced_on_the_same_occurrences() -> None:
+    """An n-gram table drafts an item's answer the second time it sees it: the oracle arm's
+    second request of item 0 ran twice as fast as its first. The tuner converged after its
+    first request and served its second as fast as the oracle's second: level with the
+    oracle, not 1.33x it (which the oracle's mean over both requests would say)."""
+    rows = [r for r in static_rows(repeats=1) if r["item"] == 0]
+    rows.append({"arm": "fast-code", "item": 0, "tokens": 100, "ms": 250, "repeat": 1})
+    first = tuner_row(0, "none")
+    second = tuner_row(0, "fast-code") | {"ms": 250}
+    s = summarize([*rows, first, second], CLASSES[:1],
+                  final_policies={"code": FinalPolicy("fast-code")})  # fmt: skip
+    code = s["classes"]["code"]
+    assert code["converged_after"] == 1 and code["oracle_ratio"] == pytest.approx(
+        1000 / 375, rel=1e-3
+    )
+    assert code["oracle_ratio_after_convergence"] == pytest.approx(4.0)
+    assert code["tuner_vs_oracle_after_convergence"] == pytest.approx(1.0)
+    assert s["overall"]["oracle_ratio_after_convergence"] == pytest.approx(4.0)

@@ -59,3 +59,17 @@ def test_a_run_without_static_arms_has_no_reference() -> None:
     assert exploration_cost([row("none", "a", 50.0), row("tuner", "a", 60.0, "exploit")]) == {
         "best_static": None
     }
+
+
+def test_a_request_is_priced_against_the_static_arms_request_at_the_same_occurrence() -> None:
+    """With repeated prompts every arm's later requests of a prompt run faster (its n-gram
+    table has seen the answer): a daemon's first request is compared with the static arm's
+    first, its second with the second; past the static arm's requests, with their mean."""
+    rows = [row("none", "a", 50.0), row("good", "a", 60.0), row("good", "a", 140.0)]
+    rows += [row("tuner", "a", 60.0, "exploit"), row("tuner", "a", 100.0, "exploit")]
+    rows.append(row("tuner", "a", 100.0, "trial"))  # a third: against the mean, 2.0
+    roles = exploration_cost(rows)["tuner"]["roles"]
+    # the first as fast as the static arm's first; the second at 2.0 against its 2.8
+    assert roles["exploit"]["loss_requests"] == pytest.approx(1 - 2.0 / 2.8, abs=0.05)
+    assert roles["exploit"]["static"] == pytest.approx((1.2 + 2.8) / 2)
+    assert roles["trial"]["static"] == pytest.approx(2.0)

@@ -82,6 +82,7 @@ def test_markdown_and_plot_show_the_challenger(tmp_path: Path) -> None:
     assert "| **challenger, whole run** | 1.000" in text
     assert "Side by side (/x/other.toml, 8 pairs of the same prompt): challenger / tuner" in text
     assert "| challenger | its final variant |" in text
+    assert "| target | measured | wanted | met | challenger | met |" in text
     assert "| challenger |" not in text.split("## Overall")[1].split("| **per-class")[0]
     out = plot(summary, rows, tmp_path / "p.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

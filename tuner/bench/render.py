@@ -68,6 +68,30 @@ def _tuner_rows(overall: Mapping[str, Any], arm: str) -> list[str]:
     ]
 
 
+def _targets_table(summary: Mapping[str, Any]) -> list[str]:
+    """The targets as a table, with the challenger's beside the tuner's when there is one."""
+    targets = summary.get("targets") or {}
+    theirs = summary.get("challenger_targets") or {}
+    if not targets:
+        return []
+    head, rule = "| target | measured | wanted | met |", "|---|---|---|---|"
+    if theirs:
+        head, rule = head + " challenger | met |", rule + "---|---|"
+    lines = ["## Targets", "", head, rule]
+    for name, t in targets.items():
+        line = (
+            f"| {name} | {t['value']}{_target_note(t)} | {t['target']} "
+            f"| {'yes' if t['met'] else 'no'} |"
+        )
+        other = theirs.get(name)
+        if other:
+            line += f" {other['value']}{_target_note(other)} | {'yes' if other['met'] else 'no'} |"
+        elif theirs:
+            line += " - | - |"
+        lines.append(line)
+    return [*lines, ""]
+
+
 def markdown(summary: Mapping[str, Any]) -> str:
     """The summary as markdown: run facts, targets, overall arms, per-class table."""
     overall = summary["overall"]
@@ -83,15 +107,7 @@ def markdown(summary: Mapping[str, Any]) -> str:
         f"- baseline decode: {overall['baseline_tok_s']:.1f} tok/s",
         "",
     ]
-    targets = summary.get("targets") or {}
-    if targets:
-        lines += ["## Targets", "", "| target | measured | wanted | met |", "|---|---|---|---|"]
-        for name, t in targets.items():
-            lines.append(
-                f"| {name} | {t['value']}{_target_note(t)} | {t['target']} "
-                f"| {'yes' if t['met'] else 'no'} |"
-            )
-        lines.append("")
+    lines += _targets_table(summary)
     lines += ["## Overall (ratio to no speculation, 90 % interval)", ""]
     lines += ["| arm | ratio | alpha |", "|---|---|---|"]
     for arm, entry in sorted(overall["arms"].items(), key=lambda kv: -kv[1]["ratio"]):
