@@ -161,6 +161,36 @@ def test_with_counts_a_trial_needs_controls_only_until_the_class_has_a_baseline(
     assert found["counts"][0] >= 0.8 * found["timing"][0] > 0, found  # the same search
 
 
+def test_pooled_controls_stop_once_all_traffic_has_a_baseline(
+    tmp_path: Path, caps: Capabilities
+) -> None:
+    """With ``controls_pooled`` the count that ends a trial's controls is all traffic's
+    baseline requests, not each class's: four classes that search side by side send at most
+    ``trial_controls_until`` controls together (drift checks aside) instead of up to that
+    many each, and every class still finds its variant (priced at its nearest level's
+    baseline speed)."""
+    keys = [CODE, "code/fresh/greedy", "text/echo/greedy", "data/echo/greedy"]
+    found = {}
+    for pooled in (False, True):
+        cfg = config(explore_share=0.5, patience=0)
+        update = {"replay": False, "trial_controls_until": 4, "controls_pooled": pooled}
+        guard = cfg.guard.model_copy(update=update)
+        engine = make(tmp_path / str(pooled), cfg.model_copy(update={"guard": guard}), caps)
+        gains = {n: 1.1 for n, v in engine.variants.items() if v.speculative}
+        gains["ngram-simple.n6.m16"] = 1.6
+        decisions = _drive(engine, SimUpstream(dict.fromkeys(keys, gains), seed=3), keys * 60)
+        trials = [d for d in decisions if d.role == "trial"]
+        controls = sum(d.role == "control" for d in decisions)
+        policies = {k: engine.classes[k].policy for k in keys}
+        found[pooled] = (len(trials), controls, policies)
+    window = engine.config.guard.drift_window
+    assert found[True][1] <= 4 + len(keys) * (60 // window + 1), found  # drift checks aside
+    assert found[True][1] < found[False][1] / 2, found  # the classes' own: 12 here
+    assert found[True][0] >= 0.8 * found[False][0] > 0, found  # the same search
+    for policy in found[True][2].values():
+        assert policy is not None and policy.variant == "ngram-simple.n6.m16", found
+
+
 def test_replays_are_ignored_when_speedups_come_from_timing(
     tmp_path: Path, caps: Capabilities
 ) -> None:

@@ -23,7 +23,10 @@ Decisions, per class:
   controls interleave with every trial so that it is compared with baseline requests
   from the same minutes (with counts and ``trial_controls_until`` > 0, only until the
   class has that many baseline requests: a count needs a baseline speed only to price a
-  drafted token; off by default, it measured no better); with ``trial_replayed`` off, a
+  drafted token; off by default, it measured no better; with ``controls_pooled``, until all
+  traffic has, and a class with fewer than two baseline requests of its own is measured
+  against its nearest level's: measured slower, the few baseline requests left each
+  drafted token's cost unsteady and the policies flapping); with ``trial_replayed`` off, a
   class served speculation also sends one while it has fewer than two (its replayed
   arms are measured against its own baseline). A converged class
   sends a control (for drift checks) at most once per ``drift_window`` of its requests.
@@ -444,11 +447,13 @@ class Engine:
         """Whether a trial interleaves controls: always when speedups come from timing (the
         trial is compared with baseline requests of the same minutes) or when
         ``trial_controls_until`` is 0 (the default); with counts and a positive value, only
-        until the class has that many baseline requests of its own."""
+        until the class has that many baseline requests of its own, or, with
+        ``controls_pooled``, until all traffic has (caller holds the lock)."""
         guard = self.config.guard
         if guard.speedup_from != "counts" or guard.trial_controls_until == 0:
             return True
-        return state.baseline_requests < guard.trial_controls_until
+        counted = self._state(ROOT) if guard.controls_pooled else state
+        return counted.baseline_requests < guard.trial_controls_until
 
     def _replays_arrive(self) -> bool:
         """Whether replays are configured and arriving: once replays are on, the first
@@ -504,6 +509,18 @@ class Engine:
             arm = state.arms.get(BASELINE.name) if state is not None else None
             if arm is not None and len(arm.samples) >= 2:
                 return arm
+        return None
+
+    def _base(self, state: ClassState) -> Arm | None:
+        """The baseline a class's speedups are measured against (caller holds the lock): its
+        own with at least two requests; with counts and ``controls_pooled``, else its nearest
+        level's (counts need a baseline only to price a drafted token)."""
+        own = state.arms.get(BASELINE.name)
+        if own is not None and len(own.samples) >= 2:
+            return own
+        guard = self.config.guard
+        if guard.speedup_from == "counts" and guard.controls_pooled:
+            return self._baseline_arm(state.key)
         return None
 
     def _baseline_speed(self, key: str) -> float | None:
@@ -796,8 +813,8 @@ class Engine:
                  and lv in self.classes]  # fmt: skip
         losing: set[str] = set()
         for parent in above:
-            base = parent.arms.get(BASELINE.name)
-            if base is None or len(base.samples) < 2:
+            base = self._base(parent)
+            if base is None:
                 continue
             scored = []
             for name, found in self._speedups(parent, base, budget.min_trial_requests).items():
@@ -845,16 +862,11 @@ class Engine:
             with self._lock:
                 state = self._state(key)
                 arm = state.arms.get(variant.name)
-                base = state.arms.get(BASELINE.name)
+                base = self._base(state)
                 loss = self._replay_loss(state, variant.name)
                 replayed = loss is not None or self._replay_measured(state, variant.name)
                 need = budget.min_trial_requests if replayed else budget.trial_requests
-                known = (
-                    arm is not None
-                    and base is not None
-                    and self._known(arm) >= need
-                    and len(base.samples) >= 2
-                )
+                known = arm is not None and base is not None and self._known(arm) >= need
                 if loss is not None:
                     value: float | None = loss.value
                 elif known:
@@ -1038,11 +1050,11 @@ class Engine:
     ) -> tuple[tuple[float, str, Interval, Arm] | None, tuple[float, str] | None]:
         """The variant to choose (if any clears the guard) and the best measured at all."""
         guard, need = self.config.guard, self.config.budget.min_trial_requests
-        base = state.arms.get(BASELINE.name)
+        base = self._base(state)
         best: tuple[float, str, Interval, Arm] | None = None
         best_any: tuple[float, str] | None = None
         current: tuple[float, str, Interval, Arm] | None = None
-        if base is None or len(base.samples) < 2:
+        if base is None:
             return None, None
         speedups = self._speedups(state, base, need)
         for name, arm in state.arms.items():
@@ -1122,8 +1134,8 @@ class Engine:
         that variant slower than its own baseline."""
         if state.trials_done > 0:
             return False
-        arm, base = state.arms.get(variant), state.arms.get(BASELINE.name)
-        if arm is None or base is None or len(base.samples) < 2:
+        arm, base = state.arms.get(variant), self._base(state)
+        if arm is None or base is None:
             return True
         if self._known(arm) < self.config.budget.min_trial_requests:
             return True
@@ -1158,8 +1170,8 @@ class Engine:
                 found: dict[str, float] = {}
                 for level in levels(key):
                     state = self.classes.get(level)
-                    base = state.arms.get(BASELINE.name) if state else None
-                    if state is None or base is None or len(base.samples) < 2:
+                    base = self._base(state) if state else None
+                    if state is None or base is None:
                         continue
                     for name, s in self._speedups(state, base, need).items():
                         found.setdefault(name, s.value)
@@ -1345,8 +1357,8 @@ class Engine:
             }
 
     def _measured(self, state: ClassState) -> dict[str, Interval]:
-        base = state.arms.get(BASELINE.name)
-        if base is None or len(base.samples) < 2:
+        base = self._base(state)
+        if base is None:
             return {}
         return self._speedups(state, base, self.config.budget.min_trial_requests)
 
