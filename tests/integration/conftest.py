@@ -62,10 +62,30 @@ class RunningDaemon:
         return self.process.wait()
 
 
+_STARTED: list[RunningDaemon] = []  # started by the running test (``_stop_daemons``)
+
+
+@pytest.fixture(autouse=True)
+def _stop_daemons() -> Iterator[None]:
+    """Stop (and reap) the daemons a test started, however it ended: a failed test must
+    not leave one running for the next test to trip over."""
+    mark = len(_STARTED)
+    yield
+    for running in _STARTED[mark:]:
+        running.stop()
+    del _STARTED[mark:]
+
+
 def start_daemon(
-    tmp: Path, *args: str, env: dict[str, str] | None = None, log: Path | None = None
+    tmp: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    log: Path | None = None,
+    owned: bool = True,
 ) -> RunningDaemon:
-    """The daemon on state dir ``tmp``, its output in ``log`` (default ``tmp/daemon.log``)."""
+    """The daemon on state dir ``tmp``, its output in ``log`` (default ``tmp/daemon.log``);
+    ``owned``: stopped when the test that started it ends (a session fixture passes False
+    and stops its own)."""
     port = free_port()
     log = log or tmp / "daemon.log"
     full_env = {**os.environ, "TUNER_LOG_FORMAT": "json", **(env or {})}
@@ -76,6 +96,8 @@ def start_daemon(
             stdout=sink, stderr=subprocess.STDOUT, env=full_env,
         )  # fmt: skip
     daemon = RunningDaemon(f"http://127.0.0.1:{port}", process, tmp, log)
+    if owned:
+        _STARTED.append(daemon)
     daemon.wait_ready()
     return daemon
 
@@ -83,6 +105,6 @@ def start_daemon(
 @pytest.fixture(scope="session")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]:
     """One daemon on the default model, shared by the read-only tests."""
-    running = start_daemon(tmp_path_factory.mktemp("daemon"))
+    running = start_daemon(tmp_path_factory.mktemp("daemon"), owned=False)
     yield running
     running.stop()
