@@ -20,13 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import run_main
+from benchmarks.common import run_main, usable
 
 PREFIXES = (30, 100)
-
-
-def _usable(row: dict[str, Any]) -> bool:
-    return not row.get("error") and float(row.get("ms") or 0) > 0 and int(row["tokens"]) > 0
 
 
 def fit(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
@@ -55,7 +51,7 @@ def fit(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
 
 def baseline_fit(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The measured no-speculation speed, and per arm the fitted one over growing prefixes."""
-    rows = [r for r in rows if _usable(r)]
+    rows = [r for r in rows if usable(r)]
     base = [r for r in rows if r.get("variant") == "none"]
     measured = (
         sum(int(r["tokens"]) for r in base) / sum(float(r["ms"]) / 1000.0 for r in base)

@@ -19,6 +19,12 @@ def read_requests(parser: argparse.ArgumentParser, run: Path) -> list[dict[str, 
         parser.error(f"{run}: no readable requests.jsonl: {exc}")
 
 
+def usable(row: dict[str, Any]) -> bool:
+    """Whether a request row was answered with decode time and tokens (a failed one, or one
+    that generated nothing, is left out of every figure)."""
+    return not row.get("error") and float(row.get("ms") or 0) > 0 and float(row["tokens"]) > 0
+
+
 def emit(result: dict[str, Any], out: Path | None, *, quiet: bool = False) -> None:
     """Print the result as JSON (unless quiet) and write it to ``out`` when given."""
     text = json.dumps(result, indent=2)

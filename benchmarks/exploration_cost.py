@@ -27,7 +27,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from benchmarks.common import run_main
+from benchmarks.common import run_main, usable
 
 DAEMONS = ("tuner", "challenger")
 
@@ -36,15 +36,11 @@ def _speed(row: dict[str, Any]) -> float:
     return float(row["tokens"]) / float(row["ms"])
 
 
-def _usable(row: dict[str, Any]) -> bool:
-    return not row.get("error") and float(row.get("ms") or 0) > 0 and float(row["tokens"]) > 0
-
-
 def baselines(rows: Iterable[dict[str, Any]]) -> dict[str, float]:
     """Per prompt id, its mean decode speed without speculation (the ``none`` arm)."""
     speeds: dict[str, list[float]] = defaultdict(list)
     for row in rows:
-        if row["arm"] == "none" and _usable(row):
+        if row["arm"] == "none" and usable(row):
             speeds[row["id"]].append(_speed(row))
     return {i: statistics.fmean(v) for i, v in speeds.items()}
 
@@ -55,7 +51,7 @@ def static_ratios(
     """Per prompt id, the best static arm's mean speed over the prompt's baseline, and its
     name (the arm with the highest mean ratio over all prompts). ``base``: ``baselines(rows)``
     when the caller has it."""
-    rows = [r for r in rows if _usable(r) and r["arm"] not in DAEMONS]
+    rows = [r for r in rows if usable(r) and r["arm"] not in DAEMONS]
     base = baselines(rows) if base is None else base
     arms: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for row in rows:
@@ -76,7 +72,7 @@ def occurrences(rows: Iterable[dict[str, Any]], arm: str) -> dict[str, list[floa
     """Per prompt id, one arm's requests' decode speeds in the order they ran."""
     found: dict[str, list[float]] = defaultdict(list)
     for row in rows:
-        if row["arm"] == arm and _usable(row):
+        if row["arm"] == arm and usable(row):
             found[row["id"]].append(_speed(row))
     return found
 
@@ -114,7 +110,7 @@ def exploration_cost(rows: list[dict[str, Any]]) -> dict[str, Any]:
         seen: dict[str, int] = defaultdict(int)
         for row in rows:
             pid = row["id"]
-            if row["arm"] != arm or not _usable(row) or pid not in static or pid not in base:
+            if row["arm"] != arm or not usable(row) or pid not in static or pid not in base:
                 continue
             k, same = seen[pid], paired.get(pid, [])
             seen[pid] += 1

@@ -175,7 +175,7 @@ def summarize(
     tuner = [r for r in ok if r["arm"] == TUNER]
     challenger = [r for r in ok if r["arm"] == CHALLENGER]
     runs = item_runs([r for r in ok if r["arm"] not in (TUNER, CHALLENGER)])
-    means = item_means([r for r in ok if r["arm"] not in (TUNER, CHALLENGER)])
+    means = _means(runs)
     statics = sorted(a for a in means if a != BASELINE)
     # the prompts every static arm measured: ratios are only taken over those
     common = set(means[BASELINE]).intersection(*(means[a] for a in statics))
@@ -377,12 +377,16 @@ def _oracle_late(
 
 def item_means(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[int, Measured]]:
     """Static arm -> item -> the mean of its measurements."""
-    per_item: dict[str, dict[int, list[Measured]]] = defaultdict(lambda: defaultdict(list))
-    for row in rows:
-        per_item[row["arm"]][int(row["item"])].append(Measured.of(row))
-    if BASELINE not in per_item:
+    return _means(item_runs(rows))
+
+
+def _means(
+    runs: Mapping[str, Mapping[int, Sequence[Measured]]],
+) -> dict[str, dict[int, Measured]]:
+    """``item_means`` from ``item_runs``' output."""
+    if BASELINE not in runs:
         raise ValueError("the run has no successful baseline ('none') request")
-    return {arm: {i: _mean(v) for i, v in items.items()} for arm, items in per_item.items()}
+    return {arm: {i: _mean(v) for i, v in items.items()} for arm, items in runs.items()}
 
 
 def _static_class(
