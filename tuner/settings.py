@@ -98,7 +98,7 @@ class Settings(BaseSettings):
         None, description="search spaces, budget, guard, overrides; default: policies/tuning.toml"
     )
     explore_share: float | None = Field(
-        None, ge=0, le=1, description="share of decode time exploring may cost; overrides the file"
+        None, ge=0, le=1, description="share exploring may cost; overrides both of the file's"
     )
     max_instances: int = Field(
         12,

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from tests.tuning.sim import CODE, HELP, PROSE, SimUpstream, config, make
 from tuner.records import RequestRecord
+from tuner.tuning.config import TuningConfig
 from tuner.tuning.single import SingleVariant, switch_pays, traffic_gain
 from tuner.upstream.capabilities import Capabilities, parse_capabilities
 
@@ -85,12 +86,20 @@ def mix(n: int, code_share: float, seed: int = 3) -> list[str]:
     return [CODE if rng.random() < code_share else PROSE for _ in range(n)]
 
 
+def single_config(share: float, budget_share: float = 0.01) -> TuningConfig:
+    """The shipped tuning with this one-instance exploration share (and the per-class
+    budget's ``budget_share``, which the one-instance controller must not use)."""
+    base = config(explore_share=budget_share)
+    single = base.single.model_copy(update={"explore_share": share})
+    return base.model_copy(update={"single": single})
+
+
 def reloading(
     tmp_path: Path, caps: Capabilities, reload_s: float, guess: float | None = None
 ) -> tuple[Reloading, SingleVariant]:
     """The by-type simulator behind a ``reload_s`` reload (``.sim``), and the one-variant
     controller on its clock (``.engine``; its reload guess: ``guess``, else the truth)."""
-    engine = make(tmp_path, config(explore_share=0.1), caps)
+    engine = make(tmp_path, single_config(0.1), caps)
     sim = SimUpstream(by_type(list(engine.variants)))
     upstream = Reloading(sim, reload_s=reload_s)
     single = SingleVariant(engine, reload_s=guess or reload_s, clock=upstream.clock)
@@ -146,7 +155,7 @@ def test_stays_off_where_nothing_pays_over_the_mix(tmp_path: Path, caps: Capabil
 def test_overrides_still_apply(tmp_path: Path, caps: Capabilities) -> None:
     from tuner.tuning.config import Override
 
-    cfg = config(explore_share=0.1)
+    cfg = single_config(0.1)
     cfg = cfg.model_copy(update={"overrides": {"code": Override(pin="ngram-simple.n3.m16"),
                                                "prose": Override(off=True)}})  # fmt: skip
     engine = make(tmp_path, cfg, caps)
@@ -160,3 +169,17 @@ def test_overrides_still_apply(tmp_path: Path, caps: Capabilities) -> None:
     assert single.route("text/fresh/greedy").variant == "none"  # forbidden there
     assert single.route("data/fresh/greedy").variant == "ngram-cache"
     assert "active" in single.describe() and single.describe()["switches"] == 0
+
+
+@pytest.mark.parametrize(("share", "budget_share"), [(0.0, 0.5), (0.1, 0.0)])
+def test_explores_on_its_own_share_not_the_class_budget(
+    tmp_path: Path, caps: Capabilities, share: float, budget_share: float
+) -> None:
+    """Windows follow ``single.explore_share``: none at 0 however large the per-class
+    budget, and some at 0.1 with the per-class budget at 0."""
+    engine = make(tmp_path, single_config(share, budget_share), caps)
+    upstream = Reloading(SimUpstream(by_type(list(engine.variants))), reload_s=1.0)
+    single = SingleVariant(engine, reload_s=1.0, clock=upstream.clock)
+    run(single, upstream, mix(600, 0.7))
+    assert (single.candidates > 0) == (share > 0), single.describe()
+    assert single.explored <= share * single.seen + engine.config.single.window

@@ -121,11 +121,14 @@ def _variants(config: TuningConfig, caps: Capabilities, draft: Path | None) -> l
 
 
 def tuning_config(settings: Settings) -> TuningConfig:
-    """The tuning file with the settings' exploration share, if given, over its budget's."""
+    """The tuning file with the settings' exploration share, if given, over its budget's
+    and its one-instance mode's."""
     config = load_tuning(settings.tuning_file)
     if settings.explore_share is not None:
-        budget = config.budget.model_copy(update={"explore_share": settings.explore_share})
-        config = config.model_copy(update={"budget": budget})
+        share = {"explore_share": settings.explore_share}
+        budget = config.budget.model_copy(update=share)
+        single = config.single.model_copy(update=share)
+        config = config.model_copy(update={"budget": budget, "single": single})
     return config
 
 

@@ -16,16 +16,16 @@ the switch saves over the next ``horizon_s`` seconds exceeds the reload it costs
 
 where ``busy_s`` is the decoding expected in the horizon at the recent load and
 ``reload_s`` the measured reload (first request after a switch, minus a normal
-first byte). Exploration stays inside the tuning budget but runs in windows: one
-candidate variant for ``window`` requests of any class, then, when the active
-variant is speculative, a baseline window, so each reload is paid once per window
-rather than per request; and a window opens only while its two reloads cost less
-than the budget's share of the decoding expected in the horizon (a model that takes
-minutes to load under light traffic is not explored at all). Candidates come from
-the root class's Optuna study, the speedup model's best first. Per-class evidence
-still accumulates in the engine (every request counts for its class under whatever
-variant served it), and the gains are computed from it every few dozen requests, so
-a change in the traffic mix moves the choice. A class's own kill switch cannot apply
+first byte). Exploration stays inside its own share of requests
+(``single.explore_share``) and runs in windows: one candidate variant for ``window``
+requests of any class, then, when the active variant is speculative, a baseline window,
+so each reload is paid once per window rather than per request; and a window opens only
+while its two reloads cost less than that share of the decoding expected in the horizon (a
+model that takes minutes to load under light traffic is not explored at all). Candidates
+come from the root class's Optuna study, the speedup model's best first. Per-class
+evidence still accumulates in the engine (every request counts for its class under
+whatever variant served it), and the gains are computed from it every few dozen requests,
+so a change in the traffic mix moves the choice. A class's own kill switch cannot apply
 (one variant serves everyone); its override can: pinned or off classes get their
 variant regardless, reload or not.
 """
@@ -149,7 +149,7 @@ class SingleVariant:
             if override.off:
                 return Decision(BASELINE.name, "exploit", policy_class=key)
             window = self.window
-            if window is None and self.explored < config.budget.explore_share * self.seen:
+            if window is None and self.explored < config.single.explore_share * self.seen:
                 window = self._open_window()
             if window is None or self.engine.forbidden(key, window.variant):
                 active = BASELINE.name if self.engine.forbidden(key, self.active) else self.active
@@ -162,7 +162,7 @@ class SingleVariant:
 
     def _open_window(self) -> Window | None:
         """The next planned window, or a candidate's (asking the study off the request path)."""
-        budget = self.engine.config.budget.explore_share * self.busy_s()
+        budget = self.engine.config.single.explore_share * self.busy_s()
         if self.pending:
             self.window = self.pending.popleft()
         elif 2 * self.reload_s > budget:
