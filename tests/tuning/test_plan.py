@@ -28,3 +28,17 @@ def test_the_setting_overrides_both_shares(monkeypatch: pytest.MonkeyPatch, tmp_
     monkeypatch.setenv("TUNER_EXPLORE_SHARE", "0")
     config = tuning_config(Settings())
     assert (config.budget.explore_share, config.single.explore_share) == (0.0, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("spec_args", "replay"),
+    [("--spec-synth-len 2", False), ("--spec-synth-rates 0.5,0.25", False), ("--threads 2", True)],
+)
+def test_forced_acceptance_turns_replays_off(
+    monkeypatch: pytest.MonkeyPatch, spec_args: str, replay: bool
+) -> None:
+    """A server that accepts drafts at a forced rate makes a replay of the answer's tokens
+    meaningless (on the synthetic MoE it crowned ngram-mod variants that lost there)."""
+    monkeypatch.delenv("TUNER_TUNING_FILE", raising=False)
+    monkeypatch.setenv("TUNER_SPEC_ARGS", spec_args)
+    assert tuning_config(Settings()).guard.replay is replay

@@ -120,15 +120,26 @@ def _variants(config: TuningConfig, caps: Capabilities, draft: Path | None) -> l
     return variants
 
 
+# llama-server benchmarking flags that fix acceptance instead of checking the drafts
+SYNTHETIC_ACCEPTANCE = ("--spec-synth-len", "--spec-synth-rates")
+
+
 def tuning_config(settings: Settings) -> TuningConfig:
     """The tuning file with the settings' exploration share, if given, over its budget's
-    and its one-instance mode's."""
+    and its one-instance mode's; replays off where ``spec_args`` force acceptance."""
     config = load_tuning(settings.tuning_file)
     if settings.explore_share is not None:
         share = {"explore_share": settings.explore_share}
         budget = config.budget.model_copy(update=share)
         single = config.single.model_copy(update=share)
         config = config.model_copy(update={"budget": budget, "single": single})
+    forced = [a for a in settings.spec_args if a.startswith(SYNTHETIC_ACCEPTANCE)]
+    if forced and config.guard.replay:
+        # the server accepts drafts at a forced rate whatever they say, so what a replay of
+        # the answer's tokens would have accepted predicts nothing that variant will do
+        log.warning("replay_off", reason="spec_args force acceptance", flags=forced)
+        guard = config.guard.model_copy(update={"replay": False})
+        config = config.model_copy(update={"guard": guard})
     return config
 
 
