@@ -67,7 +67,7 @@ def test_a_challenger_runs_side_by_side_with_its_own_tuning_file(tmp_path: Path)
     """A second daemon with its own tuning file (no exploring at all) gets the tuner's prompts
     pair by pair; ``--explore-share`` reaches the tuner only."""
     tuning = tmp_path / "frozen.toml"
-    tuning.write_text("[budget]\nexplore_share = 0.0\n")
+    tuning.write_text("[budget]\nexplore_share = 0.0\n[single]\nexplore_share = 0.0\n")
     out = tmp_path / "bench"
     result = tuner(
         "bench", "--workload", str(WORKLOAD), "--prompts", "2", "--requests", "8",

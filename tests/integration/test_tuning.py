@@ -150,6 +150,7 @@ min_trial_requests = 2
 max_trials = 4
 [single]
 window = 3
+explore_share = 0.5
 [prior]
 enqueue = 1
 [search.ngram-simple]
