@@ -93,6 +93,28 @@ def test_calibration_recovers_each_variant_cost_from_noisy_requests() -> None:
     assert only[0] == pytest.approx(0.65, abs=0.07) and only[1] > found["ngram-cache"][1]
 
 
+def test_a_variant_that_has_served_little_is_priced_like_its_own_kind() -> None:
+    """Two spec types whose drafted tokens cost 0.55 and 0.35, the cheaper one serving ten
+    times as much (as ngram-mod does once chosen): grouped by spec type, a variant with one
+    request of its own, or none, is priced near its type's cost; pooled, near the cheap one."""
+    calibration = Calibration(prior=0.45)
+    kinds = {"ngram-simple.n3.m8": 0.55, "ngram-simple.n6.m16": 0.55, "ngram-mod.m16": 0.35}
+    served = {"ngram-simple.n3.m8": 10, "ngram-simple.n6.m16": 10, "ngram-mod.m16": 200}
+    for name, c in kinds.items():
+        for _ in range(served[name]):
+            calibration.add("k", name, (128, 100, 50), (78 + c * 100) / 60.0)
+    calibration.add("k", "ngram-simple.n12.m48", (128, 100, 50), (78 + 0.55 * 100) / 60.0)
+    names = [*kinds, "ngram-simple.n12.m48", "ngram-simple.n3.m48", "ngram-cache"]
+    pooled = calibration.costs(names, lambda _: 60.0)
+    by_type = calibration.costs(names, lambda _: 60.0, lambda name: name.split(".")[0])
+    for name in ("ngram-simple.n12.m48", "ngram-simple.n3.m48"):
+        assert pooled[name][0] < 0.42 < 0.50 < by_type[name][0] < 0.55
+    # what has served enough stays its own; a kind never served gets the pooled cost
+    assert by_type["ngram-mod.m16"][0] == pytest.approx(0.35, abs=0.005)
+    assert by_type["ngram-simple.n3.m8"][0] == pytest.approx(0.55, abs=0.01)
+    assert by_type["ngram-cache"] == pooled["ngram-cache"]
+
+
 def test_the_baseline_speed_is_applied_when_asked_not_when_added() -> None:
     """The class's baseline speed is an estimate that improves: the cost uses the latest,
     so an early guess of it (two noisy requests) is not baked in."""

@@ -14,7 +14,10 @@ the variant, not of the prompt, so it is calibrated on every class's requests po
 (``Calibration``), from each request's decode speed against its class's baseline
 speed. On the bench's 1,300 requests (Gemma 3 270M, CPU) the model fits the measured
 speedups to the timing noise: log residual 0.13-0.16 where the same prompt and variant
-repeated scatter by 0.10-0.12, with ``c`` near 0.45 for every draft length.
+repeated scatter by 0.10-0.12, with ``c`` near 0.45 for every draft length. Later
+520-request runs, where one ``ngram-mod`` variant served most requests, put it at 0.35-0.40
+for ``ngram-mod`` and 0.44-0.49 for ``ngram-simple`` (``python -m benchmarks.drafted_cost
+DIR``), which is why a variant may be shrunk toward its own spec type's cost.
 
 A trial judged this way compares variants by what they accept on the class's prompts,
 priced by a cost measured on all traffic, instead of by a ratio of two small samples of
@@ -201,10 +204,18 @@ class Calibration:
         return {variant for _, variant in self.raw}
 
     def costs(
-        self, variants: Iterable[str], speed: Callable[[str], float | None]
+        self,
+        variants: Iterable[str],
+        speed: Callable[[str], float | None],
+        group: Callable[[str], str] | None = None,
     ) -> dict[str, tuple[float, float]]:
         """``c`` and its standard error for each variant; ``speed(class_key)``: the class's
-        baseline decode speed now (None: not known yet; its requests wait)."""
+        baseline decode speed now (None: not known yet; its requests wait).
+
+        With ``group`` (a variant's name -> its group, e.g. its spec type) a variant is
+        shrunk toward its group's cost instead, itself shrunk toward the pooled cost by
+        ``PRIOR_REQUESTS`` requests' worth: a variant that has served little is priced
+        like its own kind, not like whatever served most."""
         speeds: dict[str, float | None] = {}
         by_variant: dict[str, _Sums] = {}
         for (key, variant), raw in self.raw.items():
@@ -218,7 +229,20 @@ class Calibration:
         for each in by_variant.values():
             total += each
         pooled = total.ratio(self.prior, self.prior_se, 1.0)
+        shrunk: dict[str, tuple[float, float]] = {}
+        if group is not None:
+            by_group: dict[str, _Sums] = {}
+            for name, each in by_variant.items():
+                sums = by_group.setdefault(group(name), _Sums())
+                sums += each
+            shrunk = {key: s.ratio(*pooled, PRIOR_REQUESTS) for key, s in by_group.items()}
+
+        def toward(name: str) -> tuple[float, float]:
+            return shrunk.get(group(name), pooled) if group is not None else pooled
+
         return {
-            name: own.ratio(*pooled, PRIOR_REQUESTS) if (own := by_variant.get(name)) else pooled
+            name: own.ratio(*toward(name), PRIOR_REQUESTS)
+            if (own := by_variant.get(name))
+            else toward(name)
             for name in variants
         }
