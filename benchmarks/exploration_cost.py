@@ -15,7 +15,9 @@ time less the time it would have taken at the static arm's speed), which is what
 tokens per second, and so the bench's whole-run ratio, weighs: a slow request's loss counts
 for more than a fast one's. Summed per role (``exploit``, ``trial``,
 ``control``) that says how much of the gap to the static arm is exploration and how much the
-served choice; per spec type for trials; and per quarter of the daemon's stream.
+served choice; per spec type for trials; and per quarter of the daemon's stream. With
+repeated prompts a stateful drafter pays for exploring twice: ``revisits`` shows what the
+best static variant's requests ran at when the prompt's previous request went elsewhere.
 
     python -m benchmarks.exploration_cost DIR [--out FILE.json]
 """
@@ -97,10 +99,29 @@ def _roles(priced: list[tuple[dict[str, Any], float, float]]) -> dict[str, Any]:
     }
 
 
+def revisits(priced: list[tuple[dict[str, Any], float, float]], best: str) -> dict[str, Any]:
+    """A stateful drafter (``ngram-mod``) drafts a returning prompt's answer only if its table
+    saw it: the daemon's requests served by the best static arm's variant, by what served the
+    same prompt's previous request in the daemon's stream (``first``: none did; ``same``:
+    that variant; ``other``: a control, a trial or another choice), as in ``_roles``."""
+    last: dict[str, str] = {}
+    by: dict[str, list[tuple[dict[str, Any], float, float]]] = defaultdict(list)
+    for row, speed, static in priced:
+        pid, variant = row["id"], str(row.get("variant"))
+        if variant == best:
+            before = last.get(pid)
+            key = "first" if before is None else ("same" if before == best else "other")
+            by[key].append((row | {"role": key}, speed, static))
+        last[pid] = variant
+    return _roles([item for key in ("first", "same", "other") for item in by[key]])
+
+
 def exploration_cost(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Per daemon arm: requests by role (count, mean speed and static ratio, summed loss in
     requests and in seconds), the static arm's decode time over the arm's (``time_over_static``),
-    trials by spec type (mean speed / static), and each quarter's mean speed / static."""
+    trials by spec type (mean speed / static), each quarter's mean speed / static, and
+    ``revisits`` (its requests served by the best static arm's variant, by what served their
+    prompt's previous request: ``first``, ``same`` or ``other``)."""
     base = baselines(rows)
     static, best = static_ratios(rows, base)
     out: dict[str, Any] = {"best_static": best}
@@ -134,6 +155,7 @@ def exploration_cost(rows: list[dict[str, Any]]) -> dict[str, Any]:
                 3,
             ),
             "roles": _roles(priced),
+            "revisits": revisits(priced, best) if best is not None else {},
             "trials_by_type": {
                 t: {"requests": len(v), "speed_over_static": round(statistics.fmean(v), 3)}
                 for t, v in sorted(trials.items())

@@ -73,3 +73,21 @@ def test_a_request_is_priced_against_the_static_arms_request_at_the_same_occurre
     assert roles["exploit"]["loss_requests"] == pytest.approx(1 - 2.0 / 2.8, abs=0.05)
     assert roles["exploit"]["static"] == pytest.approx((1.2 + 2.8) / 2)
     assert roles["trial"]["static"] == pytest.approx(2.0)
+
+
+def test_revisits_split_the_best_variants_requests_by_what_served_the_prompt_before() -> None:
+    """The tuner serves the static arm's variant three times on prompt a: first, after itself,
+    and after a control; the one after the control ran slower (its table missed an answer)."""
+    rows = [row("none", "a", 50.0), row("good", "a", 100.0)]
+    rows += [
+        row("tuner", "a", 100.0, "exploit", "good"),
+        row("tuner", "a", 100.0, "exploit", "good"),
+    ]
+    rows += [row("tuner", "a", 50.0, "control"), row("tuner", "a", 40.0, "exploit", "good")]
+    found = exploration_cost(rows)["tuner"]["revisits"]
+    assert set(found) == {"first", "same", "other"}
+    assert found["first"]["requests"] == found["same"]["requests"] == 1
+    assert found["same"]["loss_requests"] == 0.0
+    assert found["other"] == {
+        "requests": 1, "speed": 0.8, "static": 2.0, "loss_requests": 0.6, "loss_seconds": 1.5
+    }  # fmt: skip
