@@ -9,9 +9,9 @@ the static arms and, separately, the daemons' requests) and per spec type, ``c``
 sum over the drafted tokens. ``drafted_per_step`` is ``d / (n - a)``: how long the drafts
 that variant made were, per target step.
 
-A per-variant ``c`` that differs by spec type is why the daemon prices a variant that has
-served little like its own spec type (``[guard] cost_pool``), not like the pooled cost of
-whatever served most.
+A per-variant ``c`` that differs by spec type is why ``[guard] cost_pool = "spec_type"``
+exists: a variant that has served little priced like its own spec type, not like the pooled
+cost of whatever served most (off by default: measured no better side by side).
 
     python -m benchmarks.drafted_cost DIR [--out FILE.json]
 """

@@ -474,9 +474,7 @@ def _bar_run(
     The engine, its decisions and each request's true speedup."""
     keys = [CODE, "code/fresh/greedy", "text/echo/greedy", "chat/fresh/greedy"]
     cfg = config(explore_share=0.1)
-    # every variant's drafted token costs the same here, so pricing by spec type changes
-    # only the noise; pooled, as when these seeds were chosen
-    guard = cfg.guard.model_copy(update={"trial_bar": bar, "cost_pool": "all"})
+    guard = cfg.guard.model_copy(update={"trial_bar": bar})
     engine = make(tmp_path / f"{bar}{seed}", cfg.model_copy(update={"guard": guard}), caps)
     gains = {n: 1.1 for n, v in engine.variants.items() if v.speculative}
     gains |= {n: 1.3 for n, v in engine.variants.items() if v.spec_type in EXACT}

@@ -70,10 +70,10 @@ class Guard(_Strict):
     # is not tried at all; measured no better side by side, BENCHMARKS.md)
     trial_bar: Literal["baseline", "policy"] = "baseline"
     # counts mode: the cost a variant's own drafted-token cost is shrunk toward (all of it,
-    # before it has served): its spec type's, itself shrunk toward the one pooled over every
-    # variant ("spec_type"), or that pooled one directly ("all": an ngram-simple variant was
-    # priced at ngram-mod's 0.35-0.40 where its own type's cost 0.44-0.49, BENCHMARKS.md)
-    cost_pool: Literal["all", "spec_type"] = "spec_type"
+    # before it has served): the one pooled over every variant ("all"), or its spec type's,
+    # itself shrunk toward that ("spec_type": measured 0.996 and 1.074 x slower side by
+    # side; it crowned ngram-mod max64 variants that lost, BENCHMARKS.md)
+    cost_pool: Literal["all", "spec_type"] = "all"
 
 
 class Prior(_Strict):

@@ -34,11 +34,11 @@ Decisions, per class:
   generated ``n`` tokens, drafted ``d`` and had ``a`` accepted is priced at
   ``n / (n - a + c d)`` (``tuner.tuning.counts``), with ``c``, what a drafted token
   costs, calibrated per variant on every class's requests against their class's
-  baseline speed (a variant that has served little is shrunk toward its spec type's
-  cost, itself shrunk toward the cost pooled over every variant, ``guard.cost_pool =
-  "spec_type"``; ``"all"``: toward the pooled one directly, which on Gemma priced an
-  ``ngram-simple`` drafted token at ``ngram-mod``'s 0.35-0.40 of a step where its own
-  type's cost 0.44-0.49). Its counts carry no timing noise and need no baseline request on
+  baseline speed (a variant that has served little is shrunk toward the cost pooled over
+  every variant; with ``guard.cost_pool = "spec_type"`` toward its spec type's, itself
+  shrunk toward that: on Gemma an ``ngram-simple`` drafted token cost 0.44-0.49 of a step
+  where ``ngram-mod``'s, which served most, cost 0.35-0.40; off by default, measured no
+  better side by side). Its counts carry no timing noise and need no baseline request on
   the same prompt, so a 6-request trial measures what the class's prompts accept,
   not which minutes it ran in. ``"timing"``: the ratio of the variant's mean decode
   speed to the class's baseline requests (controls interleaved in the same minutes).
