@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from benchmarks.common import run_main, usable
@@ -83,37 +83,46 @@ def _seconds(row: dict[str, Any]) -> float:
     return float(row["ms"]) / 1000.0
 
 
-def _roles(priced: list[tuple[dict[str, Any], float, float]]) -> dict[str, Any]:
+Priced = list[tuple[dict[str, Any], float, float]]  # (row, speed, static ratio)
+
+
+def _losses(priced: Priced, key: Callable[[dict[str, Any]], str | None]) -> dict[str, Any]:
+    """Requests grouped by ``key(row)`` (None: left out): count, mean speed and static
+    ratio, summed loss in requests and in seconds."""
     by: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
     for row, speed, static in priced:
-        by[str(row.get("role") or "exploit")].append((speed, static, _seconds(row)))
+        if (group := key(row)) is not None:
+            by[group].append((speed, static, _seconds(row)))
     return {
-        role: {
+        group: {
             "requests": len(pairs),
             "speed": round(statistics.fmean(s for s, _, _ in pairs), 3),
             "static": round(statistics.fmean(t for _, t, _ in pairs), 3),
             "loss_requests": round(sum(1 - s / t for s, t, _ in pairs), 1),
             "loss_seconds": round(sum(sec * (1 - s / t) for s, t, sec in pairs), 1),
         }
-        for role, pairs in sorted(by.items())
+        for group, pairs in sorted(by.items())
     }
 
 
-def revisits(priced: list[tuple[dict[str, Any], float, float]], best: str) -> dict[str, Any]:
+def _roles(priced: Priced) -> dict[str, Any]:
+    return _losses(priced, lambda row: str(row.get("role") or "exploit"))
+
+
+def revisits(priced: Priced, best: str) -> dict[str, Any]:
     """A stateful drafter (``ngram-mod``) drafts a returning prompt's answer only if its table
     saw it: the daemon's requests served by the best static arm's variant, by what served the
     same prompt's previous request in the daemon's stream (``first``: none did; ``same``:
     that variant; ``other``: a control, a trial or another choice), as in ``_roles``."""
     last: dict[str, str] = {}
-    by: dict[str, list[tuple[dict[str, Any], float, float]]] = defaultdict(list)
-    for row, speed, static in priced:
+    visit: dict[int, str] = {}  # id(row) -> first, same or other
+    for row, _, _ in priced:
         pid, variant = row["id"], str(row.get("variant"))
         if variant == best:
             before = last.get(pid)
-            key = "first" if before is None else ("same" if before == best else "other")
-            by[key].append((row | {"role": key}, speed, static))
+            visit[id(row)] = "first" if before is None else ("same" if before == best else "other")
         last[pid] = variant
-    return _roles([item for key in ("first", "same", "other") for item in by[key]])
+    return _losses(priced, lambda row: visit.get(id(row)))
 
 
 def exploration_cost(rows: list[dict[str, Any]]) -> dict[str, Any]:
