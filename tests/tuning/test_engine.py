@@ -525,3 +525,54 @@ def test_a_parent_that_measured_only_losses_lends_no_speculation(
     assert "every variant tried is slower" in text.reason or text.kill_switch
     decision = engine.route("text/fresh/sampled")  # brand new: no evidence of its own
     assert decision.variant == "none", decision
+
+
+LEADER, RUNNER_UP = "ngram-mod.match24.max16", "ngram-mod.match12.max16"
+TEXT = "text/echo/greedy"
+
+
+def _served(
+    tmp_path: Path, caps: Capabilities, consolidate: bool, runner_up: float, seed: int
+) -> str:
+    """The variant ``TEXT`` serves after 1,200 requests when ``CODE`` (three quarters of
+    them) is fastest on ``LEADER`` and ``TEXT`` runs ``LEADER`` at 1.50x and ``RUNNER_UP`` at
+    ``runner_up``; every answer of either replays the other (as the counterfactual does)."""
+    cfg = config(explore_share=0.3)
+    guard = cfg.guard.model_copy(update={"consolidate": consolidate})
+    search = {"ngram-mod": {"n_match": [12, 24], "n_max": [16]}}
+    engine = make(tmp_path, cfg.model_copy(update={"guard": guard, "search": search}), caps)
+    assert set(engine.variants) == {"none", LEADER, RUNNER_UP}
+    truths = {
+        CODE: {LEADER: 1.6, RUNNER_UP: 1.2},
+        TEXT: {LEADER: 1.5, RUNNER_UP: runner_up},
+    }
+    sim = SimUpstream(truths, count_noise=0.15, seed=seed)
+    for key in ([CODE] * 3 + [TEXT]) * 300:
+        decision = engine.route(key)
+        engine.observe(sim.answer(key, decision))
+        if decision.variant != "none":
+            other = RUNNER_UP if decision.variant == LEADER else LEADER
+            drafted, accepted, _ = sim.counts(key, other)
+            engine.observe_replayed(key, decision.variant, {other: (64, drafted, accepted)})
+    policy = engine.classes[TEXT].policy
+    assert policy is not None and policy.speculation
+    return policy.variant
+
+
+def test_a_class_joins_the_stateful_variant_most_traffic_runs_unless_another_is_clearly_better(
+    tmp_path: Path, caps: Capabilities
+) -> None:
+    """An ngram-mod instance learns from every answer it serves. Where a class's two
+    ngram-mod variants are equally fast, the class picks by noise (the higher lower bound,
+    or the one it serves now); with ``consolidate`` it joins the one the rest of the
+    traffic runs, unless the other's lower bound lies above that one's speedup."""
+    seeds = range(6)
+    joined = {
+        consolidate: sum(
+            _served(tmp_path / f"{consolidate}-{seed}", caps, consolidate, 1.5, seed) == LEADER
+            for seed in seeds
+        )
+        for consolidate in (False, True)
+    }
+    assert joined[True] >= 5 and joined[False] <= 3, joined
+    assert _served(tmp_path / "far", caps, True, 1.9, 0) == RUNNER_UP

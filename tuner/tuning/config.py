@@ -74,6 +74,11 @@ class Guard(_Strict):
     # itself shrunk toward that ("spec_type": measured 0.996 and 1.074 x slower side by
     # side; it crowned ngram-mod max64 variants that lost, BENCHMARKS.md)
     cost_pool: Literal["all", "spec_type"] = "all"
+    # among the variants that clear the guard in a class, prefer the stateful one (ngram-mod)
+    # that serves the most traffic unless another's lower bound lies above its speedup, as
+    # the current policy is kept: its table has learned from more answers (measured no
+    # better side by side: classes stayed on the first leader, a slower variant, BENCHMARKS.md)
+    consolidate: bool = False
 
 
 class Prior(_Strict):

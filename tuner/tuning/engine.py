@@ -87,8 +87,13 @@ Decisions, per class:
   siblings cover the prior's list together); then the class's Optuna study decides.
 - Policy: the speculative variant with the highest lower confidence bound,
   if that bound is above 1 and its measured speedup at least ``min_gain``;
-  else no speculation. A policy is settled when it rests on evidence or a verdict:
-  a variant measured to clear the guard, every measured variant slower than
+  else no speculation. The class keeps its current variant (if that clears the guard)
+  unless the best one's lower bound lies above the current one's speedup; with
+  ``guard.consolidate``, it then joins the same way the ``ngram-mod`` variant that has
+  served the most requests of all traffic (``STATEFUL``: that drafter's table, one per
+  instance, learns from every answer it serves, so traffic spread over several such
+  instances leaves each table colder). A policy is settled when it rests on evidence
+  or a verdict: a variant measured to clear the guard, every measured variant slower than
   baseline, a kill-switch verdict, or a finished search. A class whose own policy
   is not settled is served, until it has finished a trial of its own, by the nearest
   settled policy along ``levels(key)`` (``code/echo/greedy`` -> ``code/echo`` ->
@@ -143,6 +148,10 @@ MAX_COST = 3.0  # most one exploring request is charged, in requests at the poli
 
 
 SAMPLED = "*/sampled"  # every sampled class's evidence, pooled
+# spec types whose drafter keeps state across requests in its instance: llama.cpp's
+# ngram-mod adds every prompt and answer it sees to one hash table per instance
+# (common/speculative.cpp), so what it drafts depends on which requests it served
+STATEFUL = frozenset({"ngram-mod"})
 
 
 def levels(key: str) -> list[str]:
@@ -1062,9 +1071,9 @@ class Engine:
         base = self._base(state)
         best: tuple[float, str, Interval, Arm] | None = None
         best_any: tuple[float, str] | None = None
-        current: tuple[float, str, Interval, Arm] | None = None
         if base is None:
             return None, None
+        clearing: dict[str, tuple[float, str, Interval, Arm]] = {}
         speedups = self._speedups(state, base, need)
         for name, arm in state.arms.items():
             if name not in speedups or self._forbidden(state.key, name):
@@ -1072,20 +1081,32 @@ class Engine:
             s = speedups[name]
             if best_any is None or s.value > best_any[0]:
                 best_any = (s.value, name)
-            if s.low > 1.0 and s.value >= guard.min_gain and (best is None or s.low > best[0]):
-                best = (s.low, name, s, arm)
-            if state.policy is not None and name == state.policy.variant:
-                current = (s.low, name, s, arm)
-        # Hysteresis: switch only to a variant clearly better than the current one.
-        if (
-            best is not None
-            and current is not None
-            and current[2].low > 1.0
-            and current[2].value >= guard.min_gain
-            and best[2].low <= current[2].value
-        ):
-            best = current
+            if s.low > 1.0 and s.value >= guard.min_gain:
+                clearing[name] = (s.low, name, s, arm)
+                if best is None or s.low > best[0]:
+                    best = clearing[name]
+        # Hysteresis: switch only to a variant clearly better than the current one; with
+        # ``consolidate``, then likewise to the stateful variant that serves most traffic.
+        incumbents = [state.policy.variant] if state.policy is not None else []
+        if guard.consolidate:
+            incumbents.append(self._stateful_leader())
+        for name in incumbents:
+            held = clearing.get(name)
+            if best is not None and held is not None and best[2].low <= held[2].value:
+                best = held
         return best, best_any
+
+    def _stateful_leader(self) -> str:
+        """The variant of a stateful spec type (``STATEFUL``) that has served the most
+        requests of all traffic ("" when none has served): its instance's table has
+        learned from the most answers, so another class's traffic is worth more there."""
+        root = self.classes.get(ROOT)
+        served = [
+            (arm.requests, name)
+            for name, arm in (root.arms.items() if root is not None else ())
+            if arm.requests and self._spec_type(name) in STATEFUL
+        ]
+        return max(served)[1] if served else ""
 
     def _effective_policy(self, key: str) -> tuple[str, Policy]:
         """The policy that serves a class, and whose it is.
