@@ -17,7 +17,8 @@ for more than a fast one's. Summed per role (``exploit``, ``trial``,
 ``control``) that says how much of the gap to the static arm is exploration and how much the
 served choice; per spec type for trials; and per quarter of the daemon's stream. With
 repeated prompts a stateful drafter pays for exploring twice: ``revisits`` shows what the
-best static variant's requests ran at when the prompt's previous request went elsewhere.
+best static variant's requests ran at when the prompt's previous request went elsewhere,
+and ``served_quarters`` what they ran at, quarter by quarter, against the static arm's.
 
     python -m benchmarks.exploration_cost DIR [--out FILE.json]
 """
@@ -125,12 +126,30 @@ def revisits(priced: Priced, best: str) -> dict[str, Any]:
     return _losses(priced, lambda row: visit.get(id(row)))
 
 
+def served_quarters(priced: Priced, best: str) -> list[float | None]:
+    """Per quarter of the daemon's stream, its requests served by the best static arm's own
+    variant: mean speed over the static arm's at the same occurrence. The same settings on
+    the same prompts, so below 1 where the daemon's instance has learned from fewer answers
+    (a stateful drafter's table holds only what its instance served)."""
+    n = len(priced)
+    out: list[float | None] = []
+    for q in range(4):
+        same = [
+            s / t
+            for row, s, t in priced[n * q // 4 : n * (q + 1) // 4]
+            if row.get("variant") == best
+        ]
+        out.append(round(statistics.fmean(same), 3) if same else None)
+    return out
+
+
 def exploration_cost(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Per daemon arm: requests by role (count, mean speed and static ratio, summed loss in
     requests and in seconds), the static arm's decode time over the arm's (``time_over_static``),
     trials by spec type (mean speed / static), each quarter's mean speed / static, and
     ``revisits`` (its requests served by the best static arm's variant, by what served their
-    prompt's previous request: ``first``, ``same`` or ``other``)."""
+    prompt's previous request: ``first``, ``same`` or ``other``), and ``served_quarters``
+    (those requests' mean speed / static per quarter)."""
     base = baselines(rows)
     static, best = static_ratios(rows, base)
     out: dict[str, Any] = {"best_static": best}
@@ -165,6 +184,7 @@ def exploration_cost(rows: list[dict[str, Any]]) -> dict[str, Any]:
             ),
             "roles": _roles(priced),
             "revisits": revisits(priced, best) if best is not None else {},
+            "served_quarters": served_quarters(priced, best) if best is not None else [],
             "trials_by_type": {
                 t: {"requests": len(v), "speed_over_static": round(statistics.fmean(v), 3)}
                 for t, v in sorted(trials.items())

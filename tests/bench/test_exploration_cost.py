@@ -91,3 +91,16 @@ def test_revisits_split_the_best_variants_requests_by_what_served_the_prompt_bef
     assert found["other"] == {
         "requests": 1, "speed": 0.8, "static": 2.0, "loss_requests": 0.6, "loss_seconds": 1.5
     }  # fmt: skip
+
+
+def test_served_quarters_compare_the_best_variants_own_requests_quarter_by_quarter() -> None:
+    """Eight tuner requests, two per quarter: the static arm's variant at half the static
+    arm's speed in the first quarter (a cold table), at its speed in the last; quarters
+    where it served nothing else are None."""
+    rows = [row("none", "a", 50.0), row("good", "a", 100.0)]
+    rows += [row("tuner", "a", 50.0, "exploit", "good"), row("tuner", "a", 50.0, "control")]
+    rows += [row("tuner", "a", 50.0, "control")] * 2
+    rows += [row("tuner", "a", 50.0, "trial", "ngram-map-k.y")] * 2
+    rows += [row("tuner", "a", 100.0, "exploit", "good")] * 2
+    found = exploration_cost(rows)["tuner"]["served_quarters"]
+    assert found == [0.5, None, None, 1.0]
