@@ -126,21 +126,23 @@ def revisits(priced: Priced, best: str) -> dict[str, Any]:
     return _losses(priced, lambda row: visit.get(id(row)))
 
 
+def _by_quarter(priced: Priced, keep: Callable[[dict[str, Any]], bool]) -> list[float | None]:
+    """Per quarter of the daemon's stream, the mean speed / static of its requests that
+    ``keep`` (None: a quarter without any)."""
+    n = len(priced)
+    out: list[float | None] = []
+    for q in range(4):
+        kept = [s / t for row, s, t in priced[n * q // 4 : n * (q + 1) // 4] if keep(row)]
+        out.append(round(statistics.fmean(kept), 3) if kept else None)
+    return out
+
+
 def served_quarters(priced: Priced, best: str) -> list[float | None]:
     """Per quarter of the daemon's stream, its requests served by the best static arm's own
     variant: mean speed over the static arm's at the same occurrence. The same settings on
     the same prompts, so below 1 where the daemon's instance has learned from fewer answers
     (a stateful drafter's table holds only what its instance served)."""
-    n = len(priced)
-    out: list[float | None] = []
-    for q in range(4):
-        same = [
-            s / t
-            for row, s, t in priced[n * q // 4 : n * (q + 1) // 4]
-            if row.get("variant") == best
-        ]
-        out.append(round(statistics.fmean(same), 3) if same else None)
-    return out
+    return _by_quarter(priced, lambda row: row.get("variant") == best)
 
 
 def exploration_cost(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -171,10 +173,8 @@ def exploration_cost(rows: list[dict[str, Any]]) -> dict[str, Any]:
         for row, speed, ref in priced:
             if row.get("role") == "trial":
                 trials[str(row["variant"]).split(".")[0]].append(speed / ref)
-        n = len(priced)
-        quarters = [priced[n * q // 4 : n * (q + 1) // 4] for q in range(4)]
         out[arm] = {
-            "requests": n,
+            "requests": len(priced),
             "speed_over_static": round(statistics.fmean(s / t for _, s, t in priced), 3),
             # the static arm's decode time for these requests over theirs: tokens per second
             "time_over_static": round(
@@ -189,9 +189,7 @@ def exploration_cost(rows: list[dict[str, Any]]) -> dict[str, Any]:
                 t: {"requests": len(v), "speed_over_static": round(statistics.fmean(v), 3)}
                 for t, v in sorted(trials.items())
             },
-            "quarters": [
-                round(statistics.fmean(s / t for _, s, t in q), 3) if q else None for q in quarters
-            ],
+            "quarters": _by_quarter(priced, lambda _: True),
         }
     return out
 
