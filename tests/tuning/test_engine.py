@@ -532,7 +532,7 @@ TEXT = "text/echo/greedy"
 
 
 def _served(
-    tmp_path: Path, caps: Capabilities, consolidate: bool, runner_up: float, seed: int
+    tmp_path: Path, caps: Capabilities, consolidate: str, runner_up: float, seed: int
 ) -> str:
     """The variant ``TEXT`` serves after 1,200 requests when ``CODE`` (three quarters of
     them) is fastest on ``LEADER`` and ``TEXT`` runs ``LEADER`` at 1.50x and ``RUNNER_UP`` at
@@ -559,20 +559,21 @@ def _served(
     return policy.variant
 
 
-def test_a_class_joins_the_stateful_variant_most_traffic_runs_unless_another_is_clearly_better(
+def test_a_class_joins_the_variant_most_traffic_runs_unless_another_is_clearly_better(
     tmp_path: Path, caps: Capabilities
 ) -> None:
     """An ngram-mod instance learns from every answer it serves. Where a class's two
     ngram-mod variants are equally fast, the class picks by noise (the higher lower bound,
     or the one it serves now); with ``consolidate`` it joins the one the rest of the
-    traffic runs, unless the other's lower bound lies above that one's speedup."""
+    traffic runs (``"served"``: the most served; ``"root"``: the root's policy), unless
+    the other's lower bound lies above that one's speedup."""
     seeds = range(6)
     joined = {
-        consolidate: sum(
-            _served(tmp_path / f"{consolidate}-{seed}", caps, consolidate, 1.5, seed) == LEADER
-            for seed in seeds
+        mode: sum(
+            _served(tmp_path / f"{mode}-{seed}", caps, mode, 1.5, seed) == LEADER for seed in seeds
         )
-        for consolidate in (False, True)
+        for mode in ("off", "served", "root")
     }
-    assert joined[True] >= 5 and joined[False] <= 3, joined
-    assert _served(tmp_path / "far", caps, True, 1.9, 0) == RUNNER_UP
+    assert joined["served"] >= 5 and joined["root"] >= 5 and joined["off"] <= 3, joined
+    for mode in ("served", "root"):
+        assert _served(tmp_path / f"far-{mode}", caps, mode, 1.9, 0) == RUNNER_UP, mode

@@ -132,6 +132,16 @@ def test_bad_tuning_file_is_a_config_error(tmp_path: Path) -> None:
         load_tuning(tmp_path / "missing.toml")
 
 
+def test_consolidate_reads_the_old_booleans_and_names_a_bad_value(tmp_path: Path) -> None:
+    file = tmp_path / "t.toml"
+    for written, read in (("true", "served"), ("false", "off"), ('"root"', "root")):
+        file.write_text(f"[guard]\nconsolidate = {written}\n")
+        assert load_tuning(file).guard.consolidate == read
+    file.write_text('[guard]\nconsolidate = "maybe"\n')
+    with pytest.raises(ConfigError, match="consolidate"):
+        load_tuning(file)
+
+
 def test_prior_ranks_and_kills() -> None:
     caps = caps_of("0c1e570")
     variants = grid(load_tuning().search, caps)

@@ -13,7 +13,14 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from tuner.classify.classes import parents
 from tuner.errors import ConfigError
@@ -74,11 +81,21 @@ class Guard(_Strict):
     # itself shrunk toward that ("spec_type": measured 0.996 and 1.074 x slower side by
     # side; it crowned ngram-mod max64 variants that lost, BENCHMARKS.md)
     cost_pool: Literal["all", "spec_type"] = "all"
-    # among the variants that clear the guard in a class, prefer the stateful one (ngram-mod)
-    # that serves the most traffic unless another's lower bound lies above its speedup, as
-    # the current policy is kept: its table has learned from more answers (measured 0.944
-    # side by side: classes stayed on the first leader, a slower variant, BENCHMARKS.md)
-    consolidate: bool = False
+    # among the variants that clear the guard in a class, which one to join unless another's
+    # lower bound lies above its speedup there (as the current policy is kept): "off" (none),
+    # "served": the stateful one (ngram-mod) that serves the most traffic, whose table has
+    # learned from more answers (measured 0.944 side by side: classes stayed on the first
+    # leader, a slower variant, BENCHMARKS.md), "root": the one all traffic's policy runs
+    # (chosen on the most evidence; one variant for all traffic keeps one table warm).
+    # true and false read as "served" and "off"
+    consolidate: Literal["off", "served", "root"] = "off"
+
+    @field_validator("consolidate", mode="before")
+    @classmethod
+    def _consolidate_bool(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            return "served" if value else "off"
+        return value
 
 
 class Prior(_Strict):

@@ -90,12 +90,13 @@ Decisions, per class:
   else no speculation. The class keeps its current variant (if that clears the guard)
   unless the best one's lower bound lies above the current one's speedup; with
   ``guard.consolidate``, it then joins the same way the ``ngram-mod`` variant that has
-  served the most requests of all traffic (``STATEFUL``: that drafter's table, one per
-  instance, learns from every answer it serves, so traffic spread over several such
-  instances leaves each table colder). A policy is settled when it rests on evidence
-  or a verdict: a variant measured to clear the guard, every measured variant slower than
-  baseline, a kill-switch verdict, or a finished search. A class whose own policy
-  is not settled is served, until it has finished a trial of its own, by the nearest
+  served the most requests of all traffic (``"served"``; ``STATEFUL``: that drafter's
+  table, one per instance, learns from every answer it serves, so traffic spread over
+  several such instances leaves each table colder) or the variant the root's policy
+  runs (``"root"``: chosen on all traffic, the most evidence). A policy is settled when
+  it rests on evidence or a verdict: a variant measured to clear the guard, every measured
+  variant slower than baseline, a kill-switch verdict, or a finished search. A class whose
+  own policy is not settled is served, until it has finished a trial of its own, by the nearest
   settled policy along ``levels(key)`` (``code/echo/greedy`` -> ``code/echo`` ->
   ``code`` -> ``all``; a sampled class looks at ``*/sampled``, all sampled traffic,
   first; every request counts at every level, so those levels learn first), unless
@@ -1086,10 +1087,15 @@ class Engine:
                 if best is None or s.low > best[0]:
                     best = clearing[name]
         # Hysteresis: switch only to a variant clearly better than the current one; with
-        # ``consolidate``, then likewise to the stateful variant that serves most traffic.
+        # ``consolidate``, then likewise to the stateful variant that serves most traffic
+        # ("served") or to the variant all traffic's policy runs ("root").
         incumbents = [state.policy.variant] if state.policy is not None else []
-        if guard.consolidate:
+        if guard.consolidate == "served":
             incumbents.append(self._stateful_leader())
+        elif guard.consolidate == "root" and state.key != ROOT:
+            root = self.classes.get(ROOT)
+            if root is not None and root.policy is not None and root.policy.speculation:
+                incumbents.append(root.policy.variant)
         for name in incumbents:
             held = clearing.get(name)
             if best is not None and held is not None and best[2].low <= held[2].value:
