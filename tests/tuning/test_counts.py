@@ -9,7 +9,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tuner.tuning.counts import Calibration, alpha_interval, count_speedup, ratio_of_sums
+from tuner.tuning.counts import (
+    Calibration,
+    alpha_interval,
+    count_speedup,
+    paired_speedup,
+    ratio_of_sums,
+)
 
 Z = 1.645
 costs = st.floats(min_value=0.0, max_value=2.0)
@@ -38,6 +44,29 @@ def test_accepting_more_or_paying_less_is_faster(n: int, d: int, c: float, more:
     fast = count_speedup([(n, d, min(n - 1, d, a + 1))], c, 0.0, Z)
     assert slow is not None and fast is not None
     assert fast.value >= slow.value
+
+
+@given(rows, rows, costs, costs)
+def test_a_paired_speedup_is_the_ratio_of_the_two_variants_priced_steps(
+    a: list, b: list, c_a: float, c_b: float
+) -> None:
+    """On the same requests (same ``n``), A over B is B's priced steps over A's; B over A
+    is its inverse; a variant against itself is exactly 1."""
+    pairs = [
+        ((n, d, x), (n, d2, min(n - 1, y))) for (n, d, x), (_, d2, y) in zip(a, b, strict=False)
+    ]
+    found = paired_speedup(pairs, c_a, c_b, Z)
+    if len(pairs) < 2:
+        assert found is None
+        return
+    work_a = sum(n - x + c_a * d for (n, d, x), _ in pairs)
+    work_b = sum(n - y + c_b * d for _, (n, d, y) in pairs)
+    assert found is not None and found.value == pytest.approx(work_b / work_a)
+    back = paired_speedup([(q, p) for p, q in pairs], c_b, c_a, Z)
+    assert back is not None and back.value == pytest.approx(1 / found.value)
+    assert found.low < found.value < found.high
+    same = paired_speedup([(p, p) for p, _ in pairs], c_a, c_a, Z)
+    assert same is not None and same.value == pytest.approx(1.0)
 
 
 def test_no_drafts_is_exactly_no_speedup() -> None:

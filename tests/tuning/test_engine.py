@@ -577,3 +577,71 @@ def test_a_class_joins_the_variant_most_traffic_runs_unless_another_is_clearly_b
     assert joined["served"] >= 5 and joined["root"] >= 5 and joined["off"] <= 3, joined
     for mode in ("served", "root"):
         assert _served(tmp_path / f"far-{mode}", caps, mode, 1.9, 0) == RUNNER_UP, mode
+
+
+class _SharedPrompts(SimUpstream):
+    """Counts where the prompt, more than the variant, decides what is accepted: each
+    request copies ``share`` of what it could (drawn per request), and a variant accepts
+    ``quality[variant]`` of that. Replays of the same request see the same ``share``."""
+
+    share = 1.0
+    quality: dict[str, float] = {}  # noqa: RUF012
+
+    def counts(self, class_key: str, variant: str, n: int = 64) -> tuple[int, int, float]:
+        drafted = 40
+        mean = drafted * self.share * self.quality[variant]
+        accepted = min(drafted, max(0, round(mean + self.rng.gauss(0.0, 1.0))))
+        return drafted, accepted, n / (n - accepted + self.cost * drafted)
+
+
+def _requests_to_switch(
+    tmp_path: Path, caps: Capabilities, paired: bool, seed: int, equal: bool = False
+) -> int:
+    """Requests after which ``CODE`` leaves ``RUNNER_UP`` (faster on its first 20 requests)
+    for ``LEADER`` (about 10 % faster on every later one, or as fast with ``equal``, where
+    prompts scatter widely); 400 if it never does."""
+    first = 20
+    import random
+
+    cfg = config(explore_share=0.3)
+    guard = cfg.guard.model_copy(update={"paired": paired})
+    search = {"ngram-mod": {"n_match": [12, 24], "n_max": [16]}}
+    engine = make(tmp_path, cfg.model_copy(update={"guard": guard, "search": search}), caps)
+    sim = _SharedPrompts({CODE: {}}, cost=0.3, seed=seed)
+    rng = random.Random(seed)
+    for i in range(420):
+        sim.share = rng.uniform(0.5, 1.0)
+        later = {RUNNER_UP: 0.85, LEADER: 0.85 if equal else 0.95}
+        sim.quality = {RUNNER_UP: 1.0, LEADER: 0.8} if i < first else later
+        decision = engine.route(CODE)
+        record = sim.answer(CODE, decision)
+        engine.observe(record)
+        if decision.variant != "none":
+            other = RUNNER_UP if decision.variant == LEADER else LEADER
+            drafted, accepted, _ = sim.counts(CODE, other)
+            t = record.timings
+            assert t is not None and t.draft_n is not None and t.draft_n_accepted is not None
+            own = (64, t.draft_n, t.draft_n_accepted)
+            engine.observe_replayed(CODE, decision.variant, {other: (64, drafted, accepted)}, own)
+        policy = engine.classes[CODE].policy
+        if i == first - 1:
+            assert policy is not None and policy.variant == RUNNER_UP, policy
+        if i >= first and policy is not None and policy.variant == LEADER:
+            return i - first
+    return 400
+
+
+def test_a_paired_comparison_leaves_an_early_pick_sooner_and_does_not_flap(
+    tmp_path: Path, caps: Capabilities
+) -> None:
+    """A class picked a variant on its first 20 requests; every later request runs another
+    about 10 % faster, while prompts scatter the speedups far more than that. Compared on
+    the same recent requests (``guard.paired``), the class switches sooner than when it
+    waits for the other's own lower bound to pass the held one's speedup; two equally fast
+    variants are not swapped back and forth."""
+    after = {
+        paired: [_requests_to_switch(tmp_path / f"{paired}-{s}", caps, paired, s) for s in range(4)]
+        for paired in (False, True)
+    }
+    assert max(after[True]) < 40 and sorted(after[True])[1] < sorted(after[False])[1], after
+    assert _requests_to_switch(tmp_path / "same", caps, True, 0, equal=True) == 400

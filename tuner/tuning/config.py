@@ -89,6 +89,11 @@ class Guard(_Strict):
     # (chosen on the most evidence; one variant for all traffic keeps one table warm).
     # true and false read as "served" and "off"
     consolidate: Literal["off", "served", "root"] = "off"
+    # counts mode with replay: a class leaves its variant (or the one it would join) for
+    # another when, on the requests replayed under both, the other ran faster (the paired
+    # interval's lower end above 1) instead of when the other's own lower bound lies above
+    # the held one's speedup (the spread between prompts cancels in a paired comparison)
+    paired: bool = False
 
     @field_validator("consolidate", mode="before")
     @classmethod

@@ -33,7 +33,14 @@ from dataclasses import dataclass, field
 
 from tuner.measure import Interval
 
-__all__ = ["Calibration", "Counts", "alpha_interval", "count_speedup", "ratio_of_sums"]
+__all__ = [
+    "Calibration",
+    "Counts",
+    "alpha_interval",
+    "count_speedup",
+    "paired_speedup",
+    "ratio_of_sums",
+]
 
 Counts = tuple[int, int, int]  # generated tokens, drafted, accepted (one request)
 PRIOR_REQUESTS = 4.0  # weight of the pooled (or prior) cost against a variant's own
@@ -84,6 +91,36 @@ def count_speedup(counts: Sequence[Counts], c: float, c_se: float, z: float) -> 
     rel_c = c_se * drafted / math.fsum(work)  # d log r / d c = -sum d / sum work
     rel = math.hypot(se / r if math.isfinite(se) else 1.0, rel_c, MIN_REL)
     half = z * rel
+    return Interval(r, r * math.exp(-half), r * math.exp(half))
+
+
+def paired_speedup(
+    pairs: Sequence[tuple[Counts, Counts]], c_a: float, c_b: float, z: float
+) -> Interval | None:
+    """How much faster variant A ran than variant B on the same requests, from each
+    request's counts under both (``(a, b)`` per request, as one replay gives them): the
+    ratio of B's priced steps to A's, ``sum (n - a_B + c_B d_B) / sum (n - a_A + c_A d_A)``.
+
+    The spread between requests (how much a prompt copies) moves both sums together, so it
+    cancels in the ratio; the interval covers only how the two differ request by request.
+    None without two requests measured under both.
+
+    >>> same = [((100, 40, 30), (100, 20, 10)), ((50, 10, 10), (50, 10, 5))]
+    >>> s = paired_speedup(same, 0.4, 0.4, 1.64)
+    >>> round(s.value, 3), s.low < s.value < s.high
+    (1.131, True)
+    >>> paired_speedup(same[:1], 0.4, 0.4, 1.64) is None
+    True
+    """
+    rows = [
+        (n - acc_b + c_b * d_b, n - acc_a + c_a * d_a)
+        for (n, d_a, acc_a), (n_b, d_b, acc_b) in pairs
+        if n > 0 and n == n_b
+    ]
+    if len(rows) < 2 or min(min(r) for r in rows) <= 0:
+        return None
+    r, se = ratio_of_sums([b for b, _ in rows], [a for _, a in rows])
+    half = z * math.hypot(se / r, MIN_REL)
     return Interval(r, r * math.exp(-half), r * math.exp(half))
 
 

@@ -132,7 +132,13 @@ from tuner.measure import Interval, ratio_interval, wilson
 from tuner.model.speedup import CostModel
 from tuner.records import RequestRecord
 from tuner.tuning.config import Override, TuningConfig
-from tuner.tuning.counts import Calibration, Counts, alpha_interval, count_speedup
+from tuner.tuning.counts import (
+    Calibration,
+    Counts,
+    alpha_interval,
+    count_speedup,
+    paired_speedup,
+)
 from tuner.tuning.prior import PriorView, rank
 from tuner.tuning.shadow import EXACT
 from tuner.tuning.studies import Space, StudyBook
@@ -350,6 +356,9 @@ class ClassState:
     arms: dict[str, Arm] = field(default_factory=dict)
     policy: Policy | None = None
     prior: PriorView | None = None
+    # with ``guard.paired``: one row per replayed request, every replayed variant's counts
+    # and the served one's (working memory: not persisted, rebuilt from new requests)
+    rows: deque[dict[str, Counts]] = field(default_factory=lambda: deque(maxlen=SAMPLES))
 
     def arm(self, name: str) -> Arm:
         found = self.arms.get(name)
@@ -679,22 +688,35 @@ class Engine:
             self._changed()
 
     def observe_replayed(
-        self, class_key: str | None, served: str, counts: dict[str, Counts]
+        self,
+        class_key: str | None,
+        served: str,
+        counts: dict[str, Counts],
+        served_counts: Counts | None = None,
     ) -> None:
         """Add what other variants would have drafted and accepted on a request that
         ``served`` answered (replayed from its tokens, ``tuner.tuning.shadow``): counts
         evidence for each of them in the class and its parents. Ignored when speedups
-        come from timing (a replay has no time)."""
-        if self.config.guard.speedup_from != "counts" or not self.config.guard.replay:
+        come from timing (a replay has no time). With ``guard.paired``, the request's
+        counts under every variant (``served_counts``: the server's own) are also kept
+        together as one row, for comparing two variants on the same requests."""
+        guard = self.config.guard
+        if guard.speedup_from != "counts" or not guard.replay:
             return
         key = class_key or ROOT
+        row = {
+            name: found
+            for name, found in counts.items()
+            if name != served and name in self.variants and name != BASELINE.name
+        }
         with self._lock:
             self._replays += 1
             for level in levels(key):
                 state = self._state(level)
-                for name, found in counts.items():
-                    if name != served and name in self.variants and name != BASELINE.name:
-                        state.arm(name).add_replayed(found)
+                for name, found in row.items():
+                    state.arm(name).add_replayed(found)
+                if guard.paired and served_counts is not None and served in self.variants:
+                    state.rows.append({**row, served: served_counts})
             changed = self._decide_all(key)
         if changed:
             self._changed()
@@ -1098,9 +1120,36 @@ class Engine:
                 incumbents.append(root.policy.variant)
         for name in incumbents:
             held = clearing.get(name)
-            if best is not None and held is not None and best[2].low <= held[2].value:
+            if (
+                best is not None
+                and held is not None
+                and not self._clearly_better(state, best, held)
+            ):
                 best = held
         return best, best_any
+
+    def _clearly_better(
+        self,
+        state: ClassState,
+        best: tuple[float, str, Interval, Arm],
+        held: tuple[float, str, Interval, Arm],
+    ) -> bool:
+        """Whether to leave the held variant for the best one: the best one's lower bound
+        lies above the held one's speedup, or, with ``guard.paired`` and enough requests
+        replayed under both, the best one ran faster than the held one on the same
+        requests (the paired interval's lower end above 1). Caller holds the lock."""
+        if best[1] == held[1]:
+            return True
+        if self.config.guard.paired:
+            a, b = best[1], held[1]
+            recent = list(state.rows)[-self.config.guard.drift_window :]
+            pairs = [(row[a], row[b]) for row in recent if a in row and b in row]
+            if len(pairs) >= self.config.budget.min_trial_requests:
+                costs = self._costs([a, b])
+                found = paired_speedup(pairs, costs[a][0], costs[b][0], self.z)
+                if found is not None:
+                    return found.low > self.config.guard.min_gain
+        return best[2].low > held[2].value
 
     def _stateful_leader(self) -> str:
         """The variant of a stateful spec type (``STATEFUL``) that has served the most
