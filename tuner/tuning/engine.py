@@ -93,7 +93,10 @@ Decisions, per class:
   served the most requests of all traffic (``"served"``; ``STATEFUL``: that drafter's
   table, one per instance, learns from every answer it serves, so traffic spread over
   several such instances leaves each table colder) or the variant the root's policy
-  runs (``"root"``: chosen on all traffic, the most evidence). A policy is settled when
+  runs (``"root"``: chosen on all traffic, the most evidence). With ``guard.paired``, the
+  test for leaving a held variant is paired instead: on the class's last ``drift_window``
+  requests replayed under both, the other ran ``min_gain`` faster (``_clearly_better``;
+  the spread between prompts cancels in the pairs). A policy is settled when
   it rests on evidence or a verdict: a variant measured to clear the guard, every measured
   variant slower than baseline, a kill-switch verdict, or a finished search. A class whose
   own policy is not settled is served, until it has finished a trial of its own, by the nearest
