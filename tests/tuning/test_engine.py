@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.tuning.sim import CODE, HELP, PROSE, SimUpstream, config, drive, make, schedule, truth
 from tuner.model.envelope import cost_model
 from tuner.tuning.config import Budget, Guard, Override
-from tuner.tuning.engine import Arm, Decision
+from tuner.tuning.engine import Arm, Decision, Engine
 from tuner.tuning.state import load_policies, save_policies
 from tuner.upstream.capabilities import Capabilities, parse_capabilities
 
@@ -531,17 +532,23 @@ LEADER, RUNNER_UP = "ngram-mod.match24.max16", "ngram-mod.match12.max16"
 TEXT = "text/echo/greedy"
 
 
+def _two_mod_variants(tmp_path: Path, caps: Capabilities, **guard: Any) -> Engine:
+    """An engine searching only ``LEADER`` and ``RUNNER_UP``, with these guard settings."""
+    cfg = config(explore_share=0.3)
+    search = {"ngram-mod": {"n_match": [12, 24], "n_max": [16]}}
+    update = {"guard": cfg.guard.model_copy(update=guard), "search": search}
+    engine = make(tmp_path, cfg.model_copy(update=update), caps)
+    assert set(engine.variants) == {"none", LEADER, RUNNER_UP}
+    return engine
+
+
 def _served(
     tmp_path: Path, caps: Capabilities, consolidate: str, runner_up: float, seed: int
 ) -> str:
     """The variant ``TEXT`` serves after 1,200 requests when ``CODE`` (three quarters of
     them) is fastest on ``LEADER`` and ``TEXT`` runs ``LEADER`` at 1.50x and ``RUNNER_UP`` at
     ``runner_up``; every answer of either replays the other (as the counterfactual does)."""
-    cfg = config(explore_share=0.3)
-    guard = cfg.guard.model_copy(update={"consolidate": consolidate})
-    search = {"ngram-mod": {"n_match": [12, 24], "n_max": [16]}}
-    engine = make(tmp_path, cfg.model_copy(update={"guard": guard, "search": search}), caps)
-    assert set(engine.variants) == {"none", LEADER, RUNNER_UP}
+    engine = _two_mod_variants(tmp_path, caps, consolidate=consolidate)
     truths = {
         CODE: {LEADER: 1.6, RUNNER_UP: 1.2},
         TEXT: {LEADER: 1.5, RUNNER_UP: runner_up},
@@ -600,13 +607,10 @@ def _requests_to_switch(
     """Requests after which ``CODE`` leaves ``RUNNER_UP`` (faster on its first 20 requests)
     for ``LEADER`` (about 10 % faster on every later one, or as fast with ``equal``, where
     prompts scatter widely); 400 if it never does."""
-    first = 20
     import random
 
-    cfg = config(explore_share=0.3)
-    guard = cfg.guard.model_copy(update={"paired": paired})
-    search = {"ngram-mod": {"n_match": [12, 24], "n_max": [16]}}
-    engine = make(tmp_path, cfg.model_copy(update={"guard": guard, "search": search}), caps)
+    first = 20
+    engine = _two_mod_variants(tmp_path, caps, paired=paired)
     sim = _SharedPrompts({CODE: {}}, cost=0.3, seed=seed)
     rng = random.Random(seed)
     for i in range(420):

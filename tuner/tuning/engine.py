@@ -118,6 +118,7 @@ Decisions, per class:
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 import threading
@@ -1138,14 +1139,15 @@ class Engine:
         held: tuple[float, str, Interval, Arm],
     ) -> bool:
         """Whether to leave the held variant for the best one: the best one's lower bound
-        lies above the held one's speedup, or, with ``guard.paired`` and enough requests
-        replayed under both, the best one ran faster than the held one on the same
-        requests (the paired interval's lower end above 1). Caller holds the lock."""
+        lies above the held one's speedup, or, with ``guard.paired`` and enough of the
+        class's last ``drift_window`` requests replayed under both, the best one ran
+        ``min_gain`` faster than the held one on them (the paired interval's lower end).
+        Caller holds the lock."""
         if best[1] == held[1]:
             return True
         if self.config.guard.paired:
             a, b = best[1], held[1]
-            recent = list(state.rows)[-self.config.guard.drift_window :]
+            recent = itertools.islice(reversed(state.rows), self.config.guard.drift_window)
             pairs = [(row[a], row[b]) for row in recent if a in row and b in row]
             if len(pairs) >= self.config.budget.min_trial_requests:
                 costs = self._costs([a, b])
