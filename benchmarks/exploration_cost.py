@@ -30,13 +30,13 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from benchmarks.common import run_main, usable
+from benchmarks.common import run_main, seconds, usable
 
 DAEMONS = ("tuner", "challenger")
 
 
 def _speed(row: dict[str, Any]) -> float:
-    return float(row["tokens"]) / float(row["ms"])
+    return float(row["tokens"]) / (seconds(row) * 1000.0)
 
 
 def baselines(rows: Iterable[dict[str, Any]]) -> dict[str, float]:
@@ -80,10 +80,6 @@ def occurrences(rows: Iterable[dict[str, Any]], arm: str) -> dict[str, list[floa
     return found
 
 
-def _seconds(row: dict[str, Any]) -> float:
-    return float(row["ms"]) / 1000.0
-
-
 Priced = list[tuple[dict[str, Any], float, float]]  # (row, speed, static ratio)
 
 
@@ -93,7 +89,7 @@ def _losses(priced: Priced, key: Callable[[dict[str, Any]], str | None]) -> dict
     by: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
     for row, speed, static in priced:
         if (group := key(row)) is not None:
-            by[group].append((speed, static, _seconds(row)))
+            by[group].append((speed, static, seconds(row)))
     return {
         group: {
             "requests": len(pairs),
@@ -178,8 +174,8 @@ def exploration_cost(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "speed_over_static": round(statistics.fmean(s / t for _, s, t in priced), 3),
             # the static arm's decode time for these requests over theirs: tokens per second
             "time_over_static": round(
-                sum(_seconds(r) * s / t for r, s, t in priced)
-                / sum(_seconds(r) for r, _, _ in priced),
+                sum(seconds(r) * s / t for r, s, t in priced)
+                / sum(seconds(r) for r, _, _ in priced),
                 3,
             ),
             "roles": _roles(priced),

@@ -21,6 +21,12 @@ Names follow Prometheus conventions (``_total`` counters, base units in seconds)
                                                   gave the server's drafted/accepted counts
     tuner_counterfactual_mod_accepted_total{source}  on requests an ngram-mod variant served:
                                                   accepted tokens simulated and served
+    tuner_counterfactual_offered_total, tuner_counterfactual_pending
+                                                  answered requests offered for replay, and
+                                                  replays queued or running
+    tuner_counterfactual_warms_total, tuner_counterfactual_warm_seconds_total
+                                                  prompt-only requests feeding answers to other
+                                                  ngram-mod instances ([guard] warm_tables)
 """
 
 from __future__ import annotations
@@ -143,6 +149,22 @@ class _CounterfactualCollector(Collector):
         mod.add_metric(["simulated"], c.mod_simulated)
         mod.add_metric(["served"], c.mod_served)
         yield mod
+        # offered before pending: a reader that sees an offer sees its job (``submit``)
+        yield CounterMetricFamily(
+            "tuner_counterfactual_offered", "Answered requests offered for replay (taken or "
+            "not)", value=c.offered,
+        )  # fmt: skip
+        yield GaugeMetricFamily(
+            "tuner_counterfactual_pending", "Replays queued or running", value=c.pending
+        )
+        yield CounterMetricFamily(
+            "tuner_counterfactual_warms", "Prompt-only requests that fed an answer to an "
+            "ngram-mod instance that did not serve it ([guard] warm_tables)", value=c.warms,
+        )  # fmt: skip
+        yield CounterMetricFamily(
+            "tuner_counterfactual_warm_seconds", "... and the seconds they took",
+            value=c.warm_seconds,
+        )  # fmt: skip
 
 
 class Metrics:

@@ -15,7 +15,7 @@ from tests.tuning.sim import CODE, HELP, SimUpstream, config, make
 from tuner.proxy.app import create_app
 from tuner.records import RecordStore, RequestRecord, Timings
 from tuner.tuning.counterfactual import Counterfactual
-from tuner.tuning.engine import Arm, Decision, Engine
+from tuner.tuning.engine import Arm, Decision, Engine, Policy
 from tuner.tuning.service import TuningService
 from tuner.tuning.shadow import EXACT, REPLAYABLE, ModDrafter, replay_simple
 from tuner.upstream.capabilities import Capabilities, parse_capabilities
@@ -221,10 +221,20 @@ def _words(text: str) -> list[int]:
     return [sum(map(ord, w)) % 997 for w in text.split()]
 
 
-def _transport(calls: list[tuple[str, dict[str, object]]]) -> httpx.MockTransport:
+def _transport(
+    calls: list[tuple[str, dict[str, object]]], loaded: tuple[str, ...] = ()
+) -> httpx.MockTransport:
+    """The fake router: ``loaded`` are the presets ``GET /models`` says are loaded."""
+
     def handle(request: httpx.Request) -> httpx.Response:
-        body = json.loads(request.content)
+        body = json.loads(request.content) if request.content else {}
         calls.append((request.url.path, body))
+        if request.url.path == "/models":
+            data = [{"id": name, "status": {"value": "loaded"}} for name in loaded]
+            data.append({"id": "cold", "status": {"value": "unloaded"}})
+            return httpx.Response(200, json={"data": data})
+        if request.url.path == "/completion":
+            return httpx.Response(200, json={"content": "x", "timings": {"prompt_n": 9}})
         if request.url.path == "/apply-template":
             text = " ".join(m["content"] for m in body["messages"])
             return httpx.Response(200, json={"prompt": "<bos> " + text})
@@ -330,6 +340,60 @@ def test_a_lookup_length_the_drafter_cannot_model_is_not_replayed(
     assert sorted(replayer.mod) == ["ngram-mod.match12.max16"]
 
 
+def _exploiting(engine: Engine, key: str, variant: str) -> None:
+    """Make ``variant`` the settled policy a class serves (as a finished search leaves it)."""
+    state = engine._state(key)
+    state.seen = 40
+    arm = state.arms.setdefault(variant, Arm())
+    for _ in range(engine.config.budget.min_class_requests):
+        arm.add(60.0, 64, 20, 10)
+    state.policy = Policy(class_key=key, variant=variant, speculation=True, reason="test",
+                          settled=True, requests=40)  # fmt: skip
+
+
+def test_with_warm_tables_other_instances_some_class_exploits_learn_each_answer(
+    tmp_path: Path, caps: Capabilities, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``warm_tables``: after a request, its prompt and answer go as one prompt-only request
+    (n_predict 1) to each loaded ngram-mod instance some class exploits, not to the one
+    that served it, not to one no class exploits, and never load an instance."""
+    cfg = config()
+    cfg = cfg.model_copy(update={"guard": cfg.guard.model_copy(update={"warm_tables": True})})
+    engine = make(tmp_path, cfg, caps)
+    mods = sorted(k for k, v in engine.variants.items() if v.spec_type == "ngram-mod")
+    exploited, idle, unloaded = mods[0], mods[1], mods[2]
+    _exploiting(engine, CODE, exploited)
+    _exploiting(engine, "text/echo/greedy", unloaded)
+    _exploiting(engine, "chat/fresh/greedy", "ngram-simple.n3.m16")  # not stateful
+    assert engine.warm_targets("none") == sorted([exploited, unloaded])
+    assert engine.warm_targets(exploited) == [unloaded]
+    # the replay re-decides the classes on its counts: hold the targets found above
+    monkeypatch.setattr(engine, "warm_targets", lambda served: [
+        v for v in (exploited, unloaded) if v != served])  # fmt: skip
+    calls: list[tuple[str, dict[str, object]]] = []
+    replayer = Counterfactual(engine, "http://fake", transport=_transport(calls, (exploited, idle)))
+    body = {"prompt": "say the words", "max_tokens": 64}
+    answer = "w1 w2 w3 w4"
+    record = _record("none", n=4).model_copy(update={"endpoint": "/v1/completions"})
+    replayer.replay(record, "/v1/completions", body, answer)
+    warms = [c for c in calls if c[0] == "/completion"]
+    assert len(warms) == 1 and replayer.warms == 1 and replayer.warm_seconds > 0
+    assert warms[0][1] == {"model": exploited, "prompt": _words("say the words w1 w2 w3 w4"),
+                           "n_predict": 1, "temperature": 0.0}  # fmt: skip
+    # served by the exploited instance: its table saw the answer, nothing to feed
+    calls.clear()
+    replayer.replay(record.model_copy(update={"variant": exploited}), "/v1/completions", body,
+                    answer)  # fmt: skip
+    assert [c[0] for c in calls if c[0] in ("/models", "/completion")] == ["/models"]
+    # off (the default): no /models, no warming
+    calls.clear()
+    off = Counterfactual(make(tmp_path / "off", config(), caps), "http://fake",
+                         transport=_transport(calls, (exploited,)))  # fmt: skip
+    _exploiting(off.engine, CODE, exploited)
+    off.replay(record, "/v1/completions", body, answer)
+    assert not [c for c in calls if c[0] in ("/models", "/completion")] and off.warms == 0
+
+
 def test_the_replayer_runs_off_thread_and_drops_when_full(
     tmp_path: Path, caps: Capabilities
 ) -> None:
@@ -343,12 +407,15 @@ def test_the_replayer_runs_off_thread_and_drops_when_full(
     assert replayer.dropped == 1
     assert not replayer.submit(record.model_copy(update={"status": 500}), "/v1/completions",
                                body, "x")  # fmt: skip
+    assert not replayer.submit(record, "/v1/completions", body, "")  # an empty answer
+    # every answered request is counted as offered, taken or not (the bench waits on these)
+    assert (replayer.offered, replayer.pending) == (4, 1)
     replayer.open()
     deadline = time.monotonic() + 5
     while replayer.done < 1 and time.monotonic() < deadline:
         time.sleep(0.01)
     replayer.close()
-    assert replayer.done == 1 and replayer.failed == 0
+    assert replayer.done == 1 and replayer.failed == 0 and replayer.pending == 0
     assert [c[0] for c in calls] == ["/tokenize", "/tokenize"]  # no template for completions
     assert engine.classes[CODE].arms["ngram-simple.n3.m16"].replayed == 1
 

@@ -71,9 +71,10 @@ class Measured:
 
     @classmethod
     def of(cls, row: Mapping[str, Any]) -> Measured:
+        # a daemon's table-warming requests (``warm_ms``) are charged to the request
         return cls(
             float(row["tokens"]),
-            float(row["ms"]) / 1000.0,
+            (float(row["ms"]) + float(row.get("warm_ms") or 0.0)) / 1000.0,
             float(row.get("drafted") or 0),
             float(row.get("accepted") or 0),
         )

@@ -336,10 +336,13 @@ async def run_bench(
             )
         timeout = settings.request_timeout_s
         http = await stack.enter_async_context(httpx.AsyncClient(timeout=timeout))
+        quiet = _Quiet(http, urls)
         with rows_path.open("w") as sink:
             started = time.monotonic()
             for number, step in enumerate(steps, 1):
                 row = await _one(http, step, items, item_classes, urls, options)
+                if step.arm in (TUNER, CHALLENGER) and not row.get("error"):
+                    await quiet.wait(step.arm, row)
                 rows.append(row)
                 sink.write(json.dumps(row) + "\n")
                 sink.flush()
@@ -413,6 +416,61 @@ async def _one(
     except (httpx.HTTPError, UpstreamError, ValueError) as exc:
         row["error"] = str(exc) or type(exc).__name__
     return row
+
+
+class _Quiet:
+    """After a daemon's request, wait until its background replays are done, so that they
+    never run beside another arm's request, and charge it what they spent warming tables.
+
+    Reads the daemon's ``/metrics``: done once ``tuner_counterfactual_offered_total`` has
+    counted every answered request sent and ``tuner_counterfactual_pending`` is 0 (a daemon
+    without replays has neither: nothing to wait for). ``row["warm_ms"]``: the seconds
+    its ``[guard] warm_tables`` requests took since the last one, in ms (``Measured.of``
+    adds them to the request's decode time).
+    """
+
+    TIMEOUT_S = 10.0
+
+    def __init__(self, http: httpx.AsyncClient, urls: Mapping[str, str]) -> None:
+        self.http = http
+        self.urls = urls
+        self.answered: dict[str, int] = {}
+        self.warm_s: dict[str, float] = {}
+
+    async def wait(self, arm: str, row: dict[str, Any]) -> None:
+        answered = self.answered[arm] = self.answered.get(arm, 0) + 1
+        deadline = time.monotonic() + self.TIMEOUT_S
+        while True:
+            found = await self._read(arm)
+            if found is None:
+                return
+            offered, pending, warm_s = found
+            if (offered >= answered and pending == 0) or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.02)
+        spent = warm_s - self.warm_s.get(arm, 0.0)
+        self.warm_s[arm] = warm_s
+        if spent > 0:
+            row["warm_ms"] = round(spent * 1000, 1)
+
+    async def _read(self, arm: str) -> tuple[float, float, float] | None:
+        try:
+            text = (await self.http.get(self.urls[arm] + "/metrics")).text
+        except httpx.HTTPError:
+            return None
+        values: dict[str, float] = {}
+        for line in text.splitlines():
+            name, _, value = line.partition(" ")
+            if name.startswith("tuner_counterfactual_"):
+                with contextlib.suppress(ValueError):
+                    values[name] = float(value)
+        if "tuner_counterfactual_offered_total" not in values:
+            return None
+        return (
+            values["tuner_counterfactual_offered_total"],
+            values.get("tuner_counterfactual_pending", 0.0),
+            values.get("tuner_counterfactual_warm_seconds_total", 0.0),
+        )
 
 
 def _report_progress(

@@ -199,9 +199,9 @@ class _Trace:
             error=error,
         )
         if self.keep is not None and self.request_body is not None and status == 200:
-            text = answer_text(body, self.chunks)
-            if text:
-                self.keep(record, self.endpoint, self.request_body, text)
+            # every answered request is offered, an empty answer too (it is counted, not kept)
+            text = answer_text(body, self.chunks) or ""
+            self.keep(record, self.endpoint, self.request_body, text)
         self.request_body = self.chunks = None
         return record
 

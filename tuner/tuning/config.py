@@ -95,6 +95,11 @@ class Guard(_Strict):
     # lower bound lies above the held one's speedup (the spread between prompts cancels in
     # a paired comparison; measured 1.003 side by side, BENCHMARKS.md)
     paired: bool = False
+    # counts mode with replay, router: after each answered request, feed its prompt and
+    # answer (one prompt-only request, n_predict 1) to every loaded ngram-mod instance some
+    # class exploits that did not serve it, so its table learns from all traffic, as a single
+    # static instance's does (its prompt processing is charged to the request in the bench)
+    warm_tables: bool = False
 
     @field_validator("consolidate", mode="before")
     @classmethod

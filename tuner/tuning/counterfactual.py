@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,6 +90,12 @@ class Counterfactual:
         self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=queue_size)
         self._thread: threading.Thread | None = None
         self.done = self.dropped = self.failed = 0
+        # answered requests offered (taken or not), jobs queued and jobs finished: a caller
+        # that sent N requests knows the replays are done once offered >= N and none pending
+        self.offered = self.queued = self.finished = 0
+        # warming (``guard.warm_tables``): prompt-only requests sent, and their seconds
+        self.warms = 0
+        self.warm_seconds = 0.0
         # requests a replayable variant served, and those whose replay gave the server's counts
         self.checked = self.agreed = 0
         # requests an ngram-mod variant served: accepted tokens its simulation gave, and the
@@ -127,19 +134,29 @@ class Counterfactual:
         t = record.timings
         if (
             not self.enabled
+            or not text
             or record.status != 200
             or record.error
             or record.variant is None
             or t is None
             or not t.predicted_n
         ):
+            self.offered += 1
             return False
         try:
             self._queue.put_nowait(_Job(record, endpoint, body, text))
         except queue.Full:
             self.dropped += 1
+            self.offered += 1
             return False
+        self.queued += 1  # before ``offered``: a reader that sees the offer sees the job
+        self.offered += 1
         return True
+
+    @property
+    def pending(self) -> int:
+        """Jobs queued or running."""
+        return self.queued - self.finished
 
     def _run(self) -> None:
         while (job := self._queue.get()) is not None:
@@ -149,6 +166,8 @@ class Counterfactual:
             except Exception as exc:  # an upstream hiccup loses one replay, nothing else
                 self.failed += 1
                 log.info("counterfactual_failed", error=str(exc), request_id=job.record.id)
+            finally:
+                self.finished += 1
 
     def replay(self, record: RequestRecord, endpoint: str, body: dict[str, Any], text: str) -> None:
         """Tokenize one request and hand each variant's counts to the engine (blocking)."""
@@ -178,6 +197,38 @@ class Counterfactual:
             self.mod_served += t.draft_n_accepted or 0
         own = (t.predicted_n, t.draft_n or 0, t.draft_n_accepted or 0)
         self.engine.observe_replayed(record.class_key, record.variant or "", counts, own)
+        if self.router and self.engine.config.guard.warm_tables:
+            self.warm(record.variant or "", prompt + output)
+
+    def warm(self, served: str, tokens: list[int]) -> None:
+        """Feed one answered request's tokens to the loaded stateful instances some class
+        exploits that did not serve it (blocking).
+
+        llama-server's ``ngram-mod`` table takes every n-gram of a request's prompt when its
+        generation begins, so a prompt of the request's prompt and answer, with one token to
+        generate, teaches it what that answer would have. Unloaded instances are left alone
+        (a request would load one, evicting another).
+        """
+        targets = self.engine.warm_targets(served)
+        if not targets:
+            return
+        reply = self.client.get("/models")
+        reply.raise_for_status()
+        loaded = {
+            str(m.get("id"))
+            for m in reply.json().get("data", [])
+            if isinstance(m, dict) and (m.get("status") or {}).get("value") == "loaded"
+        }
+        for name in targets:
+            if name not in loaded:
+                continue
+            started = time.perf_counter()
+            request = {"model": name, "prompt": tokens, "n_predict": 1, "temperature": 0.0}
+            try:
+                self.client.post("/completion", json=request).raise_for_status()
+            finally:
+                self.warm_seconds += time.perf_counter() - started
+            self.warms += 1
 
     def _prompt(self, endpoint: str, body: dict[str, Any], model: str | None) -> list[int] | None:
         if endpoint.endswith("/chat/completions"):

@@ -691,6 +691,17 @@ class Engine:
         elif changed:
             self._changed()
 
+    def warm_targets(self, served: str) -> list[str]:
+        """The stateful variants (``STATEFUL``) some routed class exploits now, other than
+        ``served``: the instances whose tables did not see the answer ``served`` produced
+        (``guard.warm_tables``; the caller feeds them the answer)."""
+        with self._lock:
+            # the keys requests were routed to, not parent levels only (looking a parent up
+            # may add its state)
+            routed = [key for key, state in self.classes.items() if state.seen]
+            serving = {self._effective_policy(key)[1].variant for key in routed}
+        return sorted(v for v in serving if v != served and self._spec_type(v) in STATEFUL)
+
     def observe_replayed(
         self,
         class_key: str | None,
