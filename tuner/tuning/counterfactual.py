@@ -13,6 +13,17 @@ in the request's class. All of it runs on one background thread with a small que
 disk. The upstream calls are cheap next to a generation (tokenizing a few KB) and go
 to the instance that just answered.
 
+With ``[guard] warm_tables`` (router only) the same worker then feeds the request's
+prompt and answer, as one prompt-only request with one token to generate, to every
+loaded ``ngram-mod`` instance that some class exploits and that did not serve it
+(``Engine.warm_targets``): llama-server adds every n-gram of a request's prompt to that
+drafter's table when generation begins, so each table learns from all traffic, as a
+single static instance's does, not only from what its instance served. It costs that
+prompt's processing on each such instance (``warm_seconds``; the bench charges it to the
+request). A speculative instance's greedy answer need not match the plain one token for
+token (its verify batches round differently), so a fed answer is drafted back only up to
+where the two part.
+
 Tokenizing the answer's text again can differ from the ids the server sampled (a
 word split another way); ``benchmarks/shadow_check.py`` measures how often and what
 it does to the counts.

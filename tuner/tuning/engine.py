@@ -96,7 +96,9 @@ Decisions, per class:
   runs (``"root"``: chosen on all traffic, the most evidence). With ``guard.paired``, the
   test for leaving a held variant is paired instead: on the class's last ``drift_window``
   requests replayed under both, the other ran ``min_gain`` faster (``_clearly_better``;
-  the spread between prompts cancels in the pairs). A policy is settled when
+  the spread between prompts cancels in the pairs). With ``guard.warm_tables`` the replayer
+  feeds each answer to the other ``ngram-mod`` instances classes exploit
+  (``warm_targets``), so their tables learn from all traffic. A policy is settled when
   it rests on evidence or a verdict: a variant measured to clear the guard, every measured
   variant slower than baseline, a kill-switch verdict, or a finished search. A class whose
   own policy is not settled is served, until it has finished a trial of its own, by the nearest
