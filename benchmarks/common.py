@@ -25,12 +25,6 @@ def usable(row: dict[str, Any]) -> bool:
     return not row.get("error") and float(row.get("ms") or 0) > 0 and float(row["tokens"]) > 0
 
 
-def seconds(row: dict[str, Any]) -> float:
-    """A request's decode seconds, with what its daemon spent warming other instances'
-    tables for it (``warm_ms``, ``[guard] warm_tables``) charged to it."""
-    return (float(row["ms"]) + float(row.get("warm_ms") or 0.0)) / 1000.0
-
-
 def emit(result: dict[str, Any], out: Path | None, *, quiet: bool = False) -> None:
     """Print the result as JSON (unless quiet) and write it to ``out`` when given."""
     text = json.dumps(result, indent=2)

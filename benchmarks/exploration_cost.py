@@ -30,7 +30,8 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from benchmarks.common import run_main, seconds, usable
+from benchmarks.common import run_main, usable
+from tuner.bench.analyse import charged_seconds as seconds
 
 DAEMONS = ("tuner", "challenger")
 

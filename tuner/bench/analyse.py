@@ -60,6 +60,12 @@ class FinalPolicy:
     reason: str = ""
 
 
+def charged_seconds(row: Mapping[str, Any]) -> float:
+    """A request row's decode seconds, with what its daemon spent warming other instances'
+    tables for it (``warm_ms``, ``[guard] warm_tables``) charged to it."""
+    return (float(row["ms"]) + float(row.get("warm_ms") or 0.0)) / 1000.0
+
+
 @dataclass(frozen=True, slots=True)
 class Measured:
     """Tokens, decode seconds and draft counts of one request (or an item's mean)."""
@@ -71,10 +77,9 @@ class Measured:
 
     @classmethod
     def of(cls, row: Mapping[str, Any]) -> Measured:
-        # a daemon's table-warming requests (``warm_ms``) are charged to the request
         return cls(
             float(row["tokens"]),
-            (float(row["ms"]) + float(row.get("warm_ms") or 0.0)) / 1000.0,
+            charged_seconds(row),
             float(row.get("drafted") or 0),
             float(row.get("accepted") or 0),
         )

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from tuner.atomic import write_atomic
 from tuner.bench.analyse import FinalPolicy, summarize
@@ -456,14 +457,14 @@ class _Quiet:
     async def _read(self, arm: str) -> tuple[float, float, float] | None:
         try:
             text = (await self.http.get(self.urls[arm] + "/metrics")).text
-        except httpx.HTTPError:
+            values = {
+                sample.name: sample.value
+                for family in text_string_to_metric_families(text)
+                if family.name.startswith("tuner_counterfactual_")
+                for sample in family.samples
+            }
+        except (httpx.HTTPError, ValueError):
             return None
-        values: dict[str, float] = {}
-        for line in text.splitlines():
-            name, _, value = line.partition(" ")
-            if name.startswith("tuner_counterfactual_"):
-                with contextlib.suppress(ValueError):
-                    values[name] = float(value)
         if "tuner_counterfactual_offered_total" not in values:
             return None
         return (
