@@ -71,3 +71,24 @@ def test_errors_are_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFi
     assert main(["classify", str(bad)]) == 2
     assert capsys.readouterr().err.startswith("tuner: error:")
     assert main(["inspect", str(bad)]) == 2
+
+
+def test_a_reader_that_stops_early_is_not_an_error(tmp_path: Path) -> None:
+    """``tuner classify FILE | head -1``: the closed pipe ends the command quietly."""
+    import subprocess
+    import sys
+
+    workload = tmp_path / "w.jsonl"
+    row = json.dumps({"id": "a", "prompt": "Why is the sky blue? " * 20})
+    workload.write_text((row + "\n") * 2000)  # far more output than a pipe buffers
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tuner", "classify", str(workload), "--format", "jsonl"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    assert json.loads(proc.stdout.readline())["id"] == "a"
+    proc.stdout.close()
+    with proc.stderr:
+        err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141
+    assert "Traceback" not in err and "BrokenPipe" not in err
