@@ -143,26 +143,25 @@ class Counterfactual:
     def submit(self, record: RequestRecord, endpoint: str, body: dict[str, Any], text: str) -> bool:
         """Queue one answered request (any thread; never blocks). False when not taken."""
         t = record.timings
-        if (
-            not self.enabled
-            or not text
-            or record.status != 200
-            or record.error
-            or record.variant is None
-            or t is None
-            or not t.predicted_n
-        ):
-            self.offered += 1
-            return False
-        try:
-            self._queue.put_nowait(_Job(record, endpoint, body, text))
-        except queue.Full:
-            self.dropped += 1
-            self.offered += 1
-            return False
-        self.queued += 1  # before ``offered``: a reader that sees the offer sees the job
-        self.offered += 1
-        return True
+        taken = bool(
+            self.enabled
+            and text
+            and record.status == 200
+            and not record.error
+            and record.variant is not None
+            and t is not None
+            and t.predicted_n
+        )
+        if taken:
+            self.queued += 1  # before the put: the worker's ``finished`` never overtakes it
+            try:
+                self._queue.put_nowait(_Job(record, endpoint, body, text))
+            except queue.Full:
+                self.queued -= 1
+                self.dropped += 1
+                taken = False
+        self.offered += 1  # last: a reader that sees the offer sees its job
+        return taken
 
     @property
     def pending(self) -> int:
