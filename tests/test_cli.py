@@ -1,8 +1,10 @@
-"""The CLI commands, called as functions with argv (no subprocess)."""
+"""The CLI commands, called as functions with argv (and once as a process, for its pipe)."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -75,9 +77,6 @@ def test_errors_are_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFi
 
 def test_a_reader_that_stops_early_is_not_an_error(tmp_path: Path) -> None:
     """``tuner classify FILE | head -1``: the closed pipe ends the command quietly."""
-    import subprocess
-    import sys
-
     workload = tmp_path / "w.jsonl"
     row = json.dumps({"id": "a", "prompt": "Why is the sky blue? " * 20})
     workload.write_text((row + "\n") * 2000)  # far more output than a pipe buffers

@@ -15,6 +15,11 @@ ROOT = Path(__file__).resolve().parents[2]
 SYSTEM = "You are a careful assistant. Answer directly."
 
 
+def chat_messages(prompt: str) -> list[dict[str, str]]:
+    """A prompt in chat form: the system message, then the prompt as the user's turn."""
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}]
+
+
 def main() -> None:
     rows = [json.loads(line) for line in (ROOT / "tuner/data/dev.jsonl").read_text().splitlines()]
     first_of_kind: dict[str, dict[str, object]] = {}
@@ -24,10 +29,7 @@ def main() -> None:
     for row in first_of_kind.values():
         chat = {k: v for k, v in row.items() if k != "prompt"}
         chat["id"] = f"{row['id']}-chat"
-        chat["messages"] = [
-            {"role": "system", "content": SYSTEM},
-            {"role": "user", "content": row["prompt"]},
-        ]
+        chat["messages"] = chat_messages(str(row["prompt"]))
         sampled = dict(row, id=f"{row['id']}-sampled", temperature=0.8, seed=7)
         out += [chat, sampled]
     path = Path(__file__).with_name("dev.jsonl")

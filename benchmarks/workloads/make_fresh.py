@@ -9,7 +9,7 @@ summarizing with quotes, prose, chat questions, math, list continuation), 65 of 
 random names, numbers and code, so prompts of a kind share their shape but never their
 text. Of each kind's 65, 13 are sent in chat form (a system message and the prompt as the
 user's turn) and 13 sampled (temperature 0.8, a fixed seed per item); the rest are greedy
-completions. Deterministic: ``python benchmarks/workloads/make_fresh.py [--seed 0]``.
+completions. Deterministic: ``python -m benchmarks.workloads.make_fresh [--seed 0]``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
-SYSTEM = "You are a careful assistant. Answer directly."
+from benchmarks.workloads.make_dev import chat_messages
+
 PER_KIND = 65
 CHAT, SAMPLED = 13, 13  # of each kind's PER_KIND
 
@@ -189,30 +190,27 @@ def code_edit(rng: random.Random) -> str:
     return f"{task}\n\n{body}\n\nRewritten:\n\n"
 
 
+# (what the function does, its name, its arguments, what fills {x})
 CODE_TASKS = [
-    ("returns the n-th {x} number iteratively", "nth_{x}", "n"),
-    ("checks whether a string is a palindrome, ignoring {x}", "is_palindrome", "text"),
-    ("counts how often each {x} occurs in a list", "count_{x}s", "values"),
-    ("merges two sorted lists of {x}s into one sorted list", "merge_{x}s", "left, right"),
-    ("parses a line of {x}-separated values, honouring quotes", "parse_line", "line"),
-    ("returns the {x} largest values of a list", "top_{x}", "values"),
-    ("retries a call up to {x} times with exponential backoff", "retry", "fn"),
-    ("groups a list of records by their {x} field", "group_by_{x}", "records"),
-    ("flattens a nested list up to depth {x}", "flatten", "items"),
-    ("converts a duration in {x} into a human-readable string", "format_{x}", "amount"),
-]
-CODE_FILL = {
-    "returns the n-th {x} number iteratively": ["Fibonacci", "Lucas", "triangular", "Catalan"],
-    "checks whether a string is a palindrome, ignoring {x}": ["case", "spaces", "punctuation"],
-    "counts how often each {x} occurs in a list": ["word", "letter", "tag", "status"],
-    "merges two sorted lists of {x}s into one sorted list": ["integer", "date", "name"],
-    "parses a line of {x}-separated values, honouring quotes": ["comma", "tab", "semicolon"],
-    "returns the {x} largest values of a list": ["three", "five", "ten"],
-    "retries a call up to {x} times with exponential backoff": ["three", "five", "eight"],
-    "groups a list of records by their {x} field": ["city", "owner", "category", "year"],
-    "flattens a nested list up to depth {x}": ["two", "three", "four"],
-    "converts a duration in {x} into a human-readable string": ["seconds", "minutes", "days"],
-}
+    ("returns the n-th {x} number iteratively", "nth_{x}", "n",
+     ["Fibonacci", "Lucas", "triangular", "Catalan"]),
+    ("checks whether a string is a palindrome, ignoring {x}", "is_palindrome", "text",
+     ["case", "spaces", "punctuation"]),
+    ("counts how often each {x} occurs in a list", "count_{x}s", "values",
+     ["word", "letter", "tag", "status"]),
+    ("merges two sorted lists of {x}s into one sorted list", "merge_{x}s", "left, right",
+     ["integer", "date", "name"]),
+    ("parses a line of {x}-separated values, honouring quotes", "parse_line", "line",
+     ["comma", "tab", "semicolon"]),
+    ("returns the {x} largest values of a list", "top_{x}", "values", ["three", "five", "ten"]),
+    ("retries a call up to {x} times with exponential backoff", "retry", "fn",
+     ["three", "five", "eight"]),
+    ("groups a list of records by their {x} field", "group_by_{x}", "records",
+     ["city", "owner", "category", "year"]),
+    ("flattens a nested list up to depth {x}", "flatten", "items", ["two", "three", "four"]),
+    ("converts a duration in {x} into a human-readable string", "format_{x}", "amount",
+     ["seconds", "minutes", "days"]),
+]  # fmt: skip
 LANGS = [
     ("Python", "#", "def {name}({args}):"),
     ("JavaScript", "//", "function {name}({args}) {{"),
@@ -222,8 +220,8 @@ LANGS = [
 
 
 def code_gen(rng: random.Random) -> str:
-    desc, name, args = rng.choice(CODE_TASKS)
-    x = rng.choice(CODE_FILL[desc])
+    desc, name, args, fills = rng.choice(CODE_TASKS)
+    x = rng.choice(fills)
     lang, comment, head = rng.choice(LANGS)
     ident = name.format(x=x.lower().replace(" ", "_"))
     return (
@@ -437,10 +435,7 @@ def workload(seed: int = 0) -> list[dict[str, object]]:
             }
             if made < CHAT:
                 row["id"] = f"{row['id']}-chat"
-                row["messages"] = [
-                    {"role": "system", "content": SYSTEM},
-                    {"role": "user", "content": prompt},
-                ]
+                row["messages"] = chat_messages(prompt)
             elif made < CHAT + SAMPLED:
                 row.update(id=f"{row['id']}-sampled", prompt=prompt, temperature=0.8, seed=made)
             else:
