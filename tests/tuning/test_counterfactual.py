@@ -191,6 +191,35 @@ def test_pooled_controls_stop_once_all_traffic_has_a_baseline(
         assert policy is not None and policy.variant == "ngram-simple.n6.m16", found
 
 
+def test_pooled_controls_let_a_class_choose_on_its_own_replays(
+    tmp_path: Path, caps: Capabilities
+) -> None:
+    """A small class under a busy parent, at the shipped budget: without a baseline of its
+    own (two controls, which a 1 % budget seldom buys) its replayed counts measure nothing
+    and it is served the parent's variant, which is slow for it; with ``controls_pooled``
+    its counts are priced at its nearest level's baseline, so it runs its own best."""
+    busy, small = "text/echo/greedy", "text/fresh/greedy"
+    served = {}
+    for pooled in (False, True):
+        cfg = config()
+        guard = cfg.guard.model_copy(update={"controls_pooled": pooled})
+        engine = make(tmp_path / str(pooled), cfg.model_copy(update={"guard": guard}), caps)
+        names = [k for k, v in engine.variants.items() if v.spec_type in REPLAYABLE]
+        parents_best, own_best = names[0], names[1]
+        gains = {
+            busy: dict.fromkeys(names, 1.2) | {parents_best: 1.6},
+            small: dict.fromkeys(names, 1.05) | {parents_best: 0.9, own_best: 1.5},
+        }
+        sim = SimUpstream(gains, seed=5)
+        _drive(engine, sim, [busy] * 120, REPLAYABLE)
+        plan = [busy, small] * 40
+        decisions = _drive(engine, sim, plan, REPLAYABLE)
+        served[pooled] = [d.variant for k, d in zip(plan, decisions, strict=True) if k == small]
+    late = {pooled: variants[-10:] for pooled, variants in served.items()}
+    assert late[False].count(parents_best) >= 8, served
+    assert late[True].count(own_best) >= 8 and parents_best not in late[True], served
+
+
 def test_replays_are_ignored_when_speedups_come_from_timing(
     tmp_path: Path, caps: Capabilities
 ) -> None:
