@@ -93,9 +93,7 @@ def test_a_warmed_instance_drafts_from_an_answer_another_instance_served(
     to a target that is not loaded. Asked the same prompt, ``WARMED`` drafts and accepts
     exactly what a simulated table fed that prompt and answer first gives, which is not
     what a cold table gives (``COLD``, same settings, is that)."""
-    cfg = config()
-    cfg = cfg.model_copy(update={"guard": cfg.guard.model_copy(update={"warm_tables": True})})
-    engine = make(tmp_path, cfg, parse_capabilities(HELP.read_text()))
+    engine = make(tmp_path, config({"warm_tables": True}), parse_capabilities(HELP.read_text()))
     assert WARMED in engine.variants
     monkeypatch.setattr(engine, "warm_targets", lambda served: [WARMED, UNLOADED])
     replayer = Counterfactual(engine, router)

@@ -6,6 +6,7 @@ import math
 import random
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from tuner.records import RequestRecord, Timings
 from tuner.tuning.config import TuningConfig, load_tuning
@@ -19,9 +20,13 @@ HELP = Path(__file__).parents[1] / "upstream" / "data" / "help-0c1e570.txt"
 CODE, PROSE = "code/echo/greedy", "prose/fresh/sampled"
 
 
-def config(**budget: float) -> TuningConfig:
+def config(guard: Mapping[str, Any] | None = None, **budget: float) -> TuningConfig:
+    """The shipped tuning file with these ``[budget]`` values and ``[guard]`` settings."""
     base = load_tuning()
-    return base.model_copy(update={"budget": base.budget.model_copy(update=budget)})
+    update: dict[str, Any] = {"budget": base.budget.model_copy(update=budget)}
+    if guard:
+        update["guard"] = base.guard.model_copy(update=dict(guard))
+    return base.model_copy(update=update)
 
 
 def truth(variants: list[Variant]) -> dict[str, dict[str, float]]:

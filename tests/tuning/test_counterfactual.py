@@ -90,9 +90,8 @@ def test_variants_that_replays_measure_exactly_get_no_trials(
     plan = keys * 60
     found = {}
     for trial_replayed in (False, True):
-        cfg = config(explore_share=0.1)
-        guard = cfg.guard.model_copy(update={"trial_replayed": trial_replayed})
-        engine = make(tmp_path / str(trial_replayed), cfg.model_copy(update={"guard": guard}), caps)
+        cfg = config({"trial_replayed": trial_replayed}, explore_share=0.1)
+        engine = make(tmp_path / str(trial_replayed), cfg, caps)
         gains = {n: 0.9 for n, v in engine.variants.items() if v.speculative}
         gains |= {n: 1.2 for n, v in engine.variants.items() if v.spec_type in REPLAYABLE}
         gains["ngram-simple.n6.m16"] = 1.6
@@ -118,10 +117,8 @@ def test_a_search_that_asks_only_for_measured_variants_is_over(
 ) -> None:
     """With only exactly replayed types in the space every ask after the first trial is
     told at once: the search ends after that one trial, on the best replayed variant."""
-    cfg = config(explore_share=0.3)
-    guard = cfg.guard.model_copy(update={"trial_replayed": False})
-    search = {t: cfg.search[t] for t in sorted(EXACT)}
-    cfg = cfg.model_copy(update={"search": search, "guard": guard})
+    cfg = config({"trial_replayed": False}, explore_share=0.3)
+    cfg = cfg.model_copy(update={"search": {t: cfg.search[t] for t in sorted(EXACT)}})
     engine = make(tmp_path, cfg, caps)
     gains = {n: 1.2 for n, v in engine.variants.items() if v.speculative}
     sim = SimUpstream({CODE: gains | {"ngram-simple.n6.m16": 1.5}}, seed=6)
@@ -144,10 +141,8 @@ def test_with_counts_a_trial_needs_controls_only_until_the_class_has_a_baseline(
     found = {}
     for name, mode, until in (("counts", "counts", 6), ("default", "counts", 0),
                               ("timing", "timing", 6)):  # fmt: skip
-        cfg = config(explore_share=0.5, patience=0)
-        update = {"speedup_from": mode, "replay": False, "trial_controls_until": until}
-        guard = cfg.guard.model_copy(update=update)
-        engine = make(tmp_path / name, cfg.model_copy(update={"guard": guard}), caps)
+        guard = {"speedup_from": mode, "replay": False, "trial_controls_until": until}
+        engine = make(tmp_path / name, config(guard, explore_share=0.5, patience=0), caps)
         gains = {n: 1.3 for n, v in engine.variants.items() if v.speculative}
         decisions = _drive(engine, SimUpstream({CODE: gains}, seed=7), [CODE] * 200)
         found[name] = (
@@ -172,10 +167,8 @@ def test_pooled_controls_stop_once_all_traffic_has_a_baseline(
     keys = [CODE, "code/fresh/greedy", "text/echo/greedy", "data/echo/greedy"]
     found = {}
     for pooled in (False, True):
-        cfg = config(explore_share=0.5, patience=0)
-        update = {"replay": False, "trial_controls_until": 4, "controls_pooled": pooled}
-        guard = cfg.guard.model_copy(update=update)
-        engine = make(tmp_path / str(pooled), cfg.model_copy(update={"guard": guard}), caps)
+        guard = {"replay": False, "trial_controls_until": 4, "controls_pooled": pooled}
+        engine = make(tmp_path / str(pooled), config(guard, explore_share=0.5, patience=0), caps)
         gains = {n: 1.1 for n, v in engine.variants.items() if v.speculative}
         gains["ngram-simple.n6.m16"] = 1.6
         decisions = _drive(engine, SimUpstream(dict.fromkeys(keys, gains), seed=3), keys * 60)
@@ -201,9 +194,7 @@ def test_pooled_controls_let_a_class_choose_on_its_own_replays(
     busy, small = "text/echo/greedy", "text/fresh/greedy"
     served = {}
     for pooled in (False, True):
-        cfg = config()
-        guard = cfg.guard.model_copy(update={"controls_pooled": pooled})
-        engine = make(tmp_path / str(pooled), cfg.model_copy(update={"guard": guard}), caps)
+        engine = make(tmp_path / str(pooled), config({"controls_pooled": pooled}), caps)
         names = [k for k, v in engine.variants.items() if v.spec_type in REPLAYABLE]
         parents_best, own_best = names[0], names[1]
         gains = {
@@ -223,9 +214,7 @@ def test_pooled_controls_let_a_class_choose_on_its_own_replays(
 def test_replays_are_ignored_when_speedups_come_from_timing(
     tmp_path: Path, caps: Capabilities
 ) -> None:
-    cfg = config(explore_share=0.1)
-    cfg = cfg.model_copy(update={"guard": cfg.guard.model_copy(update={"speedup_from": "timing"})})
-    engine = make(tmp_path, cfg, caps)
+    engine = make(tmp_path, config({"speedup_from": "timing"}, explore_share=0.1), caps)
     sim = SimUpstream({CODE: _gains(engine)})
     _drive(engine, sim, [CODE] * 20, EXACT)
     assert all(a.replayed == 0 for a in engine.classes[CODE].arms.values())
@@ -351,9 +340,8 @@ def test_ngram_mod_variants_are_replayed_through_tables_that_remember(
 
 
 def test_replay_mod_off_leaves_ngram_mod_to_trials(tmp_path: Path, caps: Capabilities) -> None:
-    cfg = config()
-    cfg = cfg.model_copy(update={"guard": cfg.guard.model_copy(update={"replay_mod": False})})
-    replayer = Counterfactual(make(tmp_path, cfg, caps), "http://fake", transport=_transport([]))
+    engine = make(tmp_path, config({"replay_mod": False}), caps)
+    replayer = Counterfactual(engine, "http://fake", transport=_transport([]))
     assert replayer.enabled and not replayer.mod and replayer.variants
 
 
@@ -386,9 +374,7 @@ def test_with_warm_tables_other_instances_some_class_exploits_learn_each_answer(
     """``warm_tables``: after a request, its prompt and answer go as one prompt-only request
     (n_predict 1) to each loaded ngram-mod instance some class exploits, not to the one
     that served it, not to one no class exploits, and never load an instance."""
-    cfg = config()
-    cfg = cfg.model_copy(update={"guard": cfg.guard.model_copy(update={"warm_tables": True})})
-    engine = make(tmp_path, cfg, caps)
+    engine = make(tmp_path, config({"warm_tables": True}), caps)
     mods = sorted(k for k, v in engine.variants.items() if v.spec_type == "ngram-mod")
     exploited, idle, unloaded = mods[0], mods[1], mods[2]
     _exploiting(engine, CODE, exploited)
@@ -507,9 +493,7 @@ def test_replayed_variants_are_priced_by_their_own_spec_types_cost(
     class serves ngram-mod most of the time and runs faster."""
     served: dict[str, list[float]] = {}
     for pool in ("all", "spec_type"):
-        cfg = config(explore_share=0.1)
-        guard = cfg.guard.model_copy(update={"cost_pool": pool})
-        engine = make(tmp_path / pool, cfg.model_copy(update={"guard": guard}), caps)
+        engine = make(tmp_path / pool, config({"cost_pool": pool}, explore_share=0.1), caps)
         gains, costs = {}, {}
         for name, v in engine.variants.items():
             if v.spec_type == "ngram-simple":
@@ -534,9 +518,8 @@ def test_a_simulated_estimate_is_replaced_by_what_the_variant_served(
     keeps it."""
     kept = {}
     for confirm in (6, 0):
-        cfg = config(explore_share=0.1)
-        guard = cfg.guard.model_copy(update={"confirm_served": confirm})
-        engine = make(tmp_path / str(confirm), cfg.model_copy(update={"guard": guard}), caps)
+        cfg = config({"confirm_served": confirm}, explore_share=0.1)
+        engine = make(tmp_path / str(confirm), cfg, caps)
         mod = next(k for k, v in engine.variants.items() if v.spec_type == "ngram-mod")
         gains = {name: 0.9 for name, v in engine.variants.items() if v.speculative}
         real = SimUpstream({CODE: gains | {mod: 0.95}}, seed=3)
@@ -569,9 +552,7 @@ def _bar_run(
     replays measure exactly 1.3x and the rest 1.1x; every answer replayed for ngram-simple.
     The engine, its decisions and each request's true speedup."""
     keys = [CODE, "code/fresh/greedy", "text/echo/greedy", "chat/fresh/greedy"]
-    cfg = config(explore_share=0.1)
-    guard = cfg.guard.model_copy(update={"trial_bar": bar})
-    engine = make(tmp_path / f"{bar}{seed}", cfg.model_copy(update={"guard": guard}), caps)
+    engine = make(tmp_path / f"{bar}{seed}", config({"trial_bar": bar}, explore_share=0.1), caps)
     gains = {n: 1.1 for n, v in engine.variants.items() if v.speculative}
     gains |= {n: 1.3 for n, v in engine.variants.items() if v.spec_type in EXACT}
     gains["ngram-mod.match12.max16"] = 1.9

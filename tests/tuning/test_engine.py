@@ -256,9 +256,7 @@ def test_counts_see_through_timing_noise(tmp_path: Path, caps: Capabilities, see
     variant the search reaches first is the search's business: 1.45x or 1.15x here.)"""
     width = {}
     for mode in ("counts", "timing"):
-        cfg = config(explore_share=0.5)
-        cfg = cfg.model_copy(update={"guard": cfg.guard.model_copy(update={"speedup_from": mode})})
-        engine = make(tmp_path / mode, cfg, caps)
+        engine = make(tmp_path / mode, config({"speedup_from": mode}, explore_share=0.5), caps)
         sim = SimUpstream(truth(list(engine.variants.values())), noise=0.25, seed=seed)
         drive(engine, sim, schedule(800, seed))
         policy = engine.classes[CODE].policy
@@ -534,10 +532,9 @@ TEXT = "text/echo/greedy"
 
 def _two_mod_variants(tmp_path: Path, caps: Capabilities, **guard: Any) -> Engine:
     """An engine searching only ``LEADER`` and ``RUNNER_UP``, with these guard settings."""
-    cfg = config(explore_share=0.3)
+    cfg = config(guard, explore_share=0.3)
     search = {"ngram-mod": {"n_match": [12, 24], "n_max": [16]}}
-    update = {"guard": cfg.guard.model_copy(update=guard), "search": search}
-    engine = make(tmp_path, cfg.model_copy(update=update), caps)
+    engine = make(tmp_path, cfg.model_copy(update={"search": search}), caps)
     assert set(engine.variants) == {"none", LEADER, RUNNER_UP}
     return engine
 
