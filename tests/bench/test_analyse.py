@@ -129,6 +129,23 @@ def test_a_class_still_off_for_want_of_evidence_has_not_converged() -> None:
     assert summarize(rows, CLASSES, final_policies=settled)["classes"]["prose"]["converged"]
 
 
+def test_without_static_arms_the_oracle_target_is_not_judged() -> None:
+    """With ``--matrix none`` the per-class oracle is baseline itself: a tuner at 2x of it is
+    no finding, so that target is left out; the targets against baseline still stand."""
+    rows = [r for r in static_rows() if r["arm"] == "none"]
+    rows += [tuner_row(i % 2, "fast-code") for i in range(6)]
+    rows += [tuner_row(2 + i % 2, "fast-code") for i in range(6)]
+    s = summarize(rows, CLASSES, final_policies={"code": FinalPolicy("fast-code")})
+    assert s["overall"]["best_static"] is None
+    targets = s["targets"]
+    assert "tuner_vs_oracle_after_convergence" not in targets
+    assert "tuner_vs_best_static_whole_run" not in targets
+    # prose read 0.91x of baseline under fast-code: that target is judged, and missed
+    worst = targets["worst_class_after_convergence"]
+    assert worst["class"] == "prose" and worst["value"] == pytest.approx(1 / 1.1, rel=0.01)
+    assert not worst["met"] and targets["requests_to_converge"]["met"]
+
+
 def test_a_challenger_is_summarised_like_the_tuner_and_compared_pair_by_pair() -> None:
     """The tuner serves code fast-code from its third request; the challenger stays at
     baseline. Both see the same items in the same order (``repeat`` pairs them)."""

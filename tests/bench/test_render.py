@@ -34,6 +34,17 @@ def test_markdown_without_a_tuner_arm() -> None:
     assert "## Targets" not in text and "tuner" not in text.split("## Per class")[1]
 
 
+def test_markdown_without_static_arms_judges_against_baseline_only() -> None:
+    rows = [r for r in static_rows() if r["arm"] == "none"]
+    rows += [tuner_row(i % 4, "fast-code") for i in range(8)]
+    text = markdown(summarize(rows, CLASSES))
+    assert "No static arms in this run (`--matrix none`)" in text
+    assert "**None**" not in text and "per-class oracle |" not in text
+    assert "oracle on the same requests" not in text and "Caution" not in text
+    assert "| worst_class_after_convergence |" in text
+    assert "| tuner_vs_oracle_after_convergence |" not in text
+
+
 def documented_fields() -> set[str]:
     """Every backticked name in the README's summary.json table."""
     import re

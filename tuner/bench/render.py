@@ -32,8 +32,13 @@ def _interval(entry: Mapping[str, Any] | None) -> str:
 
 
 def _exposure_note(exposure: Mapping[str, float] | None) -> list[str]:
-    """A warning where the tuner met each prompt far more often than a static arm did."""
-    if not exposure or exposure["tuner"] <= 2 * exposure["static_arm"]:
+    """A warning where the tuner met each prompt far more often than a static arm did (none
+    where there is no static arm to compare with)."""
+    if (
+        not exposure
+        or not exposure["static_arm"]
+        or exposure["tuner"] <= 2 * exposure["static_arm"]
+    ):
         return []
     return [
         "",
@@ -59,13 +64,28 @@ def _tuner_rows(overall: Mapping[str, Any], arm: str) -> list[str]:
     tuner's with the oracle on the same requests)."""
     interval = _interval({"interval": overall.get(f"{arm}_interval")})
     after = _x(overall[f"{arm}_ratio_after_convergence"])
-    if arm == TUNER:
+    if arm == TUNER and overall.get("best_static"):
         after += f" (oracle on the same requests: {_x(overall['oracle_ratio_after_convergence'])})"
     return [
         f"| **{arm}, whole run** | {_x(overall[f'{arm}_ratio'])}{interval} | "
         f"{_x(overall.get(f'{arm}_alpha'))} |",
         f"| {arm}, after convergence | {after} | |",
     ]
+
+
+def _against_statics(overall: Mapping[str, Any]) -> str:
+    """The tuner against the best static arm and the oracle, or why there is no such line."""
+    if not overall.get("best_static"):
+        return (
+            "No static arms in this run (`--matrix none`): the tuner is compared with no "
+            "speculation only, and there is no best static arm or per-class oracle to judge it by."
+        )
+    return (
+        f"Best single static arm: **{overall['best_static']}** "
+        f"({_x(overall['best_static_ratio'])}); tuner / best static = "
+        f"{_x(overall.get('tuner_vs_best_static'))}; tuner / oracle = "
+        f"{_x(overall.get('tuner_vs_oracle'))}."
+    )
 
 
 def _targets_table(summary: Mapping[str, Any]) -> list[str]:
@@ -112,21 +132,16 @@ def markdown(summary: Mapping[str, Any]) -> str:
     lines += ["| arm | ratio | alpha |", "|---|---|---|"]
     for arm, entry in sorted(overall["arms"].items(), key=lambda kv: -kv[1]["ratio"]):
         lines.append(f"| {arm} | {_x(entry['ratio'])}{_interval(entry)} | {_x(entry['alpha'])} |")
-    lines += [
-        f"| **per-class oracle** | {_x(overall['oracle_ratio'])} | |",
-        f"| per-prompt oracle | {_x(overall['per_prompt_oracle_ratio'])} | |",
-    ]
+    if overall.get("best_static"):
+        lines += [
+            f"| **per-class oracle** | {_x(overall['oracle_ratio'])} | |",
+            f"| per-prompt oracle | {_x(overall['per_prompt_oracle_ratio'])} | |",
+        ]
     if "tuner_ratio" in overall:
         lines += _tuner_rows(overall, TUNER)
         if "challenger_ratio" in overall:
             lines += _tuner_rows(overall, CHALLENGER)
-        lines += [
-            "",
-            f"Best single static arm: **{overall['best_static']}** "
-            f"({_x(overall['best_static_ratio'])}); tuner / best static = "
-            f"{_x(overall.get('tuner_vs_best_static'))}; tuner / oracle = "
-            f"{_x(overall.get('tuner_vs_oracle'))}.",
-        ]
+        lines += ["", _against_statics(overall)]
         lines += _exposure_note(overall.get("requests_per_prompt"))
         if overall.get("challenger_vs_tuner") is not None:
             side = _interval({"interval": overall.get("challenger_vs_tuner_interval")})
@@ -231,7 +246,7 @@ def _running(ax: Any, summary: Mapping[str, Any], rows: Sequence[Mapping[str, An
     if overall.get("best_static"):
         ax.axhline(overall["best_static_ratio"], color=STATIC, lw=2,
                    label=f"best static: {overall['best_static']}")  # fmt: skip
-    ax.axhline(overall["oracle_ratio"], color=ORACLE, lw=1, ls=":", label="per-class oracle")
+        ax.axhline(overall["oracle_ratio"], color=ORACLE, lw=1, ls=":", label="per-class oracle")
     ax.axhline(1.0, color=ORACLE, lw=1, ls="--", label="no speculation")
     ax.set_xlabel("tuner requests")
     ax.set_ylabel("cumulative ratio to no speculation")
