@@ -79,8 +79,12 @@ class Guard(_Strict):
     # counts mode: the cost a variant's own drafted-token cost is shrunk toward (all of it,
     # before it has served): the one pooled over every variant ("all"), or its spec type's,
     # itself shrunk toward that ("spec_type": measured 0.996 and 1.074 x slower side by
-    # side; it crowned ngram-mod max64 variants that lost, BENCHMARKS.md)
-    cost_pool: Literal["all", "spec_type"] = "all"
+    # side; it crowned ngram-mod max64 variants that lost, BENCHMARKS.md), or that of the
+    # variants of its draft length, itself shrunk toward that ("draft_length": a round's
+    # overhead is spread over fewer tokens in a short draft; on Gemma an m8 drafted token
+    # cost 0.53-0.66 of a step where m16 and max16 ones cost 0.38-0.47; side by side 1.029,
+    # 0.982 and 1.003 of "all" on three seeds, BENCHMARKS.md)
+    cost_pool: Literal["all", "spec_type", "draft_length"] = "all"
     # among the variants that clear the guard in a class, which one to join unless another's
     # lower bound lies above its speedup there (as the current policy is kept): "off" (none),
     # "served": the stateful one (ngram-mod) that serves the most traffic, whose table has

@@ -38,7 +38,8 @@ Decisions, per class:
   every variant; with ``guard.cost_pool = "spec_type"`` toward its spec type's, itself
   shrunk toward that: on Gemma an ``ngram-simple`` drafted token cost 0.44-0.49 of a step
   where ``ngram-mod``'s, which served most, cost 0.35-0.40; off by default, measured no
-  better side by side). Its counts carry no timing noise and need no baseline request on
+  better side by side; with ``"draft_length"`` toward the cost of the variants that draft
+  as long a round: an m8 drafted token cost 0.53, m16 and max16 ones 0.40-0.41). Its counts carry no timing noise and need no baseline request on
   the same prompt, so a 6-request trial measures what the class's prompts accept,
   not which minutes it ran in. ``"timing"``: the ratio of the variant's mean decode
   speed to the class's baseline requests (controls interleaved in the same minutes).
@@ -562,12 +563,19 @@ class Engine:
         return len(base.samples) / math.fsum(1.0 / x for x in base.samples)
 
     def _costs(self, variants: Iterable[str]) -> dict[str, tuple[float, float]]:
-        group = self._spec_type if self.config.guard.cost_pool == "spec_type" else None
+        groups = {"spec_type": self._spec_type, "draft_length": self._draft_length}
+        group = groups.get(self.config.guard.cost_pool)
         return self.calibration.costs(variants, self._baseline_speed, group)
 
     def _spec_type(self, name: str) -> str:
         variant = self.variants.get(name)
         return variant.spec_type if variant is not None else name
+
+    def _draft_length(self, name: str) -> str:
+        """A variant's cost group by the most tokens one round drafts (``cost_pool =
+        "draft_length"``)."""
+        variant = self.variants.get(name)
+        return f"draft {variant.draft_length}" if variant is not None else name
 
     def _prior_cost(self) -> float:
         """``c`` before any calibration: the cost model's extra verify time per drafted
