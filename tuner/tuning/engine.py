@@ -39,10 +39,10 @@ Decisions, per class:
   shrunk toward that: on Gemma an ``ngram-simple`` drafted token cost 0.44-0.49 of a step
   where ``ngram-mod``'s, which served most, cost 0.35-0.40; off by default, measured no
   better side by side; with ``"draft_length"`` toward the cost of the variants that draft
-  as long a round: an m8 drafted token cost 0.53, m16 and max16 ones 0.40-0.41). Its
-  counts carry no timing noise and need no baseline request on
-  the same prompt, so a 6-request trial measures what the class's prompts accept,
-  not which minutes it ran in. ``"timing"``: the ratio of the variant's mean decode
+  as long a round: an m8 drafted token cost 0.53-0.66, m16 and max16 ones 0.38-0.47; an
+  option, measured no better on average). Its counts carry no timing noise and need no
+  baseline request on the same prompt, so a 6-request trial measures what the class's
+  prompts accept, not which minutes it ran in. ``"timing"``: the ratio of the variant's mean decode
   speed to the class's baseline requests (controls interleaved in the same minutes).
 - Replays (``guard.replay``, counts mode): every answered request is replayed through
   each ``ngram-simple`` variant of the space from its token ids
