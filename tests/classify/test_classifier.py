@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from tuner.classify import classify, features, load_definitions, parents, resolve
 from tuner.classify import lexicon as lx
+from tuner.classify.classes import Split
 from tuner.classify.features import byte_entropy, extract
 from tuner.classify.prompt import view_of
 from tuner.errors import ConfigError
@@ -218,3 +219,32 @@ def test_gated_marker_counts_equal_plain_counts(text: str) -> None:
         assert counted.get(name, 0) == plain
     plain_math = sum(scan.lower.count(m) for m in lx.MATH_PHRASES)
     assert scan.marks(lx.MATH_PHRASE_MARKS).get("math", 0) == plain_math
+
+
+FORM_DEFS = DEFS.model_copy(update={"split": Split(form=True)})
+
+
+@given(bodies)
+def test_split_by_form_adds_the_request_form_under_the_shared_class(body: Any) -> None:
+    found = classify(body, FORM_DEFS)
+    assert found.key in FORM_DEFS.all_classes()
+    assert found.key.rsplit("/", 1)[0] == classify(body, DEFS).key
+
+
+def test_split_by_form_tells_chat_from_completion() -> None:
+    text = "Rename x to y:\n\ndef f(x):\n    return x + 1\n"
+    chat = classify({"messages": [{"role": "user", "content": text}], "temperature": 0}, FORM_DEFS)
+    plain = classify({"prompt": text, "temperature": 0}, FORM_DEFS)
+    assert chat.key.endswith("/messages") and plain.key.endswith("/prompt")
+    assert parents(chat.key)[1] == parents(plain.key)[1]  # both borrow from the shared class
+    assert len(FORM_DEFS.all_classes()) == 32
+
+
+def test_split_by_form_is_read_from_the_definitions_file(tmp_path: Path) -> None:
+    text = (ROOT / "policies" / "classes.toml").read_text()
+    path = tmp_path / "classes.toml"
+    path.write_text(text.replace("form = false", "form = true"))
+    assert load_definitions(path).split.form
+    path.write_text(text.replace("form = false", "form = 1.5"))
+    with pytest.raises(ConfigError, match="split"):
+        load_definitions(path)

@@ -646,3 +646,35 @@ def test_a_paired_comparison_leaves_an_early_pick_sooner_and_does_not_flap(
     }
     assert max(after[True]) < 40 and sorted(after[True])[1] < sorted(after[False])[1], after
     assert _requests_to_switch(tmp_path / "same", caps, True, 0, equal=True) == 400
+
+
+def test_classes_split_by_form_learn_and_calibrate_once_per_request(
+    tmp_path: Path, caps: Capabilities
+) -> None:
+    """With ``[split] form`` a class key has a fourth part; the chat and completion classes
+    of one class learn on their own, count at the class they share, and a restart rebuilds
+    the drafted-token calibration from each request once (the leaves), as it was."""
+    engine = make(tmp_path, config(explore_share=0.5), caps)
+    base = truth(list(engine.variants.values()))
+    chat, plain = f"{CODE}/messages", f"{CODE}/prompt"
+    sim = SimUpstream({chat: base[CODE], plain: base[CODE], PROSE: base[PROSE]})
+    plan = [(PROSE, chat, plain, plain)[k % 4] for k in range(480)]
+    drive(engine, sim, plan)
+    for key in (chat, plain):
+        policy = engine.classes[key].policy
+        assert policy is not None and sim.true_speedup(key, policy.variant) == 1.45, policy
+    served = {
+        k: sum(a.requests for a in engine.classes[k].arms.values()) for k in (chat, plain, CODE)
+    }
+    assert served[CODE] == served[chat] + served[plain] == 360  # the shared class pools both
+    assert {key for key, _ in engine.calibration.raw} == {chat, plain, PROSE}
+    meta = {"model_key": "m", "build": "b", "hardware_key": "h"}
+    save_policies(tmp_path / "policies.json", meta, engine.snapshot())
+    again = make(tmp_path, config(explore_share=0.5), caps)
+    again.restore(load_policies(tmp_path / "policies.json", meta))
+    assert {key for key, _ in again.calibration.raw} == {chat, plain, PROSE}
+    names = engine.calibration.variants()
+    was = engine.calibration.costs(names, engine._baseline_speed)
+    now = again.calibration.costs(names, again._baseline_speed)
+    for name in names:
+        assert now[name][0] == pytest.approx(was[name][0], abs=0.02)

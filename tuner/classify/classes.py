@@ -22,6 +22,7 @@ from tuner.errors import ConfigError
 __all__ = [
     "CONTENT_TYPES",
     "DEFAULT_DEFINITIONS",
+    "FORMS",
     "ClassDefinitions",
     "Classification",
     "classify",
@@ -46,12 +47,23 @@ class Fallback(BaseModel):
     min_requests: int = Field(20, ge=1)
 
 
+class Split(BaseModel):
+    """Optional fourth part of the class key."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    form: bool = False  # chat (messages) and completion (prompt) requests apart
+
+
+FORMS = ("messages", "prompt")  # the fourth part with ``split.form``: the request's form
+
+
 class ClassDefinitions(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     version: int = 1
     thresholds: Thresholds = Thresholds()
     groups: dict[str, list[str]]
     fallback: Fallback = Fallback()
+    split: Split = Split()
 
     @model_validator(mode="after")
     def _every_type_once(self) -> ClassDefinitions:
@@ -78,11 +90,13 @@ class ClassDefinitions(BaseModel):
         return next(iter(self.groups))
 
     def all_classes(self) -> list[str]:
+        forms = [f"/{form}" for form in FORMS] if self.split.form else [""]
         return [
-            f"{group}/{echo}/{sampling}"
+            f"{group}/{echo}/{sampling}{form}"
             for group in self.groups
             for echo in ("echo", "fresh")
             for sampling in ("greedy", "sampled")
+            for form in forms
         ]
 
 
@@ -107,6 +121,8 @@ def classify(body: Any, definitions: ClassDefinitions) -> Classification:
     features = extract(view_of(safe), safe, t.greedy_max_temperature)
     echo = "echo" if features.echo >= t.echo else "fresh"
     key = f"{definitions.group_of(features.content_type)}/{echo}/{features.sampling}"
+    if definitions.split.form:
+        key += f"/{FORMS[0] if features.chat else FORMS[1]}"
     return Classification(key, features)
 
 

@@ -174,18 +174,23 @@ def levels(key: str) -> list[str]:
     policy to borrow, nearest first: the class, then (for a sampled class) all sampled
     traffic pooled, then its parents.
 
-    Sampling is the last part of a class key, so a sampled class's parents are mostly
+    Sampling is the third part of a class key, so a sampled class's parents are mostly
     greedy traffic, which accepts far more drafts; the pooled sampled evidence is the
-    nearest of its kind.
+    nearest of its kind, after the sampled class itself (and its form's class, when the
+    classes are split by form).
 
     >>> levels("code/echo/sampled")
     ['code/echo/sampled', '*/sampled', 'code/echo', 'code', 'all']
     >>> levels("code/echo/greedy")
     ['code/echo/greedy', 'code/echo', 'code', 'all']
+    >>> levels("code/echo/sampled/messages")
+    ['code/echo/sampled/messages', 'code/echo/sampled', '*/sampled', 'code/echo', 'code', 'all']
     """
     chain = list(dict.fromkeys(parents(key)))
-    if key.endswith("/sampled") and key != SAMPLED:
-        chain.insert(1, SAMPLED)
+    if key != SAMPLED:
+        sampled = [i for i, level in enumerate(chain) if level.endswith("/sampled")]
+        if sampled:
+            chain.insert(sampled[-1] + 1, SAMPLED)
     return chain
 
 
@@ -624,9 +629,10 @@ class Engine:
         """Rebuild the calibration from the kept requests (after ``restore``): each leaf
         class's speculative requests."""
         self.calibration = Calibration(prior=self._prior_cost())
+        parents_ = {level for key in self.classes for level in levels(key)[1:]}
         for key, state in self.classes.items():
-            if key.count("/") != 2 or key == SAMPLED:
-                continue
+            if key in parents_ or key in (SAMPLED, ROOT):
+                continue  # a leaf's requests count at every level: once is enough
             for name, arm in state.arms.items():
                 if name == BASELINE.name:
                     continue
