@@ -83,7 +83,7 @@ class Guard(_Strict):
     # variants of its draft length, itself shrunk toward that ("draft_length": a round's
     # overhead is spread over fewer tokens in a short draft; on Gemma an m8 drafted token
     # cost 0.53-0.66 of a step where m16 and max16 ones cost 0.38-0.47; side by side 1.029,
-    # 0.982 and 1.003 of "all" on three seeds, BENCHMARKS.md)
+    # 0.982, 1.003 and 0.966 of "all" on four seeds, BENCHMARKS.md)
     cost_pool: Literal["all", "spec_type", "draft_length"] = "all"
     # among the variants that clear the guard in a class, which one to join unless another's
     # lower bound lies above its speedup there (as the current policy is kept): "off" (none),
