@@ -24,7 +24,6 @@ times that scatter by ~10 % each on a shared 2-core machine.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
@@ -35,11 +34,12 @@ from benchmarks.common import emit, read_requests, usable
 from benchmarks.drafted_cost import drafted_cost
 from benchmarks.exploration_cost import DAEMONS
 from tuner.classify.classes import classify, load_definitions
+from tuner.errors import ConfigError
+from tuner.workload import WorkloadItem, load_workload
 
 # prompt id -> arm -> (tokens generated, plain decode steps the counts price them at)
 Priced = dict[str, dict[str, tuple[float, float]]]
 Grouping = Callable[[str], Hashable]
-_BODY = ("messages", "prompt", "max_tokens", "temperature")  # a workload line's request fields
 
 
 def priced(rows: Iterable[dict[str, Any]]) -> tuple[Priced, dict[str, str]]:
@@ -70,12 +70,21 @@ def priced(rows: Iterable[dict[str, Any]]) -> tuple[Priced, dict[str, str]]:
     return out, {pid: classes[pid] for pid in out}
 
 
-def _speedup(prompts: Priced, ids: Iterable[str], arm: str) -> float:
+def _arms(prompts: Priced) -> list[str]:
+    return sorted(next(iter(prompts.values())))
+
+
+def _chosen_speedup(prompts: Priced, choice: Callable[[str], str], ids: Iterable[str]) -> float:
+    """The speedup of ``ids`` with each prompt served by the arm ``choice`` gives it."""
     n = steps = 0.0
     for pid in ids:
-        each = prompts[pid][arm]
+        each = prompts[pid][choice(pid)]
         n, steps = n + each[0], steps + each[1]
     return n / steps if steps > 0 else 0.0
+
+
+def _speedup(prompts: Priced, ids: Iterable[str], arm: str) -> float:
+    return _chosen_speedup(prompts, lambda _: arm, ids)
 
 
 def _best(prompts: Priced, ids: Sequence[str], arms: Sequence[str]) -> str:
@@ -87,22 +96,14 @@ def _best_by(prompts: Priced, ids: Iterable[str], group: Grouping) -> dict[Hasha
     members: dict[Hashable, list[str]] = defaultdict(list)
     for pid in ids:
         members[group(pid)].append(pid)
-    arms = sorted(next(iter(prompts.values())))
+    arms = _arms(prompts)
     return {key: _best(prompts, each, arms) for key, each in members.items()}
-
-
-def _chosen_speedup(prompts: Priced, choice: Callable[[str], str], ids: Iterable[str]) -> float:
-    n = steps = 0.0
-    for pid in ids:
-        each = prompts[pid][choice(pid)]
-        n, steps = n + each[0], steps + each[1]
-    return n / steps
 
 
 def in_sample(prompts: Priced, classes: Mapping[str, str]) -> dict[str, float]:
     """The best single arm, per class and per prompt, each chosen where it is measured."""
     ids = sorted(prompts)
-    arms = sorted(next(iter(prompts.values())))
+    arms = _arms(prompts)
     single = _best(prompts, ids, arms)
     per_class = _best_by(prompts, ids, classes.__getitem__)
     return {
@@ -118,7 +119,7 @@ def held_out(
     """Per random half: the per-group choice learned on it, measured on the other half,
     over the single arm learned on it (see the module's docstring)."""
     ids = sorted(prompts)
-    arms = sorted(next(iter(prompts.values())))
+    arms = _arms(prompts)
     rng = random.Random(seed)
     ratios = []
     for _ in range(splits):
@@ -147,16 +148,16 @@ def _summary(ratios: Sequence[float]) -> dict[str, float]:
     }
 
 
-def workload_groupings(path: Path, classes: Mapping[str, str]) -> dict[str, Grouping]:
+def workload_groupings(
+    items: Iterable[WorkloadItem], classes: Mapping[str, str]
+) -> dict[str, Grouping]:
     """``class+form`` and ``class+echo`` from the workload's prompts (the classifier's
-    features of each prompt id)."""
+    features of each prompt id, from the request the bench sends for it)."""
     definitions = load_definitions()
-    features = {}
-    for line in path.read_text().splitlines():
-        if line.strip():
-            item = json.loads(line)
-            body = {k: item[k] for k in _BODY if k in item}
-            features[str(item.get("id"))] = classify(body, definitions).features
+    features = {
+        item.id: classify(item.model_dump(exclude_none=True), definitions).features
+        for item in items
+    }
     known = [pid for pid in classes if pid in features]
     echoes = sorted(features[pid].echo for pid in known)
     cuts = (echoes[len(echoes) // 3], echoes[2 * len(echoes) // 3]) if echoes else (0.0, 0.0)
@@ -173,7 +174,9 @@ def workload_groupings(path: Path, classes: Mapping[str, str]) -> dict[str, Grou
 
 
 def choice_headroom(
-    rows: Iterable[dict[str, Any]], workload: Path | None = None, splits: int = 200
+    rows: Iterable[dict[str, Any]],
+    workload: Sequence[WorkloadItem] | None = None,
+    splits: int = 200,
 ) -> dict[str, Any]:
     prompts, classes = priced(rows)
     if not prompts:
@@ -184,7 +187,7 @@ def choice_headroom(
         groupings |= workload_groupings(workload, classes)
     return {
         "prompts": len(ids),
-        "arms": {arm: round(_speedup(prompts, ids, arm), 4) for arm in sorted(prompts[ids[0]])},
+        "arms": {arm: round(_speedup(prompts, ids, arm), 4) for arm in _arms(prompts)},
         "in_sample": in_sample(prompts, classes),
         "held_out": {
             name: _summary(held_out(prompts, classes, group, splits))
@@ -200,8 +203,14 @@ def main() -> None:
     parser.add_argument("--splits", type=int, default=200)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    if args.splits < 1:
+        parser.error("--splits must be at least 1")
     rows = read_requests(parser, args.run)
-    result = choice_headroom(rows, args.workload, args.splits)
+    try:
+        items = load_workload(args.workload) if args.workload else None
+    except ConfigError as exc:
+        parser.error(str(exc))
+    result = choice_headroom(rows, items, args.splits)
     emit({"run": str(args.run), **result}, args.out)
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from benchmarks.choice_headroom import choice_headroom, held_out, priced
+from tuner.workload import load_workload
 
 
 def row(arm: str, pid: str, cls: str, d: int = 0, a: int = 0, c: float = 0.5,
@@ -75,7 +76,7 @@ def test_the_workload_adds_the_form_and_echo_groupings(tmp_path: Path) -> None:
             item |= {"messages": [{"role": "user", "content": text}]} if k % 2 else {"prompt": text}
             lines.append(json.dumps(item))
     workload.write_text("\n".join(lines) + "\n")
-    found = choice_headroom(run(), workload, splits=20)
+    found = choice_headroom(run(), load_workload(workload), splits=20)
     assert set(found["held_out"]) == {"static", "class", "class+form", "class+echo"}
 
 

@@ -296,3 +296,31 @@ def test_replays_give_the_servers_counts_and_measure_the_other_variants(tmp_path
     assert replayed == len(greedy)
     served = classes["all"]["arms"]["ngram-simple.n3.m16"]
     assert served["requests"] == len(greedy) and served.get("replayed", 0) == 0
+
+
+def test_classes_split_by_form_on_real_llama_server(tmp_path: Path) -> None:
+    """``[split] form = true``: the same edit sent as a chat and as a completion lands in two
+    classes under the class they share, each learns there, and the report lists them."""
+    state, env = _tuned(tmp_path, TUNING)
+    shipped = (Path(__file__).parents[2] / "policies" / "classes.toml").read_text()
+    classes = tmp_path / "classes.toml"
+    classes.write_text(shipped.replace("form = false", "form = true"))
+    chat = WorkloadItem(id="chat", messages=[{"role": "user", "content": CODE_EDIT}])
+    plain = WorkloadItem(id="plain", prompt=CODE_EDIT)
+    running = start_daemon(state, env=env | {"TUNER_CLASSES_FILE": str(classes)})
+    keys: dict[str, set[str]] = {"chat": set(), "plain": set()}
+    try:
+        for _ in range(3):
+            for name, item in (("chat", chat), ("plain", plain)):
+                response = _send(running.url, item.request(32))
+                keys[name].add(response.headers["x-spec-class"])
+    finally:
+        assert running.stop() == 0
+    (chat_key,), (plain_key,) = keys["chat"], keys["plain"]
+    assert chat_key.endswith("/messages") and plain_key.endswith("/prompt")
+    shared = chat_key.rsplit("/", 1)[0]
+    assert shared == plain_key.rsplit("/", 1)[0] and shared.startswith("code/echo/")
+    policies = json.loads((state / "policies.json").read_text())["classes"]
+    assert {chat_key, plain_key, shared} <= set(policies)
+    rows = {row["class"] for row in json.loads(_report(state, "--format", "json"))["classes"]}
+    assert {chat_key, plain_key, shared} <= rows

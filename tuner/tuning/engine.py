@@ -629,9 +629,9 @@ class Engine:
         """Rebuild the calibration from the kept requests (after ``restore``): each leaf
         class's speculative requests."""
         self.calibration = Calibration(prior=self._prior_cost())
-        parents_ = {level for key in self.classes for level in levels(key)[1:]}
+        shared = {level for key in self.classes for level in levels(key)[1:]}
         for key, state in self.classes.items():
-            if key in parents_ or key in (SAMPLED, ROOT):
+            if key in shared or key in (SAMPLED, ROOT):
                 continue  # a leaf's requests count at every level: once is enough
             for name, arm in state.arms.items():
                 if name == BASELINE.name:
