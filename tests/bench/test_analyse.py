@@ -105,6 +105,34 @@ def test_a_class_that_never_settles_fails_the_convergence_target() -> None:
     assert s["targets"]["requests_to_converge"]["unconverged_classes"] == ["code"]
 
 
+def test_a_daemon_with_classes_split_by_form_converges_per_form_class() -> None:
+    """The daemon's classes are finer than the bench's (``[split] form``): each row is
+    judged against the final policy of the daemon class that served it. The chat share
+    settled on ``meh``, the completions on ``fast-code``; judged by the shared class's
+    policy alone, every chat request would count as unconverged."""
+    rows = static_rows()
+    plan = [("code/prompt", "none"), ("code/messages", "fast-code"), ("code/prompt", "meh")]
+    plan += [("code/prompt", "fast-code"), ("code/messages", "meh")] * 4
+    for n, (leaf, variant) in enumerate(plan):
+        rows.append(tuner_row(n % 2, variant) | {"daemon_class": leaf})
+    finals = {
+        "code/prompt": FinalPolicy("fast-code"),
+        "code/messages": FinalPolicy("meh", reason="measured"),
+        "code": FinalPolicy("fast-code"),
+    }
+    code = summarize(rows, CLASSES, final_policies=finals)["classes"]["code"]
+    assert code["converged_after"] == 3 and code["converged"]
+    assert code["final_variant"] == "messages: meh; prompt: fast-code"
+    assert code["final_reason"] == "messages: measured; prompt: "
+    # one form unsettled: the bench class has not converged
+    finals["code/messages"] = FinalPolicy("meh", settled=False)
+    assert not summarize(rows, CLASSES, final_policies=finals)["classes"]["code"]["converged"]
+    # rows without a daemon class are judged by the bench class's policy, as before
+    plain = [{k: v for k, v in r.items() if k != "daemon_class"} for r in rows]
+    code = summarize(plain, CLASSES, final_policies=finals)["classes"]["code"]
+    assert code["converged_after"] == len(plan) and code["final_variant"] == "fast-code"
+
+
 def test_failed_requests_are_counted_and_left_out() -> None:
     rows = [*static_rows(), {"arm": "none", "item": 0, "error": "boom"}]
     s = summarize(rows, CLASSES)

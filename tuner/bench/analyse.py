@@ -148,13 +148,48 @@ def _arm_entry(
     }
 
 
-def _convergence(served: Sequence[tuple[str, str]], final: str | None) -> int:
-    """Class requests up to the last serving request with a variant other than the final."""
+def _convergence(served: Sequence[tuple[str, str]], finals: Sequence[str | None]) -> int:
+    """Class requests up to the last serving request with a variant other than the final
+    one of the daemon class it was served in."""
     last = 0
-    for index, (role, variant) in enumerate(served, 1):
+    for index, ((role, variant), final) in enumerate(zip(served, finals, strict=True), 1):
         if role in SERVING_ROLES and final is not None and variant != final:
             last = index
     return last
+
+
+def _leaf_policies(
+    rows: Sequence[Mapping[str, Any]],
+    final_policies: Mapping[str, FinalPolicy] | None,
+    key: str,
+) -> tuple[list[str], dict[str, FinalPolicy | None]]:
+    """Each row's daemon class (``daemon_class``, else the bench's ``key``) and each daemon
+    class's policy when the run ended: a daemon whose classes are finer than the bench's
+    (``[split] form``) serves one bench class from several classes, each converging to its
+    own. Without a final policy, a class's is the variant of its last serving request."""
+    leaves = [str(r.get("daemon_class") or key) for r in rows]
+    out: dict[str, FinalPolicy | None] = {}
+    for leaf in dict.fromkeys(leaves):
+        policy = (final_policies or {}).get(leaf)
+        if policy is None:
+            mine = [r for r, at in zip(rows, leaves, strict=True) if at == leaf]
+            last = next(
+                (str(r.get("variant")) for r in reversed(mine) if r.get("role") in SERVING_ROLES),
+                None,
+            )
+            policy = FinalPolicy(last) if last is not None else None
+        out[leaf] = policy
+    return leaves, out
+
+
+def _joined(key: str, values: Mapping[str, str | None]) -> str | None:
+    """One value, or each daemon class's (by the part of its key past the bench's)."""
+    distinct = set(values.values())
+    if len(distinct) <= 1:
+        return next(iter(distinct), None)
+    return "; ".join(
+        f"{leaf.removeprefix(key + '/') or leaf}: {value}" for leaf, value in sorted(values.items())
+    )
 
 
 def summarize(
@@ -423,12 +458,10 @@ def _tuner_class(
     rng: np.random.Generator,
 ) -> dict[str, Any]:
     served = [(str(r.get("role")), str(r.get("variant"))) for r in rows]
-    policy = (final_policies or {}).get(key)
-    if policy is None:
-        last = next((v for role, v in reversed(served) if role in SERVING_ROLES), None)
-        policy = FinalPolicy(last) if last is not None else None
-    final = policy.variant if policy else None
-    after = _convergence(served, final)
+    leaves, policies = _leaf_policies(rows, final_policies, key)
+    finals = {leaf: p.variant if p else None for leaf, p in policies.items()}
+    after = _convergence(served, [finals[leaf] for leaf in leaves])
+    settled = bool(policies) and all(p is not None and p.settled for p in policies.values())
     measured = [Measured.of(r) for r in rows]
     base = [means[BASELINE][int(r["item"])] for r in rows]
     late, late_base = measured[after:], base[after:]
@@ -444,10 +477,10 @@ def _tuner_class(
         "tuner_roles": dict(sorted(roles.items())),
         "tuner_ratio": entry["ratio"] if rows else None,
         "tuner_interval": entry["interval"] if rows else None,
-        "final_variant": final,
-        "final_reason": policy.reason if policy else None,
+        "final_variant": _joined(key, finals),
+        "final_reason": _joined(key, {k: p.reason if p else None for k, p in policies.items()}),
         "converged_after": after,
-        "converged": bool(rows) and after < len(rows) and policy is not None and policy.settled,
+        "converged": bool(rows) and after < len(rows) and settled,
         "tuner_ratio_after_convergence": late_ratio,
         "tuner_interval_after_convergence": list(late_interval) if late_interval else None,
         "tuner_requests_after_convergence": len(late),
