@@ -211,6 +211,33 @@ def test_pooled_controls_let_a_class_choose_on_its_own_replays(
     assert late[True].count(own_best) >= 8 and parents_best not in late[True], served
 
 
+def test_a_form_class_chooses_on_its_own_replays_against_its_shared_class_baseline(
+    tmp_path: Path, caps: Capabilities
+) -> None:
+    """With classes split by form, the chat share of a class is small and seldom buys two
+    controls of its own; it is measured against its shared class's baseline (no
+    ``controls_pooled`` needed), so it leaves the variant the completions favour for its own
+    best. A small class that is not a form's share still borrows (the test above)."""
+    busy, small = "text/echo/greedy/prompt", "text/echo/greedy/messages"
+    engine = make(tmp_path, config(), caps)
+    names = [k for k, v in engine.variants.items() if v.spec_type in REPLAYABLE]
+    completions_best, chat_best = names[0], names[1]
+    gains = {
+        busy: dict.fromkeys(names, 1.2) | {completions_best: 1.6},
+        small: dict.fromkeys(names, 1.05) | {completions_best: 0.9, chat_best: 1.5},
+    }
+    sim = SimUpstream(gains, seed=5)
+    _drive(engine, sim, [busy] * 120, REPLAYABLE)
+    plan = [busy, small] * 40
+    decisions = _drive(engine, sim, plan, REPLAYABLE)
+    served = [d.variant for k, d in zip(plan, decisions, strict=True) if k == small]
+    assert served[-10:].count(chat_best) >= 8 and completions_best not in served[-10:], served
+    baseline = engine.classes[small].arms.get("none")
+    assert baseline is None or len(baseline.samples) < 2  # measured without its own controls
+    policy = engine.classes[small].policy
+    assert policy is not None and policy.variant == chat_best
+
+
 def test_replays_are_ignored_when_speedups_come_from_timing(
     tmp_path: Path, caps: Capabilities
 ) -> None:

@@ -26,7 +26,10 @@ Decisions, per class:
   drafted token; off by default, it measured no better; with ``controls_pooled``, until all
   traffic has, and a class with fewer than two baseline requests of its own is measured
   against its nearest level's: measured slower, the few baseline requests left each
-  drafted token's cost unsteady and the policies flapping); with ``trial_replayed`` off, a
+  drafted token's cost unsteady and the policies flapping; a class of one request form,
+  ``[split] form``, always is, as its form's share of a class seldom buys two controls of
+  its own at the budget and decodes as fast as the class it shares); with
+  ``trial_replayed`` off, a
   class served speculation also sends one while it has fewer than two (its replayed
   arms are measured against its own baseline). A converged class
   sends a control (for drift checks) at most once per ``drift_window`` of its requests.
@@ -134,7 +137,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from tuner.classify.classes import ROOT, parents
+from tuner.classify.classes import FORMS, ROOT, parents
 from tuner.logs import get_logger
 from tuner.measure import Interval, ratio_interval, wilson
 from tuner.model.speedup import CostModel
@@ -192,6 +195,15 @@ def levels(key: str) -> list[str]:
         if sampled:
             chain.insert(sampled[-1] + 1, SAMPLED)
     return chain
+
+
+def is_form(key: str) -> bool:
+    """Whether a class key is one request form's share of a class (``[split] form``).
+
+    >>> is_form("code/echo/greedy/messages"), is_form("code/echo/greedy")
+    (True, False)
+    """
+    return key.rpartition("/")[2] in FORMS
 
 
 def _z(confidence: float) -> float:
@@ -549,13 +561,16 @@ class Engine:
 
     def _base(self, state: ClassState) -> Arm | None:
         """The baseline a class's speedups are measured against (caller holds the lock): its
-        own with at least two requests; with counts and ``controls_pooled``, else its nearest
-        level's (counts need a baseline only to price a drafted token)."""
+        own with at least two requests; with counts, else its nearest level's for a class of
+        one request form (``[split] form``: the same prompts' class decodes as fast, and a
+        form's share of a class seldom buys two controls at the budget) or, with
+        ``controls_pooled``, for any class (counts need a baseline only to price a drafted
+        token)."""
         own = state.arms.get(BASELINE.name)
         if own is not None and len(own.samples) >= 2:
             return own
         guard = self.config.guard
-        if guard.speedup_from == "counts" and guard.controls_pooled:
+        if guard.speedup_from == "counts" and (guard.controls_pooled or is_form(state.key)):
             return self._baseline_arm(state.key)
         return None
 
