@@ -219,6 +219,43 @@ def test_a_challenger_is_summarised_like_the_tuner_and_compared_pair_by_pair() -
     assert ours["tuner_vs_oracle_after_convergence"]["value"] > 0.95
 
 
+def test_side_by_side_by_counts_prices_both_daemons_at_one_cost_per_variant() -> None:
+    """Both daemons serve the same variant with the same counts, but the challenger's
+    requests ran in slower minutes (every other one 30 % longer): by timing it reads slower,
+    by counts the pairs are equal. Then the challenger accepts more drafts on code: by counts
+    it reads faster, priced at the cost the variant's requests measured (0.25 of a step)."""
+    rows = [r for r in static_rows() if r["arm"] == "none"]  # 10 ms a plain token
+    stream = [0, 1, 2, 3] * 4
+
+    def daemon(arm: str, k: int, item: int, accepted: int, ms: float) -> dict[str, Any]:
+        return {"arm": arm, "item": item, "repeat": k, "tokens": 100, "ms": ms,
+                "variant": "v", "role": "exploit", "drafted": 80, "accepted": accepted}  # fmt: skip
+
+    def steps(accepted: int) -> float:  # (n - a + c d) steps of 10 ms, c = 0.25
+        return 10 * (100 - accepted + 0.25 * 80)
+
+    for k, item in enumerate(stream):
+        rows.append(daemon("tuner", k, item, 40, steps(40)))
+        rows.append(daemon("challenger", k, item, 40, steps(40) * (1.3 if k % 2 else 1.0)))
+    overall = summarize(rows, CLASSES)["overall"]
+    assert overall["challenger_vs_tuner"] < 0.9
+    assert overall["challenger_vs_tuner_by_counts"] == pytest.approx(1.0, abs=1e-3)
+    # the slow minutes raise the fitted cost, alike for both: equal counts stay equal
+    low, high = overall["challenger_vs_tuner_by_counts_interval"]
+    assert low == pytest.approx(1.0, abs=1e-3) and high == pytest.approx(1.0, abs=1e-3)
+
+    rows = [r for r in rows if r["arm"] == "none"]
+    for k, item in enumerate(stream):
+        more = 60 if CLASSES[item] == "code" else 40
+        rows.append(daemon("tuner", k, item, 40, steps(40)))
+        rows.append(daemon("challenger", k, item, more, steps(more)))
+    overall = summarize(rows, CLASSES)["overall"]
+    # code: 8 pairs at 80 against 100 steps; prose: 8 pairs at 80 each
+    expected = (16 * 80) / (8 * 60 + 8 * 80)
+    assert overall["challenger_vs_tuner_by_counts"] == pytest.approx(expected, rel=1e-3)
+    assert overall["challenger_vs_tuner"] == pytest.approx(expected, rel=1e-3)
+
+
 def test_a_run_without_a_challenger_has_no_challenger_fields() -> None:
     rows = [*static_rows(), tuner_row(0, "fast-code"), tuner_row(2, "none")]
     s = summarize(rows, CLASSES)

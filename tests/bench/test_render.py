@@ -92,6 +92,8 @@ def test_markdown_and_plot_show_the_challenger(tmp_path: Path) -> None:
     text = markdown(summary)
     assert "| **challenger, whole run** | 1.000" in text
     assert "Side by side (/x/other.toml, 8 pairs of the same prompt): challenger / tuner" in text
+    by_counts = summary["overall"]["challenger_vs_tuner_by_counts"]
+    assert by_counts is not None and f"; priced by counts {by_counts:.3f}" in text
     assert "| challenger | its final variant |" in text
     assert "| target | measured | wanted | met | challenger | met |" in text
     assert "| challenger |" not in text.split("## Overall")[1].split("| **per-class")[0]

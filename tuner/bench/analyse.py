@@ -351,28 +351,73 @@ def _challenger(
     out = _as_challenger(found)
     out["challenger_oracle_ratio_after_convergence"] = found["oracle_ratio_after_convergence"]
     if tuner:
-        out.update(_side_by_side(tuner, rows, rng))
+        out.update(_side_by_side(tuner, rows, means[BASELINE], rng))
     return out
 
 
 def _side_by_side(
     tuner: Sequence[Mapping[str, Any]],
     challenger: Sequence[Mapping[str, Any]],
+    base: Mapping[int, Measured],
     rng: np.random.Generator,
 ) -> dict[str, Any]:
     """The challenger over the tuner on the requests both answered (the same item at the same
-    place in the stream, sent back to back), with a 90 % interval resampling those pairs."""
+    place in the stream, sent back to back), with a 90 % interval resampling those pairs; and
+    the same priced by the requests' counts (``_priced``), without the timing noise."""
     theirs = {int(r["repeat"]): r for r in challenger}
     pairs = [(r, theirs[int(r["repeat"])]) for r in tuner if int(r["repeat"]) in theirs]
     pairs = [(a, b) for a, b in pairs if a["item"] == b["item"]]
     ours = [Measured.of(a) for a, _ in pairs]
     other = [Measured.of(b) for _, b in pairs]
     interval = _bootstrap(other, ours, rng)
+    # both daemons' requests priced together: one drafted-token cost per variant
+    items = [base[int(a["item"])] for a, _ in pairs]
+    variants = [str(r.get("variant")) for side in (0, 1) for r in (p[side] for p in pairs)]
+    priced = _priced([*ours, *other], items * 2, variants)
+    ours_c, other_c = priced[: len(pairs)], priced[len(pairs) :]
+    counts_interval = _bootstrap(other_c, ours_c, rng)
     return {
         "side_by_side_pairs": len(pairs),
         "challenger_vs_tuner": round(_ratio(other, ours), 4) if pairs else None,
         "challenger_vs_tuner_interval": list(interval) if interval else None,
+        "challenger_vs_tuner_by_counts": round(_ratio(other_c, ours_c), 4) if pairs else None,
+        "challenger_vs_tuner_by_counts_interval": list(counts_interval)
+        if counts_interval
+        else None,
     }
+
+
+SHRINK_DRAFTED = 256.0  # drafted tokens of the pooled cost a variant's own cost is shrunk by
+
+
+def _priced(
+    measured: Sequence[Measured], base: Sequence[Measured], variants: Sequence[str]
+) -> list[Measured]:
+    """The requests with their decode time replaced by what their counts cost at their
+    prompt's plain decode speed (``base``, the same prompt without speculation):
+    ``(n - a + c d)`` steps of ``base.seconds / base.tokens``, ``c`` a variant's drafted-token
+    cost fitted on these requests (its decode time in plain steps, less ``n - a``, over its
+    drafted tokens; shrunk toward all variants' pooled cost by ``SHRINK_DRAFTED`` tokens).
+    Given both daemons' requests, one ``c`` per variant prices both, so what differs between
+    two requests of a pair is what was drafted and accepted, not the minutes they ran in."""
+    extra: dict[str, float] = defaultdict(float)
+    drafted: dict[str, float] = defaultdict(float)
+    step = [b.seconds / b.tokens if b.tokens > 0 else 0.0 for b in base]
+    for m, s, v in zip(measured, step, variants, strict=True):
+        if m.drafted > 0 and s > 0:
+            extra[v] += m.seconds / s - (m.tokens - m.accepted)
+            drafted[v] += m.drafted
+    total = sum(drafted.values())
+    pooled = max(0.0, sum(extra.values()) / total) if total else 0.0
+    cost = {
+        v: max(0.0, (extra[v] + SHRINK_DRAFTED * pooled) / (drafted[v] + SHRINK_DRAFTED))
+        for v in drafted
+    }
+    out = []
+    for m, s, v in zip(measured, step, variants, strict=True):
+        steps = m.tokens - m.accepted + cost.get(v, pooled) * m.drafted
+        out.append(Measured(m.tokens, s * steps, m.drafted, m.accepted))
+    return out
 
 
 def succeeded(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

@@ -145,12 +145,14 @@ def markdown(summary: Mapping[str, Any]) -> str:
         lines += _exposure_note(overall.get("requests_per_prompt"))
         if overall.get("challenger_vs_tuner") is not None:
             side = _interval({"interval": overall.get("challenger_vs_tuner_interval")})
+            counts = _interval({"interval": overall.get("challenger_vs_tuner_by_counts_interval")})
             lines += [
                 "",
                 f"Side by side ({summary.get('challenger_tuning', 'challenger')}, "
                 f"{overall['side_by_side_pairs']} pairs of the same prompt): challenger / tuner "
-                f"= **{_x(overall['challenger_vs_tuner'])}**{side}; challenger / best static = "
-                f"{_x(overall.get('challenger_vs_best_static'))}.",
+                f"= **{_x(overall['challenger_vs_tuner'])}**{side}; priced by counts "
+                f"{_x(overall.get('challenger_vs_tuner_by_counts'))}{counts}; challenger / "
+                f"best static = {_x(overall.get('challenger_vs_best_static'))}.",
             ]
     lines += ["", "## Per class", ""]
     header = "| class | prompts | baseline tok/s | oracle | best static here |"
