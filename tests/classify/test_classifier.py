@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from tuner.classify import classify, features, load_definitions, parents, resolve
 from tuner.classify import lexicon as lx
-from tuner.classify.classes import Split
+from tuner.classify.classes import Split, is_form
 from tuner.classify.features import byte_entropy, extract
 from tuner.classify.prompt import view_of
 from tuner.errors import ConfigError
@@ -229,6 +229,7 @@ def test_split_by_form_adds_the_request_form_under_the_shared_class(body: Any) -
     found = classify(body, FORM_DEFS)
     assert found.key in FORM_DEFS.all_classes()
     assert found.key.rsplit("/", 1)[0] == classify(body, DEFS).key
+    assert is_form(found.key) and not is_form(classify(body, DEFS).key)
 
 
 def test_split_by_form_tells_chat_from_completion() -> None:

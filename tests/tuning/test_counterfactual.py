@@ -18,6 +18,7 @@ from tuner.tuning.counterfactual import Counterfactual
 from tuner.tuning.engine import Arm, Decision, Engine, Policy
 from tuner.tuning.service import TuningService
 from tuner.tuning.shadow import EXACT, REPLAYABLE, ModDrafter, replay_simple
+from tuner.tuning.variants import BASELINE
 from tuner.upstream.capabilities import Capabilities, parse_capabilities
 from tuner.upstream.client import UpstreamClient
 
@@ -184,6 +185,24 @@ def test_pooled_controls_stop_once_all_traffic_has_a_baseline(
         assert policy is not None and policy.variant == "ngram-simple.n6.m16", found
 
 
+def _small_under_busy(engine: Engine, busy: str, small: str) -> tuple[list[str], str, str]:
+    """A busy class whose best replayable variant (1.6x) is slow for a small class beside it
+    (0.9x), where another is best (1.5x): 120 busy requests, then the two alternating. What
+    the small class was served, the busy class's best, the small class's own best."""
+    names = [k for k, v in engine.variants.items() if v.spec_type in REPLAYABLE]
+    busy_best, own_best = names[0], names[1]
+    gains = {
+        busy: dict.fromkeys(names, 1.2) | {busy_best: 1.6},
+        small: dict.fromkeys(names, 1.05) | {busy_best: 0.9, own_best: 1.5},
+    }
+    sim = SimUpstream(gains, seed=5)
+    _drive(engine, sim, [busy] * 120, REPLAYABLE)
+    plan = [busy, small] * 40
+    decisions = _drive(engine, sim, plan, REPLAYABLE)
+    served = [d.variant for k, d in zip(plan, decisions, strict=True) if k == small]
+    return served, busy_best, own_best
+
+
 def test_pooled_controls_let_a_class_choose_on_its_own_replays(
     tmp_path: Path, caps: Capabilities
 ) -> None:
@@ -191,21 +210,12 @@ def test_pooled_controls_let_a_class_choose_on_its_own_replays(
     own (two controls, which a 1 % budget seldom buys) its replayed counts measure nothing
     and it is served the parent's variant, which is slow for it; with ``controls_pooled``
     its counts are priced at its nearest level's baseline, so it runs its own best."""
-    busy, small = "text/echo/greedy", "text/fresh/greedy"
     served = {}
     for pooled in (False, True):
         engine = make(tmp_path / str(pooled), config({"controls_pooled": pooled}), caps)
-        names = [k for k, v in engine.variants.items() if v.spec_type in REPLAYABLE]
-        parents_best, own_best = names[0], names[1]
-        gains = {
-            busy: dict.fromkeys(names, 1.2) | {parents_best: 1.6},
-            small: dict.fromkeys(names, 1.05) | {parents_best: 0.9, own_best: 1.5},
-        }
-        sim = SimUpstream(gains, seed=5)
-        _drive(engine, sim, [busy] * 120, REPLAYABLE)
-        plan = [busy, small] * 40
-        decisions = _drive(engine, sim, plan, REPLAYABLE)
-        served[pooled] = [d.variant for k, d in zip(plan, decisions, strict=True) if k == small]
+        served[pooled], parents_best, own_best = _small_under_busy(
+            engine, "text/echo/greedy", "text/fresh/greedy"
+        )
     late = {pooled: variants[-10:] for pooled, variants in served.items()}
     assert late[False].count(parents_best) >= 8, served
     assert late[True].count(own_best) >= 8 and parents_best not in late[True], served
@@ -218,21 +228,13 @@ def test_a_form_class_chooses_on_its_own_replays_against_its_shared_class_baseli
     controls of its own; it is measured against its shared class's baseline (no
     ``controls_pooled`` needed), so it leaves the variant the completions favour for its own
     best. A small class that is not a form's share still borrows (the test above)."""
-    busy, small = "text/echo/greedy/prompt", "text/echo/greedy/messages"
+    small = "text/echo/greedy/messages"
     engine = make(tmp_path, config(), caps)
-    names = [k for k, v in engine.variants.items() if v.spec_type in REPLAYABLE]
-    completions_best, chat_best = names[0], names[1]
-    gains = {
-        busy: dict.fromkeys(names, 1.2) | {completions_best: 1.6},
-        small: dict.fromkeys(names, 1.05) | {completions_best: 0.9, chat_best: 1.5},
-    }
-    sim = SimUpstream(gains, seed=5)
-    _drive(engine, sim, [busy] * 120, REPLAYABLE)
-    plan = [busy, small] * 40
-    decisions = _drive(engine, sim, plan, REPLAYABLE)
-    served = [d.variant for k, d in zip(plan, decisions, strict=True) if k == small]
+    served, completions_best, chat_best = _small_under_busy(
+        engine, "text/echo/greedy/prompt", small
+    )
     assert served[-10:].count(chat_best) >= 8 and completions_best not in served[-10:], served
-    baseline = engine.classes[small].arms.get("none")
+    baseline = engine.classes[small].arms.get(BASELINE.name)
     assert baseline is None or len(baseline.samples) < 2  # measured without its own controls
     policy = engine.classes[small].policy
     assert policy is not None and policy.variant == chat_best

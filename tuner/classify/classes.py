@@ -26,6 +26,7 @@ __all__ = [
     "ClassDefinitions",
     "Classification",
     "classify",
+    "is_form",
     "load_definitions",
     "parents",
     "resolve",
@@ -124,6 +125,15 @@ def classify(body: Any, definitions: ClassDefinitions) -> Classification:
     if definitions.split.form:
         key += f"/{FORMS[0] if features.chat else FORMS[1]}"
     return Classification(key, features)
+
+
+def is_form(key: str) -> bool:
+    """Whether a class key is one request form's share of a class (``split.form``).
+
+    >>> is_form("code/echo/greedy/messages"), is_form("code/echo/greedy")
+    (True, False)
+    """
+    return key.rpartition("/")[2] in FORMS
 
 
 def parents(key: str) -> list[str]:

@@ -137,7 +137,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from tuner.classify.classes import FORMS, ROOT, parents
+from tuner.classify.classes import ROOT, is_form, parents
 from tuner.logs import get_logger
 from tuner.measure import Interval, ratio_interval, wilson
 from tuner.model.speedup import CostModel
@@ -195,15 +195,6 @@ def levels(key: str) -> list[str]:
         if sampled:
             chain.insert(sampled[-1] + 1, SAMPLED)
     return chain
-
-
-def is_form(key: str) -> bool:
-    """Whether a class key is one request form's share of a class (``[split] form``).
-
-    >>> is_form("code/echo/greedy/messages"), is_form("code/echo/greedy")
-    (True, False)
-    """
-    return key.rpartition("/")[2] in FORMS
 
 
 def _z(confidence: float) -> float:
