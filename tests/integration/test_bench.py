@@ -95,6 +95,9 @@ def test_a_challenger_runs_side_by_side_with_its_own_tuning_file(tmp_path: Path)
     assert summary["challenger_tuning"] == str(tuning)
     assert summary["challenger_env"] == {"TUNER_MAX_INSTANCES": "1"}
     assert overall["side_by_side_pairs"] == 8 and overall["challenger_vs_tuner"] > 0
+    # the same pairs priced by their counts, on the real server's timings
+    assert overall["challenger_vs_tuner_by_counts"] > 0
+    assert all(r.get("daemon_class") == r["class"] for r in ours)  # classes as the bench's
     assert "challenger" not in summary["static_arms"]
     assert (out / "challenger-state" / "policies.json").is_file()
     assert "Side by side" in (out / "summary.md").read_text()
