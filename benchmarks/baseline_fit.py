@@ -10,6 +10,12 @@ the speed without speculation, ``1 / t1``, with no request run without speculati
 of them, beside the speed measured on the run's ``none`` requests: how far a daemon could
 price drafted tokens without controls.
 
+``engine``: per daemon arm, what ``[guard] baseline = "fitted"`` would have priced at:
+the engine's own fit (``Calibration.step_time``, unweighted, one cost per variant) over that
+arm's requests in the order they ran, its plain requests after the first two left out (the
+two that anchor the fit; a fitted daemon sends no other controls), after its first 20, 40,
+100 and all requests.
+
     python -m benchmarks.baseline_fit DIR [--out FILE.json]
 """
 
@@ -21,8 +27,12 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import run_main, usable
+from benchmarks.exploration_cost import DAEMONS
+from tuner.tuning.counts import Calibration
 
 PREFIXES = (30, 100)
+ENGINE_PREFIXES = (20, 40, 100)
+ANCHORS = 2  # plain requests a fitted daemon runs, all traffic's first
 
 
 def fit(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
@@ -72,7 +82,43 @@ def baseline_fit(rows: list[dict[str, Any]]) -> dict[str, Any]:
                 fits[str(first)] = found
         if fits:
             arms[arm] = fits
-    return {"measured_tok_s": round(measured, 2) if measured else None, "arms": arms}
+    engine = {
+        arm: found
+        for arm in DAEMONS
+        if (found := engine_fit([r for r in rows if r["arm"] == arm], measured))
+    }
+    return {
+        "measured_tok_s": round(measured, 2) if measured else None,
+        "arms": arms,
+        "engine": engine,
+    }
+
+
+def engine_fit(rows: Sequence[dict[str, Any]], measured: float | None) -> dict[str, Any]:
+    """The engine's fitted speed (``Calibration.step_time``) over growing prefixes of one
+    daemon's requests, as run, with only its first ``ANCHORS`` plain requests kept."""
+    kept, plain = [], 0
+    for row in rows:
+        if row.get("variant") == "none":
+            plain += 1
+            if plain > ANCHORS:
+                continue
+        kept.append(row)
+    out: dict[str, Any] = {}
+    for first in (*[p for p in ENGINE_PREFIXES if p < len(kept)], len(kept)):
+        calibration = Calibration()
+        for row in kept[:first]:
+            counts = (int(row["tokens"]), int(row.get("drafted") or 0),
+                      int(row.get("accepted") or 0))  # fmt: skip
+            calibration.add("all", str(row["variant"]), counts, float(row["ms"]) / 1000.0)
+        step = calibration.step_time()
+        if step is not None:
+            tok_s = 1.0 / step
+            out[str(first)] = {
+                "tok_s": round(tok_s, 2),
+                "over_measured": round(tok_s / measured, 3) if measured else None,
+            }
+    return out
 
 
 def main() -> None:

@@ -54,3 +54,26 @@ def test_noisy_requests_land_near_the_measured_baseline() -> None:
 
 def test_too_few_requests_fit_nothing() -> None:
     assert fit([spec_row("t", "v1", 128, 10, 5, 0.01, 0.4)]) is None
+
+
+def test_the_engine_fit_keeps_only_the_two_anchoring_plain_requests() -> None:
+    """A daemon's requests as run: plain ones (a third of them, slower than the model's
+    step, as if their minutes were slower) and speculative ones of two variants. The engine's
+    fit keeps the first two plain requests only, so it lands on the speculative requests'
+    step, not between it and the slow plain ones."""
+    rng = random.Random(9)
+    step = 1 / 80
+    rows: list[dict[str, Any]] = []
+    for i in range(150):
+        if i % 3 == 0:
+            slow = 1.0 if i < 6 else 1.3  # the first two plain requests at the true step
+            rows.append({"arm": "tuner", "variant": "none", "tokens": 128, "drafted": 0,
+                         "accepted": 0, "ms": 1000 * 128 * step * slow})  # fmt: skip
+        else:
+            d = rng.randint(5, 100)
+            rows.append(spec_row("tuner", rng.choice(["v1", "v2"]), 128, d, rng.randint(0, d),
+                                 step, 0.4, 0.05, rng))  # fmt: skip
+    found = baseline_fit(rows)["engine"]["tuner"]
+    assert set(found) == {"20", "40", "100", str(150 - 48)}
+    assert found["100"]["tok_s"] == pytest.approx(80.0, rel=0.03)
+    assert "challenger" not in baseline_fit(rows)["engine"]

@@ -185,6 +185,35 @@ def test_pooled_controls_stop_once_all_traffic_has_a_baseline(
         assert policy is not None and policy.variant == "ngram-simple.n6.m16", found
 
 
+def test_a_fitted_baseline_needs_no_controls_in_any_class(
+    tmp_path: Path, caps: Capabilities
+) -> None:
+    """With ``baseline = "fitted"`` a plain step's time is fitted on all traffic's
+    speculative requests, so after two plain requests that anchor it no class sends a
+    control (not with its trials, not for drift checks: a class's first requests, before it
+    has any policy, run plain as they always do), and every class still finds its
+    variant, its drafted tokens priced at the fitted speed (the upstream's 60 tok/s)."""
+    keys = [CODE, "code/fresh/greedy", "text/echo/greedy", "data/echo/greedy"]
+    found = {}
+    for baseline in ("controls", "fitted"):
+        guard = {"replay": False, "baseline": baseline}
+        engine = make(tmp_path / baseline, config(guard, explore_share=0.5, patience=0), caps)
+        gains = {n: 1.1 for n, v in engine.variants.items() if v.speculative}
+        gains["ngram-simple.n6.m16"] = 1.6
+        decisions = _drive(engine, SimUpstream(dict.fromkeys(keys, gains), seed=3), keys * 90)
+        trials = sum(d.role == "trial" for d in decisions)
+        plain = sum(d.role == "control" for d in decisions)
+        found[baseline] = (trials, plain, {k: engine.classes[k].policy for k in keys})
+        if baseline == "fitted":
+            with engine._lock:
+                speed = engine._baseline_speed(CODE)
+            assert speed == pytest.approx(60.0, rel=0.03)
+    assert found["fitted"][1] <= 2 < found["controls"][1] / 4, found
+    assert found["fitted"][0] >= 0.8 * found["controls"][0] > 0, found  # the same search
+    for policy in found["fitted"][2].values():
+        assert policy is not None and policy.variant == "ngram-simple.n6.m16", found
+
+
 def _small_under_busy(engine: Engine, busy: str, small: str) -> tuple[list[str], str, str]:
     """A busy class whose best replayable variant (1.6x) is slow for a small class beside it
     (0.9x), where another is best (1.5x): 120 busy requests, then the two alternating. What

@@ -172,8 +172,12 @@ def test_a_wrong_kill_switch_verdict_is_overturned(tmp_path: Path, caps: Capabil
     assert policy is not None and policy.speculation and not policy.kill_switch
 
 
-def test_drift_reopens_exploration(tmp_path: Path, caps: Capabilities) -> None:
-    cfg = config(explore_share=0.5, max_trials=4)
+@pytest.mark.parametrize("baseline", ["controls", "fitted"])
+def test_drift_reopens_exploration(tmp_path: Path, caps: Capabilities, baseline: str) -> None:
+    """The held variant's speedup over its recent requests leaves the interval of its
+    older ones: measured against the class's own controls, or, with a fitted baseline
+    (no controls), by the requests' counts."""
+    cfg = config({"baseline": baseline}, explore_share=0.5, max_trials=4)
     cfg = cfg.model_copy(
         update={"search": {"ngram-simple": {"size_n": [3], "size_m": [8, 16]}, "ngram-cache": {}}}
     )

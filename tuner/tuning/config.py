@@ -68,6 +68,12 @@ class Guard(_Strict):
     # instead of the class's own; a class without two of its own is measured against its
     # nearest level's (3.5 % slower side by side, with explore_share 0.01; 0.01 alone won)
     controls_pooled: bool = False
+    # counts mode: the plain decode speed a drafted token is priced against: "controls",
+    # each class's nearest level's baseline requests (trials interleave controls, converged
+    # classes send one per drift_window requests); "fitted", one plain step's time fitted on
+    # all traffic's requests, speculative ones included (Calibration.step_time), so only the
+    # first two requests of all traffic run without speculation to anchor it
+    baseline: Literal["controls", "fitted"] = "controls"
     # with replay: trials also for the variants replays measure exactly (false: ngram-simple
     # untried once drafts are calibrated; measured no better side by side, BENCHMARKS.md)
     trial_replayed: bool = True

@@ -28,6 +28,8 @@ shared 2-core machine).
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -44,6 +46,9 @@ __all__ = [
 
 Counts = tuple[int, int, int]  # generated tokens, drafted, accepted (one request)
 PRIOR_REQUESTS = 4.0  # weight of the pooled (or prior) cost against a variant's own
+STALL = 1.5  # the step-time fit counts a request at most this many times its expected time
+STALL_WINDOW = 64  # recent requests whose median time over expected time sets that
+STALL_OWN = 4  # ... once the request's variant has this many requests in the fit
 MIN_REL = 0.01  # the narrowest relative half-width an interval gets (model error)
 
 
@@ -230,12 +235,76 @@ class Calibration:
     prior: float = 0.0
     prior_se: float = 0.25
     raw: dict[tuple[str, str], _Raw] = field(default_factory=dict)  # (class, variant)
+    # for ``step_time``: per variant (None: drafted nothing), times capped at STALL
+    steps: dict[str | None, _Raw] = field(default_factory=dict)
+    per_step: deque[float] = field(default_factory=lambda: deque(maxlen=STALL_WINDOW))
 
     def add(self, class_key: str, variant: str, counts: Counts, seconds: float) -> None:
+        """One request; ``variant`` is any name for one that drafted nothing (a baseline
+        request, or a speculative one that found nothing to draft): it ran ``n`` plain
+        steps, which only ``step_time`` uses."""
         n, d, a = counts
-        if d <= 0 or n <= 0 or not math.isfinite(seconds) or seconds <= 0:
+        if n <= 0 or not math.isfinite(seconds) or seconds <= 0:
             return
-        self.raw.setdefault((class_key, variant), _Raw()).add(seconds, float(n - a), float(d))
+        self._add_step(None if d <= 0 else variant, float(n - a), float(max(d, 0)), seconds)
+        if d > 0:
+            self.raw.setdefault((class_key, variant), _Raw()).add(seconds, float(n - a), float(d))
+
+    def _add_step(self, variant: str | None, m: float, d: float, seconds: float) -> None:
+        """One request for the step-time fit. A request far slower than the fit so far
+        expects (the machine stalled it: a router loading another instance on a 2-core
+        machine took 3.5x) would pull an unweighted fit by itself, so once the fit stands
+        its time counts at most ``STALL`` times the expected one (at the recent median of
+        time over expected time)."""
+        expected = self._expected(variant, m, d)
+        if expected is not None:
+            if len(self.per_step) >= 8:
+                seconds = min(seconds, STALL * statistics.median(self.per_step) * expected)
+            self.per_step.append(seconds / expected)
+        self.steps.setdefault(variant, _Raw()).add(seconds, m, d)
+
+    def _expected(self, variant: str | None, m: float, d: float) -> float | None:
+        """The fit's decode time for ``m`` steps and ``d`` drafts of a variant; None before
+        the fit stands or the variant (or, for a request that drafted nothing, the plain
+        ones) has ``STALL_OWN`` requests of its own: a cap from another variant's cost
+        would clip a dearer one's every request, and its cost would never catch up."""
+        tau, own = self.step_time(), self.steps.get(variant)
+        if tau is None or own is None or own.n < STALL_OWN:
+            return None
+        kappa = max(0.0, (own.td - tau * own.md) / own.dd) if own.dd > 0 else 0.0
+        expected = tau * m + kappa * d
+        return expected if expected > 0 else None
+
+    def step_time(self) -> float | None:
+        """One plain decode step's time (seconds), fitted on every request of all traffic.
+
+        The same structure that prices a drafted token, ``t = tau * (n - a) + kappa_v * d``
+        with one ``tau`` and one ``kappa`` per variant, fitted by least squares over the
+        speculative requests and the ones that drafted nothing (``t = tau * n``); in closed
+        form, each ``kappa_v`` profiled out::
+
+            tau = (sum tm - sum_v td_v md_v / dd_v) / (sum mm - sum_v md_v^2 / dd_v)
+
+        Speculative requests inform ``tau`` through how their steps and drafts vary apart
+        (a prompt that accepts more runs fewer steps for its drafts), so it needs no baseline
+        request of every class; a stalled request counts at most ``STALL`` times its
+        expected time (``_add_step``); None until the sums determine it.
+
+        >>> cal = Calibration()
+        >>> for n, d, a in [(100, 40, 30), (100, 60, 20), (80, 20, 18), (90, 0, 0)]:
+        ...     cal.add("c", "v" if d else "none", (n, d, a), 0.01 * (n - a) + 0.004 * d)
+        >>> round(cal.step_time(), 6)
+        0.01
+        """
+        top = bottom = 0.0
+        for raw in self.steps.values():
+            top += raw.tm - (raw.td * raw.md / raw.dd if raw.dd > 0 else 0.0)
+            bottom += raw.mm - (raw.md * raw.md / raw.dd if raw.dd > 0 else 0.0)
+        # a variant whose steps are proportional to its drafts adds nothing but rounding
+        if bottom <= 1e-9 * max(1.0, sum(r.mm for r in self.steps.values())):
+            return None
+        tau = top / bottom
+        return tau if tau > 0 and math.isfinite(tau) else None
 
     def variants(self) -> set[str]:
         return {variant for _, variant in self.raw}

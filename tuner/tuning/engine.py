@@ -33,6 +33,11 @@ Decisions, per class:
   class served speculation also sends one while it has fewer than two (its replayed
   arms are measured against its own baseline). A converged class
   sends a control (for drift checks) at most once per ``drift_window`` of its requests.
+  With ``guard.baseline = "fitted"`` (counts mode) no class sends controls: the plain
+  decode speed that prices a drafted token is one step's time fitted on all traffic's
+  requests, speculative ones included (``Calibration.step_time``), anchored by the first
+  two requests of all traffic run without speculation; every class is measured against
+  its nearest level's baseline arm, and a held variant's drift is judged by its counts.
 - Speedups (``guard.speedup_from = "counts"``, the default): a request that
   generated ``n`` tokens, drafted ``d`` and had ``a`` accepted is priced at
   ``n / (n - a + c d)`` (``tuner.tuning.counts``), with ``c``, what a drafted token
@@ -425,6 +430,7 @@ class Engine:
         self._overrides: dict[str, Override] = {}  # per class key; the config is frozen
         # requests observed, speculative ones among them, and replays received
         self._observed = self._served = self._replays = 0
+        self._plain_routed = 0  # requests this process sent without speculation
         self._lock = threading.RLock()
 
     # -- the request path -------------------------------------------------------------
@@ -449,10 +455,15 @@ class Engine:
                 state.spent += 1.0  # until observed (``_cost``)
             if decision.variant == BASELINE.name:
                 state.none_routed += 1
+                self._plain_routed += 1
             return decision
 
     def _explore(self, key: str, state: ClassState, policy: Policy) -> Decision | None:
         """A trial or control request, or None when there is nothing to explore right now."""
+        fitted = self._fitted()
+        if fitted and max(self._plain_routed, self._state(ROOT).baseline_requests) < 2:
+            # the fitted step time is anchored by two plain requests of all traffic
+            return Decision(BASELINE.name, "control", policy_class=key)
         trial = state.trial
         if trial is not None:
             controls = state.none_routed - trial.none_mark
@@ -464,7 +475,7 @@ class Engine:
             trial.sent += 1
             return Decision(trial.variant.name, "trial", trial.number, key)
         replays = self._replays_arrive()
-        if replays and policy.speculation and state.baseline_requests < 2:
+        if replays and policy.speculation and state.baseline_requests < 2 and not fitted:
             # replays measure a class's variants only against its own baseline speed
             return Decision(BASELINE.name, "control", policy_class=key)
         # with replays, a class's first requests measure every replayed variant before a
@@ -476,6 +487,7 @@ class Engine:
         elif (
             state.converged
             and policy.speculation
+            and not fitted
             and state.seen - state.last_control >= self.config.guard.drift_window
         ):
             state.last_control = state.seen  # keep the baseline fresh for drift checks
@@ -489,10 +501,18 @@ class Engine:
         until the class has that many baseline requests of its own, or, with
         ``controls_pooled``, until all traffic has (caller holds the lock)."""
         guard = self.config.guard
+        if self._fitted():
+            return False
         if guard.speedup_from != "counts" or guard.trial_controls_until == 0:
             return True
         counted = self._state(ROOT) if guard.controls_pooled else state
         return counted.baseline_requests < guard.trial_controls_until
+
+    def _fitted(self) -> bool:
+        """Whether a class's baseline speed is the step time fitted on all traffic
+        (``guard.baseline = "fitted"``, counts mode): no class sends controls of its own."""
+        guard = self.config.guard
+        return guard.speedup_from == "counts" and guard.baseline == "fitted"
 
     def _replays_arrive(self) -> bool:
         """Whether replays are configured and arriving: once replays are on, the first
@@ -538,7 +558,9 @@ class Engine:
         base = self._baseline_arm(key)
         if base is None or tok_s <= 0:
             return None
-        reference = statistics.fmean(base.samples) * self._effective_policy(key)[1].gain
+        plain = self._fitted_speed() if self._fitted() else None
+        speed = plain if plain is not None else statistics.fmean(base.samples)
+        reference = speed * self._effective_policy(key)[1].gain
         return min(MAX_COST, max(0.0, reference / tok_s - 1.0))
 
     def _baseline_arm(self, key: str) -> Arm | None:
@@ -561,18 +583,27 @@ class Engine:
         if own is not None and len(own.samples) >= 2:
             return own
         guard = self.config.guard
-        if guard.speedup_from == "counts" and (guard.controls_pooled or is_form(state.key)):
+        pooled = guard.controls_pooled or self._fitted() or is_form(state.key)
+        if guard.speedup_from == "counts" and pooled:
             return self._baseline_arm(state.key)
         return None
 
     def _baseline_speed(self, key: str) -> float | None:
         """A class's decode speed without speculation, its nearest level's, as tokens over
         time (the harmonic mean: the calibration multiplies decode times by it, and the
-        arithmetic mean of noisy speeds would overstate it). Caller holds the lock."""
+        arithmetic mean of noisy speeds would overstate it); with ``guard.baseline =
+        "fitted"``, the fitted step time's, the same for every class. Caller holds the lock."""
+        if self._fitted() and (fitted := self._fitted_speed()) is not None:
+            return fitted
         base = self._baseline_arm(key)
         if base is None or min(base.samples) <= 0:
             return None
         return len(base.samples) / math.fsum(1.0 / x for x in base.samples)
+
+    def _fitted_speed(self) -> float | None:
+        """Plain decode steps per second, fitted on all traffic (``Calibration.step_time``)."""
+        tau = self.calibration.step_time()
+        return 1.0 / tau if tau is not None else None
 
     def _costs(self, variants: Iterable[str]) -> dict[str, tuple[float, float]]:
         groups = {"spec_type": self._spec_type, "draft_length": self._draft_length}
@@ -633,15 +664,13 @@ class Engine:
 
     def _recalibrate(self) -> None:
         """Rebuild the calibration from the kept requests (after ``restore``): each leaf
-        class's speculative requests."""
+        class's requests (speculative ones price a drafted token, all fit a step's time)."""
         self.calibration = Calibration(prior=self._prior_cost())
         shared = {level for key in self.classes for level in levels(key)[1:]}
         for key, state in self.classes.items():
             if key in shared or key in (SAMPLED, ROOT):
                 continue  # a leaf's requests count at every level: once is enough
             for name, arm in state.arms.items():
-                if name == BASELINE.name:
-                    continue
                 # newest first: a file from before ``recent`` was kept has fewer of them
                 kept = zip(reversed(arm.samples), reversed(arm.recent), strict=False)
                 for tok_s, (d, a, n) in kept:
@@ -696,8 +725,8 @@ class Engine:
                 if cost is not None:
                     self._state(key).spent -= 1.0 - cost
             counts = (t.predicted_n, drafted, accepted)
-            if record.variant != BASELINE.name:
-                self.calibration.add(key, record.variant, counts, t.predicted_n / tok_s)
+            # a request that drafted nothing (a baseline one included) only fits a step's time
+            self.calibration.add(key, record.variant, counts, t.predicted_n / tok_s)
             for level in levels(key):
                 state = self._state(level)
                 state.arm(record.variant).add(tok_s, t.predicted_n, drafted, accepted)
@@ -1345,17 +1374,14 @@ class Engine:
                 policy = state.policy
                 if not state.converged or policy is None or not policy.speculation:
                     continue
-                arm, base = state.arms.get(policy.variant), state.arms.get(BASELINE.name)
-                if arm is None or base is None or len(arm.samples) < window + window // 2:
+                arm = state.arms.get(policy.variant)
+                if arm is None or len(arm.samples) < window + window // 2:
                     continue
-                samples, pairs = list(arm.samples), list(arm.recent)
-                base_samples = list(base.samples)
-                if len(base_samples) < 4:
+                pairs, z = list(arm.recent), DRIFT_Z
+                found = self._drift_speedups(state, policy.variant, arm)
+                if found is None:
                     continue
-                half = len(base_samples) // 2
-                z = DRIFT_Z
-                before = ratio_interval(samples[:-window], base_samples[:half], z)
-                recent = ratio_interval(samples[-window:], base_samples[half:], z)
+                before, recent = found
                 now = recent.value
                 # per request, not per token: a prompt's drafts are accepted together
                 old_alpha = alpha_interval(pairs[:-window], z)
@@ -1385,6 +1411,31 @@ class Engine:
         if reopened:
             self._changed()
         return reopened
+
+    def _drift_speedups(
+        self, state: ClassState, variant: str, arm: Arm
+    ) -> tuple[Interval, Interval] | None:
+        """The held variant's speedup before its last ``drift_window`` requests and over
+        them (caller holds the lock): by decode speed against the class's own baseline
+        requests of the same halves of its window, or, with ``guard.baseline = "fitted"``
+        (no class has controls of its own), by the requests' counts at one drafted-token
+        cost (what moves is what they accept and draft). None without enough of either."""
+        window = self.config.guard.drift_window
+        if self._fitted():
+            counts = arm.counts
+            c, _ = self._costs([variant])[variant]
+            before = count_speedup(counts[:-window], c, 0.0, DRIFT_Z)
+            recent = count_speedup(counts[-window:], c, 0.0, DRIFT_Z)
+            return (before, recent) if before is not None and recent is not None else None
+        base = state.arms.get(BASELINE.name)
+        if base is None or len(base.samples) < 4:
+            return None
+        samples, base_samples = list(arm.samples), list(base.samples)
+        half = len(base_samples) // 2
+        return (
+            ratio_interval(samples[:-window], base_samples[:half], DRIFT_Z),
+            ratio_interval(samples[-window:], base_samples[half:], DRIFT_Z),
+        )
 
     def reconfigure(self, config: TuningConfig) -> list[str]:
         """Apply an edited tuning file (SIGHUP): budget, guard, prior and overrides at once.
