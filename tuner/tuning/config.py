@@ -73,8 +73,8 @@ class Guard(_Strict):
     # classes send one per drift_window requests); "fitted", one plain step's time fitted on
     # all traffic's requests, speculative ones included (Calibration.step_time), so only the
     # first two requests of all traffic run without speculation to anchor it (side by side
-    # 0.961 and 1.011 of "controls" on two seeds: every class then chooses on its own
-    # replays, BENCHMARKS.md)
+    # 1.011 and 1.029 of "controls" on two seeds, 0.961 before stalls were capped;
+    # BENCHMARKS.md)
     baseline: Literal["controls", "fitted"] = "controls"
     # with replay: trials also for the variants replays measure exactly (false: ngram-simple
     # untried once drafts are calibrated; measured no better side by side, BENCHMARKS.md)
