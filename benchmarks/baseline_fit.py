@@ -104,17 +104,17 @@ def engine_fit(rows: Sequence[dict[str, Any]], measured: float | None) -> dict[s
             if plain > ANCHORS:
                 continue
         kept.append(row)
+    marks = {p for p in ENGINE_PREFIXES if p < len(kept)} | {len(kept)}
     out: dict[str, Any] = {}
-    for first in (*[p for p in ENGINE_PREFIXES if p < len(kept)], len(kept)):
-        calibration = Calibration()
-        for row in kept[:first]:
-            counts = (int(row["tokens"]), int(row.get("drafted") or 0),
-                      int(row.get("accepted") or 0))  # fmt: skip
-            calibration.add("all", str(row["variant"]), counts, float(row["ms"]) / 1000.0)
-        step = calibration.step_time()
+    calibration = Calibration()  # fed once, in order, read at each mark
+    for done, row in enumerate(kept, 1):
+        counts = (int(row["tokens"]), int(row.get("drafted") or 0),
+                  int(row.get("accepted") or 0))  # fmt: skip
+        calibration.add("all", str(row["variant"]), counts, float(row["ms"]) / 1000.0)
+        step = calibration.step_time() if done in marks else None
         if step is not None:
             tok_s = 1.0 / step
-            out[str(first)] = {
+            out[str(done)] = {
                 "tok_s": round(tok_s, 2),
                 "over_measured": round(tok_s / measured, 3) if measured else None,
             }
