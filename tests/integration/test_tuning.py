@@ -324,3 +324,32 @@ def test_classes_split_by_form_on_real_llama_server(tmp_path: Path) -> None:
     assert {chat_key, plain_key, shared} <= set(policies)
     rows = {row["class"] for row in json.loads(_report(state, "--format", "json"))["classes"]}
     assert {chat_key, plain_key, shared} <= rows
+
+
+def test_a_fitted_baseline_runs_without_controls_on_real_llama_server(tmp_path: Path) -> None:
+    """``[guard] baseline = "fitted"`` on the real server: the first two requests run without
+    speculation to anchor the fitted step time; after them, at a budget where every request
+    may explore, none is a control (with ``"controls"`` half a trial's requests are) and,
+    once a trial has served, none runs without speculation; the echo-heavy edit settles on a
+    speculative variant measured faster than the fitted baseline."""
+    tuning = TUNING.replace("[guard]\n", '[guard]\nbaseline = "fitted"\n')
+    state, env = _tuned(tmp_path, tuning)
+    edit = WorkloadItem(id="edit", prompt=CODE_EDIT, temperature=0.0)
+    running = start_daemon(state, env=env)
+    served = []
+    try:
+        for _ in range(16):
+            response = _send(running.url, edit.request(64))
+            served.append((response.headers["x-spec-role"], response.headers["x-spec-variant"]))
+    finally:
+        assert running.stop() == 0
+    controls = [n for n, (role, _) in enumerate(served) if role == "control"]
+    assert controls == [0, 1], served  # the two anchors, nothing after
+    # plain after that only as the class's own first requests, before any trial has served
+    first = next(n for n, (_, variant) in enumerate(served) if variant != "none")
+    assert all(variant != "none" for _, variant in served[first:]), served
+    policies = json.loads((state / "policies.json").read_text())["classes"]
+    key = next(k for k in policies if k.startswith("code/echo/"))
+    policy = policies[key]["policy"]
+    assert policy["speculation"] and policy["speedup_low"] > 1.0, policy
+    assert policies[key]["trials_done"] >= 1
