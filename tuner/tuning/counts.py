@@ -38,6 +38,7 @@ from tuner.measure import Interval
 __all__ = [
     "Calibration",
     "Counts",
+    "Row",
     "alpha_interval",
     "count_speedup",
     "paired_speedup",
@@ -45,6 +46,7 @@ __all__ = [
 ]
 
 Counts = tuple[int, int, int]  # generated tokens, drafted, accepted (one request)
+Row = tuple[str, str, Counts, float]  # a kept request: class, variant, counts, decode seconds
 PRIOR_REQUESTS = 4.0  # weight of the pooled (or prior) cost against a variant's own
 STALL = 1.5  # the step-time fit counts a request at most this many times its expected time
 STALL_WINDOW = 64  # recent requests whose median time over expected time sets that
@@ -238,6 +240,26 @@ class Calibration:
     # for ``step_time``: per variant (None: drafted nothing), times capped at STALL
     steps: dict[str | None, _Raw] = field(default_factory=dict)
     per_step: deque[float] = field(default_factory=lambda: deque(maxlen=STALL_WINDOW))
+    # while ``rebuilt``: no stall cap (``capped`` false), or one against this fit of every
+    # kept request instead of the running fit
+    capped: bool = True
+    reference: Calibration | None = None
+
+    @classmethod
+    def rebuilt(cls, rows: Iterable[Row], prior: float = 0.0) -> Calibration:
+        """A calibration from kept requests whose order is lost (a restart): the stall cap
+        judges each against the fit of all of them, uncapped, not against a fit of whichever
+        came first (the requests of one class and variant, often with the same counts, fit
+        nothing alone, and a fit from a few of them capped the rest: 2.3x too fast)."""
+        rows = list(rows)
+        reference = cls(prior=prior, capped=False)
+        for row in rows:
+            reference.add(*row)
+        out = cls(prior=prior, reference=reference)
+        for row in rows:
+            out.add(*row)
+        out.reference = None
+        return out
 
     def add(self, class_key: str, variant: str, counts: Counts, seconds: float) -> None:
         """One request; ``variant`` is any name for one that drafted nothing (a baseline
@@ -256,7 +278,8 @@ class Calibration:
         machine took 3.5x) would pull an unweighted fit by itself, so once the fit stands
         its time counts at most ``STALL`` times the expected one (at the recent median of
         time over expected time)."""
-        expected = self._expected(variant, m, d)
+        fit = self.reference or self
+        expected = fit._expected(variant, m, d) if self.capped else None
         if expected is not None:
             if len(self.per_step) >= 8:
                 seconds = min(seconds, STALL * statistics.median(self.per_step) * expected)

@@ -151,6 +151,7 @@ from tuner.tuning.config import Override, TuningConfig
 from tuner.tuning.counts import (
     Calibration,
     Counts,
+    Row,
     alpha_interval,
     count_speedup,
     paired_speedup,
@@ -665,7 +666,7 @@ class Engine:
     def _recalibrate(self) -> None:
         """Rebuild the calibration from the kept requests (after ``restore``): each leaf
         class's requests (speculative ones price a drafted token, all fit a step's time)."""
-        self.calibration = Calibration(prior=self._prior_cost())
+        rows: list[Row] = []
         shared = {level for key in self.classes for level in levels(key)[1:]}
         for key, state in self.classes.items():
             if key in shared or key in (SAMPLED, ROOT):
@@ -673,9 +674,9 @@ class Engine:
             for name, arm in state.arms.items():
                 # newest first: a file from before ``recent`` was kept has fewer of them
                 kept = zip(reversed(arm.samples), reversed(arm.recent), strict=False)
-                for tok_s, (d, a, n) in kept:
-                    if n > 0 and tok_s > 0:
-                        self.calibration.add(key, name, (n, d, a), n / tok_s)
+                rows += [(key, name, (n, d, a), n / tok_s) for tok_s, (d, a, n) in kept
+                         if n > 0 and tok_s > 0]  # fmt: skip
+        self.calibration = Calibration.rebuilt(rows, prior=self._prior_cost())
 
     def offline_trial(self, class_key: str) -> Decision | None:
         """A trial request for a replayed prompt of this class (idle-time tuning, outside the
