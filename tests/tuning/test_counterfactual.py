@@ -86,13 +86,15 @@ def test_variants_that_replays_measure_exactly_get_no_trials(
     what replays measure exactly (ngram-simple): each class finds its best such variant
     without trying it, and the classes try fewer of them than when the prior's picks are
     tried in every class (``trial_replayed``, the engine before). ngram-mod, whose replay is
-    an estimate, is still tried."""
+    an estimate, is still tried. Measured with per-class controls (``baseline =
+    "controls"``): with a fitted baseline each class chooses on its replays from its first
+    requests, and both settings try the same six here."""
     keys = [CODE, "code/fresh/greedy", "text/echo/greedy", "chat/fresh/greedy"]
     plan = keys * 60
     found = {}
     for trial_replayed in (False, True):
-        cfg = config({"trial_replayed": trial_replayed}, explore_share=0.1)
-        engine = make(tmp_path / str(trial_replayed), cfg, caps)
+        guard = {"trial_replayed": trial_replayed, "baseline": "controls"}
+        engine = make(tmp_path / str(trial_replayed), config(guard, explore_share=0.1), caps)
         gains = {n: 0.9 for n, v in engine.variants.items() if v.speculative}
         gains |= {n: 1.2 for n, v in engine.variants.items() if v.spec_type in REPLAYABLE}
         gains["ngram-simple.n6.m16"] = 1.6
@@ -135,14 +137,16 @@ def test_a_search_that_asks_only_for_measured_variants_is_over(
 def test_with_counts_a_trial_needs_controls_only_until_the_class_has_a_baseline(
     tmp_path: Path, caps: Capabilities
 ) -> None:
-    """Timing compares a trial with baseline requests of the same minutes, so controls
-    interleave with every trial; counts need a baseline speed only to price a drafted
-    token, so with ``trial_controls_until`` they stop at that many baseline requests (drift
-    checks aside); at 0, the default, counts interleave them as timing does."""
+    """(``baseline = "controls"``.) Timing compares a trial with baseline requests of the
+    same minutes, so controls interleave with every trial; counts need a baseline speed
+    only to price a drafted token, so with ``trial_controls_until`` they stop at that many
+    baseline requests (drift checks aside); at 0, the default, counts interleave them as
+    timing does."""
     found = {}
     for name, mode, until in (("counts", "counts", 6), ("default", "counts", 0),
                               ("timing", "timing", 6)):  # fmt: skip
-        guard = {"speedup_from": mode, "replay": False, "trial_controls_until": until}
+        guard = {"speedup_from": mode, "replay": False, "trial_controls_until": until,
+                 "baseline": "controls"}  # fmt: skip
         engine = make(tmp_path / name, config(guard, explore_share=0.5, patience=0), caps)
         gains = {n: 1.3 for n, v in engine.variants.items() if v.speculative}
         decisions = _drive(engine, SimUpstream({CODE: gains}, seed=7), [CODE] * 200)
@@ -160,15 +164,16 @@ def test_with_counts_a_trial_needs_controls_only_until_the_class_has_a_baseline(
 def test_pooled_controls_stop_once_all_traffic_has_a_baseline(
     tmp_path: Path, caps: Capabilities
 ) -> None:
-    """With ``controls_pooled`` the count that ends a trial's controls is all traffic's
-    baseline requests, not each class's: four classes that search side by side send at most
-    ``trial_controls_until`` controls together (drift checks aside) instead of up to that
-    many each, and every class still finds its variant (priced at its nearest level's
-    baseline speed)."""
+    """(``baseline = "controls"``.) With ``controls_pooled`` the count that ends a trial's
+    controls is all traffic's baseline requests, not each class's: four classes that search
+    side by side send at most ``trial_controls_until`` controls together (drift checks
+    aside) instead of up to that many each, and every class still finds its variant (priced
+    at its nearest level's baseline speed)."""
     keys = [CODE, "code/fresh/greedy", "text/echo/greedy", "data/echo/greedy"]
     found = {}
     for pooled in (False, True):
-        guard = {"replay": False, "trial_controls_until": 4, "controls_pooled": pooled}
+        guard = {"replay": False, "trial_controls_until": 4, "controls_pooled": pooled,
+                 "baseline": "controls"}  # fmt: skip
         engine = make(tmp_path / str(pooled), config(guard, explore_share=0.5, patience=0), caps)
         gains = {n: 1.1 for n, v in engine.variants.items() if v.speculative}
         gains["ngram-simple.n6.m16"] = 1.6
@@ -232,22 +237,30 @@ def _small_under_busy(engine: Engine, busy: str, small: str) -> tuple[list[str],
     return served, busy_best, own_best
 
 
-def test_pooled_controls_let_a_class_choose_on_its_own_replays(
+def test_pooled_controls_or_a_fitted_baseline_let_a_class_choose_on_its_own_replays(
     tmp_path: Path, caps: Capabilities
 ) -> None:
-    """A small class under a busy parent, at the shipped budget: without a baseline of its
-    own (two controls, which a 1 % budget seldom buys) its replayed counts measure nothing
-    and it is served the parent's variant, which is slow for it; with ``controls_pooled``
-    its counts are priced at its nearest level's baseline, so it runs its own best."""
-    served = {}
-    for pooled in (False, True):
-        engine = make(tmp_path / str(pooled), config({"controls_pooled": pooled}), caps)
-        served[pooled], parents_best, own_best = _small_under_busy(
+    """A small class under a busy parent, at the shipped budget, with ``baseline =
+    "controls"``: without a baseline of its own (two controls, which a 1 % budget seldom
+    buys) its replayed counts measure nothing and it is served the parent's variant, which
+    is slow for it; with ``controls_pooled`` its counts are priced at its nearest level's
+    baseline, so it runs its own best, as every class is with a fitted baseline (the
+    default)."""
+    settings = {
+        "borrowed": {"controls_pooled": False, "baseline": "controls"},
+        "pooled": {"controls_pooled": True, "baseline": "controls"},
+        "fitted": {"baseline": "fitted"},
+    }
+    late = {}
+    for name, guard in settings.items():
+        engine = make(tmp_path / name, config(guard), caps)
+        served, parents_best, own_best = _small_under_busy(
             engine, "text/echo/greedy", "text/fresh/greedy"
         )
-    late = {pooled: variants[-10:] for pooled, variants in served.items()}
-    assert late[False].count(parents_best) >= 8, served
-    assert late[True].count(own_best) >= 8 and parents_best not in late[True], served
+        late[name] = served[-10:]
+    assert late["borrowed"].count(parents_best) >= 8, late
+    for name in ("pooled", "fitted"):
+        assert late[name].count(own_best) >= 8 and parents_best not in late[name], late
 
 
 def test_a_form_class_chooses_on_its_own_replays_against_its_shared_class_baseline(
@@ -638,10 +651,12 @@ def _bar_run(
     tmp_path: Path, caps: Capabilities, bar: str, seed: int
 ) -> tuple[Engine, list[Decision], list[float]]:
     """Four classes where ``ngram-mod.match12.max16`` is far ahead (1.9x), the variants
-    replays measure exactly 1.3x and the rest 1.1x; every answer replayed for ngram-simple.
-    The engine, its decisions and each request's true speedup."""
+    replays measure exactly 1.3x and the rest 1.1x; every answer replayed for ngram-simple;
+    per-class controls (``baseline = "controls"``, where the bar was measured). The engine,
+    its decisions and each request's true speedup."""
     keys = [CODE, "code/fresh/greedy", "text/echo/greedy", "chat/fresh/greedy"]
-    engine = make(tmp_path / f"{bar}{seed}", config({"trial_bar": bar}, explore_share=0.1), caps)
+    guard = {"trial_bar": bar, "baseline": "controls"}
+    engine = make(tmp_path / f"{bar}{seed}", config(guard, explore_share=0.1), caps)
     gains = {n: 1.1 for n, v in engine.variants.items() if v.speculative}
     gains |= {n: 1.3 for n, v in engine.variants.items() if v.spec_type in EXACT}
     gains["ngram-mod.match12.max16"] = 1.9

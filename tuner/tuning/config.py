@@ -68,14 +68,14 @@ class Guard(_Strict):
     # instead of the class's own; a class without two of its own is measured against its
     # nearest level's (3.5 % slower side by side, with explore_share 0.01; 0.01 alone won)
     controls_pooled: bool = False
-    # counts mode: the plain decode speed a drafted token is priced against: "controls",
-    # each class's nearest level's baseline requests (trials interleave controls, converged
-    # classes send one per drift_window requests); "fitted", one plain step's time fitted on
-    # all traffic's requests, speculative ones included (Calibration.step_time), so only the
-    # first two requests of all traffic run without speculation to anchor it (side by side
-    # 1.011 and 1.029 of "controls" on two seeds, 0.961 before stalls were capped;
-    # BENCHMARKS.md)
-    baseline: Literal["controls", "fitted"] = "controls"
+    # counts mode: the plain decode speed a drafted token is priced against: "fitted", one
+    # plain step's time fitted on all traffic's requests, speculative ones included
+    # (Calibration.step_time), so only the first two requests of all traffic run without
+    # speculation to anchor it; "controls", each class's nearest level's baseline requests
+    # (trials interleave controls, converged classes send one per drift_window requests).
+    # Side by side "fitted" / "controls": 1.011, 1.029 and 1.019 on three seeds, 0.961
+    # before a stalled request's weight was capped (BENCHMARKS.md)
+    baseline: Literal["controls", "fitted"] = "fitted"
     # with replay: trials also for the variants replays measure exactly (false: ngram-simple
     # untried once drafts are calibrated; measured no better side by side, BENCHMARKS.md)
     trial_replayed: bool = True
