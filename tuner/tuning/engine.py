@@ -33,11 +33,13 @@ Decisions, per class:
   class served speculation also sends one while it has fewer than two (its replayed
   arms are measured against its own baseline). A converged class
   sends a control (for drift checks) at most once per ``drift_window`` of its requests.
-  With ``guard.baseline = "fitted"`` (counts mode) no class sends controls: the plain
-  decode speed that prices a drafted token is one step's time fitted on all traffic's
-  requests, speculative ones included (``Calibration.step_time``), anchored by the first
-  two requests of all traffic run without speculation; every class is measured against
-  its nearest level's baseline arm, and a held variant's drift is judged by its counts.
+  All of that is ``guard.baseline = "controls"``, and timing mode. With ``"fitted"`` (the
+  default; counts mode) no class sends controls: the plain decode speed that prices a
+  drafted token is one step's time fitted on all traffic's requests, speculative ones
+  included (``Calibration.step_time``; rebuilt order-free after a restart), anchored by
+  the first two requests of all traffic run without speculation; every class is measured
+  against its nearest level's baseline arm, and a held variant's drift is judged by its
+  counts.
 - Speedups (``guard.speedup_from = "counts"``, the default): a request that
   generated ``n`` tokens, drafted ``d`` and had ``a`` accepted is priced at
   ``n / (n - a + c d)`` (``tuner.tuning.counts``), with ``c``, what a drafted token
