@@ -219,8 +219,9 @@ def test_drift_reopens_exploration(tmp_path: Path, caps: Capabilities, baseline:
     assert not state.converged
 
 
-def test_policies_survive_a_restart(tmp_path: Path, caps: Capabilities) -> None:
-    engine = make(tmp_path, config(explore_share=0.5), caps)
+@pytest.mark.parametrize("baseline", ["controls", "fitted"])
+def test_policies_survive_a_restart(tmp_path: Path, caps: Capabilities, baseline: str) -> None:
+    engine = make(tmp_path, config({"baseline": baseline}, explore_share=0.5), caps)
     sim = SimUpstream(truth(list(engine.variants.values())))
     drive(engine, sim, schedule(600))
     before = engine.classes[CODE].policy
@@ -228,7 +229,7 @@ def test_policies_survive_a_restart(tmp_path: Path, caps: Capabilities) -> None:
     meta = {"model_key": "m", "build": "b", "hardware_key": "h"}
     save_policies(tmp_path / "policies.json", meta, engine.snapshot())
 
-    again = make(tmp_path, config({"baseline": "controls"}, explore_share=0.5), caps)
+    again = make(tmp_path, config({"baseline": baseline}, explore_share=0.5), caps)
     again.restore(load_policies(tmp_path / "policies.json", meta))
     after = again.classes[CODE].policy
     assert after is not None and after.variant == before.variant
@@ -243,6 +244,8 @@ def test_policies_survive_a_restart(tmp_path: Path, caps: Capabilities) -> None:
     now = again.calibration.costs(names, again._baseline_speed)
     for name in names:  # the same requests (the kept ones): the same costs
         assert now[name][0] == pytest.approx(was[name][0], abs=0.02)
+    with engine._lock, again._lock:  # and the plain speed they are priced against
+        assert again._baseline_speed(CODE) == pytest.approx(engine._baseline_speed(CODE), rel=0.03)
     saved = engine.snapshot()[CODE]["speedups"][before.variant]
     assert saved[0] == pytest.approx(before.speedup, abs=0.02)
     # Learned on another machine: set aside, not reused.
