@@ -73,8 +73,8 @@ class Guard(_Strict):
     # (Calibration.step_time), so only the first two requests of all traffic run without
     # speculation to anchor it; "controls", each class's nearest level's baseline requests
     # (trials interleave controls, converged classes send one per drift_window requests).
-    # Side by side "fitted" / "controls": 1.011, 1.029 and 1.019 on three seeds, 0.961
-    # before a stalled request's weight was capped (BENCHMARKS.md)
+    # Side by side "fitted" / "controls": 1.011, 1.029 and 1.019 on three seeds, 0.978 on a
+    # shorter fourth, 0.961 before a stalled request's weight was capped (BENCHMARKS.md)
     baseline: Literal["controls", "fitted"] = "fitted"
     # with replay: trials also for the variants replays measure exactly (false: ngram-simple
     # untried once drafts are calibrated; measured no better side by side, BENCHMARKS.md)
