@@ -84,7 +84,7 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
     else:
         prepared = prepare(settings, progress or _progress)
         caps, model = prepared.capabilities, prepared.model
-        port = free_port()
+        port = free_port(avoid={settings.port})  # the proxy binds its own port later
         alias = served = model_alias(settings, model)
         plan = plan_tuning(settings, prepared) if settings.tune else None
         client = UpstreamClient(

@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from unittest.mock import patch
 
 import pytest
 
@@ -102,3 +103,14 @@ async def test_missing_binary_fails_fast(tmp_path: Path) -> None:
 def test_backoff_grows_and_is_capped() -> None:
     delays = [Backoff(initial_s=0.5, max_s=4).delay(n) for n in range(6)]
     assert delays == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
+
+
+def test_a_free_port_avoids_the_ports_spoken_for() -> None:
+    """The daemon picks llama-server's port before its own proxy binds: the two once came
+    out the same (the proxy then failed to bind). A port in ``avoid`` is never returned."""
+    with patch("tuner.upstream.process.socket.socket") as sockets:
+        sockets.return_value.__enter__.return_value.getsockname.side_effect = [
+            ("127.0.0.1", 8088), ("127.0.0.1", 8088), ("127.0.0.1", 9000)
+        ]  # fmt: skip
+        assert free_port(avoid={8088}) == 9000
+    assert free_port(avoid={8088}) != 8088

@@ -19,7 +19,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,11 +54,15 @@ def _die_with_parent() -> None:
 _PR_SET_PDEATHSIG = 1
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+def free_port(host: str = "127.0.0.1", avoid: Container[int] = ()) -> int:
+    """A TCP port that was free a moment ago, not one of ``avoid`` (a port that is spoken
+    for but not bound yet, such as the proxy's own before its server starts)."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = int(sock.getsockname()[1])
+        if port not in avoid:
+            return port
 
 
 @dataclass(frozen=True, slots=True)
