@@ -240,10 +240,6 @@ class Calibration:
     # for ``step_time``: per variant (None: drafted nothing), times capped at STALL
     steps: dict[str | None, _Raw] = field(default_factory=dict)
     per_step: deque[float] = field(default_factory=lambda: deque(maxlen=STALL_WINDOW))
-    # while ``rebuilt``: no stall cap (``capped`` false), or one against this fit of every
-    # kept request instead of the running fit
-    capped: bool = True
-    reference: Calibration | None = None
 
     @classmethod
     def rebuilt(cls, rows: Iterable[Row], prior: float = 0.0) -> Calibration:
@@ -252,34 +248,46 @@ class Calibration:
         came first (the requests of one class and variant, often with the same counts, fit
         nothing alone, and a fit from a few of them capped the rest: 2.3x too fast)."""
         rows = list(rows)
-        reference = cls(prior=prior, capped=False)
+        reference = cls(prior=prior)
         for row in rows:
-            reference.add(*row)
-        out = cls(prior=prior, reference=reference)
+            reference._add(*row, fit=None)
+        out = cls(prior=prior)
         for row in rows:
-            out.add(*row)
-        out.reference = None
+            out._add(*row, fit=reference)
         return out
 
     def add(self, class_key: str, variant: str, counts: Counts, seconds: float) -> None:
         """One request; ``variant`` is any name for one that drafted nothing (a baseline
         request, or a speculative one that found nothing to draft): it ran ``n`` plain
         steps, which only ``step_time`` uses."""
+        self._add(class_key, variant, counts, seconds, fit=self)
+
+    def _add(
+        self,
+        class_key: str,
+        variant: str,
+        counts: Counts,
+        seconds: float,
+        fit: Calibration | None,
+    ) -> None:
+        """``add``, its stalls judged against ``fit`` (the running fit; None: not capped)."""
         n, d, a = counts
         if n <= 0 or not math.isfinite(seconds) or seconds <= 0:
             return
-        self._add_step(None if d <= 0 else variant, float(n - a), float(max(d, 0)), seconds)
+        step_variant = None if d <= 0 else variant
+        self._add_step(step_variant, float(n - a), float(max(d, 0)), seconds, fit)
         if d > 0:
             self.raw.setdefault((class_key, variant), _Raw()).add(seconds, float(n - a), float(d))
 
-    def _add_step(self, variant: str | None, m: float, d: float, seconds: float) -> None:
-        """One request for the step-time fit. A request far slower than the fit so far
-        expects (the machine stalled it: a router loading another instance on a 2-core
-        machine took 3.5x) would pull an unweighted fit by itself, so once the fit stands
-        its time counts at most ``STALL`` times the expected one (at the recent median of
-        time over expected time)."""
-        fit = self.reference or self
-        expected = fit._expected(variant, m, d) if self.capped else None
+    def _add_step(
+        self, variant: str | None, m: float, d: float, seconds: float, fit: Calibration | None
+    ) -> None:
+        """One request for the step-time fit. A request far slower than ``fit`` expects
+        (the machine stalled it: a router loading another instance on a 2-core machine took
+        3.5x) would pull an unweighted fit by itself, so once that fit stands its time counts
+        at most ``STALL`` times the expected one (at the recent median of time over expected
+        time)."""
+        expected = fit._expected(variant, m, d) if fit is not None else None
         if expected is not None:
             if len(self.per_step) >= 8:
                 seconds = min(seconds, STALL * statistics.median(self.per_step) * expected)
