@@ -11,7 +11,10 @@ times that scatter by ~10 % each on a shared 2-core machine.
   each chosen on the prompts it is measured on (upper bounds: the choice sees the answer).
 - ``held_out``: per grouping of the prompts (``static``: one group; ``class``: the
   bench's class; with ``--workload``, ``class+form``: chat or completion within a class,
-  and ``class+echo``: a class's prompts in thirds of the classifier's echo score), the arm
+  ``class+echo``: a class's prompts in thirds of the classifier's echo score, and
+  ``kind``: the workload's own label of each prompt, its ``class_hint`` with its form and
+  whether it is sampled, as many groups as the generator has templates: the finest prompt
+  type any feature of a prompt could tell apart), the arm
   chosen per group on a random half of the prompts and measured on the other half, as a
   ratio to the single arm chosen on that same half; mean and 5th-95th percentiles over
   ``--splits`` halves. A group missing from a half takes its class's choice, then the
@@ -152,11 +155,13 @@ def workload_groupings(
     items: Iterable[WorkloadItem], classes: Mapping[str, str]
 ) -> dict[str, Grouping]:
     """``class+form`` and ``class+echo`` from the workload's prompts (the classifier's
-    features of each prompt id, from the request the bench sends for it)."""
+    features of each prompt id, from the request the bench sends for it), and ``kind``
+    when the workload labels its prompts (``class_hint``)."""
     definitions = load_definitions()
+    by_id = {item.id: item for item in items}
     features = {
         item.id: classify(item.model_dump(exclude_none=True), definitions).features
-        for item in items
+        for item in by_id.values()
     }
     known = [pid for pid in classes if pid in features]
     echoes = sorted(features[pid].echo for pid in known)
@@ -170,7 +175,16 @@ def workload_groupings(
         f = features.get(pid)
         return (classes[pid], None if f is None else sum(f.echo >= cut for cut in cuts))
 
-    return {"class+form": form, "class+echo": echo}
+    def kind(pid: str) -> Hashable:
+        item = by_id.get(pid)
+        if item is None or item.class_hint is None:
+            return (classes[pid], None)
+        return (item.class_hint, item.messages is not None, item.temperature > 0)
+
+    found: dict[str, Grouping] = {"class+form": form, "class+echo": echo}
+    if any(item.class_hint is not None for item in by_id.values()):
+        found["kind"] = kind
+    return found
 
 
 def choice_headroom(

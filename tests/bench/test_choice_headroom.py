@@ -80,5 +80,23 @@ def test_the_workload_adds_the_form_and_echo_groupings(tmp_path: Path) -> None:
     assert set(found["held_out"]) == {"static", "class", "class+form", "class+echo"}
 
 
+def test_the_workloads_own_kinds_find_what_the_class_hides(tmp_path: Path) -> None:
+    """Within one class, prompts of one kind accept more with arm ``long`` and the other
+    kind's with ``short``: a choice per class earns nothing over the single arm, a choice
+    per kind (the workload's ``class_hint``) earns it, learned on other prompts."""
+    rows, lines = [], []
+    for k in range(40):
+        pid, hint = f"x-{k}", ("echo", "fresh")[k % 2]
+        long_a, short_a = (60, 30) if hint == "echo" else (10, 30)
+        rows += [row("none", pid, "x"), row("long", pid, "x", 80, long_a + k % 3)]
+        rows += [row("short", pid, "x", 40, short_a + k % 2)]
+        lines.append(json.dumps({"id": pid, "prompt": f"p {k}", "class_hint": hint}))
+    workload = tmp_path / "w.jsonl"
+    workload.write_text("\n".join(lines) + "\n")
+    held = choice_headroom(rows, load_workload(workload), splits=30)["held_out"]
+    assert held["class"]["vs_best_static"] == pytest.approx(1.0, abs=0.01)
+    assert held["kind"]["low"] > 1.03, held
+
+
 def test_no_static_arms_gives_no_figures() -> None:
     assert choice_headroom([row("none", "a", "x"), row("tuner", "a", "x", 10, 5)]) == {"prompts": 0}
