@@ -604,6 +604,51 @@ def test_a_class_joins_the_variant_most_traffic_runs_unless_another_is_clearly_b
         assert _served(tmp_path / f"far-{mode}", caps, mode, 1.9, 0) == RUNNER_UP, mode
 
 
+def _one_stateful(
+    tmp_path: Path, caps: Capabilities, consolidate: str, seed: int, turn: bool = False
+) -> tuple[str, str | None, str]:
+    """``TEXT``'s variant, the engine's one stateful variant and ``CODE``'s variant after
+    1,200 requests, where ``CODE`` (three quarters of them) runs ``LEADER`` at 1.6x and
+    ``RUNNER_UP`` at 1.2x and ``TEXT`` the other way round (1.5x and 1.9x); with ``turn``,
+    ``CODE``'s two swap after 600. Every answer is replayed under both (as the
+    counterfactual does: the served variant's replay is ``served_replayed``)."""
+    engine = _two_mod_variants(tmp_path, caps, consolidate=consolidate)
+    sim = SimUpstream(
+        {CODE: {LEADER: 1.6, RUNNER_UP: 1.2}, TEXT: {LEADER: 1.5, RUNNER_UP: 1.9}},
+        count_noise=0.15,
+        seed=seed,
+    )
+    for i, key in enumerate(([CODE] * 3 + [TEXT]) * 300):
+        if turn and i == 600:
+            sim.speedups[CODE] = {LEADER: 1.2, RUNNER_UP: 1.6}
+        decision = engine.route(key)
+        engine.observe(sim.answer(key, decision))
+        replayed = {v: (64, *sim.counts(key, v)[:2]) for v in (LEADER, RUNNER_UP)}
+        if decision.variant != "none":
+            mine = replayed.pop(decision.variant)
+            engine.observe_replayed(key, decision.variant, replayed, served_replayed=mine)
+    chosen = [engine.classes[k].policy for k in (TEXT, CODE)]
+    assert all(p is not None and p.speculation for p in chosen), chosen
+    text, code = (p.variant for p in chosen if p is not None)
+    return text, engine._stateful_one, code
+
+
+def test_one_stateful_variant_serves_every_class_that_runs_one(
+    tmp_path: Path, caps: Capabilities
+) -> None:
+    """An ngram-mod table learns only from what its instance serves, so with ``consolidate =
+    "one"`` no class exploits another ngram-mod variant than the one that is fastest on all
+    traffic's replays, even one faster in that class alone; when another becomes clearly
+    faster on all traffic, every class moves to it. Without it each class runs its own."""
+    for seed in range(2):
+        assert _one_stateful(tmp_path / f"off-{seed}", caps, "off", seed) == (
+            RUNNER_UP, None, LEADER)  # fmt: skip
+        assert _one_stateful(tmp_path / f"one-{seed}", caps, "one", seed) == (
+            LEADER, LEADER, LEADER)  # fmt: skip
+        assert _one_stateful(tmp_path / f"turn-{seed}", caps, "one", seed, turn=True) == (
+            RUNNER_UP, RUNNER_UP, RUNNER_UP)  # fmt: skip
+
+
 class _SharedPrompts(SimUpstream):
     """Counts where the prompt, more than the variant, decides what is accepted: each
     request copies ``share`` of what it could (drawn per request), and a variant accepts

@@ -98,9 +98,12 @@ class Guard(_Strict):
     # "served": the stateful one (ngram-mod) that serves the most traffic, whose table has
     # learned from more answers (measured 0.944 side by side: classes stayed on the first
     # leader, a slower variant, BENCHMARKS.md), "root": the one all traffic's policy runs
-    # (chosen on the most evidence; one variant for all traffic keeps one table warm).
-    # true and false read as "served" and "off"
-    consolidate: Literal["off", "served", "root"] = "off"
+    # (chosen on the most evidence; one variant for all traffic keeps one table warm),
+    # "one": no class exploits a stateful variant but one, the one that ran fastest on all
+    # traffic's replays (each replayed through a table fed by all traffic, as that one
+    # instance's table then is), changed only when another ran faster on the same requests
+    # (the paired interval's lower end above 1). true and false read as "served" and "off"
+    consolidate: Literal["off", "served", "root", "one"] = "off"
     # counts mode with replay: a class leaves its variant (or the one it would join) for
     # another when, on its last drift_window requests replayed under both, the other ran
     # min_gain faster (the paired interval's lower end) instead of when the other's own

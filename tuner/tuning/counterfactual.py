@@ -206,7 +206,9 @@ class Counterfactual:
             self.mod_simulated += served[2]
             self.mod_served += t.draft_n_accepted or 0
         own = (t.predicted_n, t.draft_n or 0, t.draft_n_accepted or 0)
-        self.engine.observe_replayed(record.class_key, record.variant or "", counts, own)
+        self.engine.observe_replayed(
+            record.class_key, record.variant or "", counts, own, served_replayed=served
+        )
         if self.router and self.engine.config.guard.warm_tables:
             self.warm(record.variant or "", prompt + output)
 

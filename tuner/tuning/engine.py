@@ -433,6 +433,10 @@ class Engine:
         self._overrides: dict[str, Override] = {}  # per class key; the config is frozen
         # requests observed, speculative ones among them, and replays received
         self._observed = self._served = self._replays = 0
+        # guard.consolidate = "one": recent requests' counts under every stateful variant,
+        # each replayed (a table fed by all traffic), and the one classes may exploit
+        self._stateful_rows: deque[dict[str, Counts]] = deque(maxlen=SAMPLES)
+        self._stateful_one: str | None = None
         self._plain_routed = 0  # requests this process sent without speculation
         self._lock = threading.RLock()
 
@@ -763,13 +767,17 @@ class Engine:
         served: str,
         counts: dict[str, Counts],
         served_counts: Counts | None = None,
+        served_replayed: Counts | None = None,
     ) -> None:
         """Add what other variants would have drafted and accepted on a request that
         ``served`` answered (replayed from its tokens, ``tuner.tuning.shadow``): counts
         evidence for each of them in the class and its parents. Ignored when speedups
         come from timing (a replay has no time). With ``guard.paired``, the request's
         counts under every variant (``served_counts``: the server's own) are also kept
-        together as one row, for comparing two variants on the same requests."""
+        together as one row, for comparing two variants on the same requests. With
+        ``guard.consolidate = "one"`` the stateful variants' replayed counts
+        (``served_replayed``: the served one's replay) choose the one classes may exploit
+        (``_choose_stateful``)."""
         guard = self.config.guard
         if guard.speedup_from != "counts" or not guard.replay:
             return
@@ -788,6 +796,15 @@ class Engine:
                 if guard.paired and served_counts is not None and served in self.variants:
                     state.rows.append({**row, served: served_counts})
             changed = self._decide_all(key)
+            if guard.consolidate == "one":
+                stateful = {n: c for n, c in row.items() if self._spec_type(n) in STATEFUL}
+                if served_replayed is not None and self._spec_type(served) in STATEFUL:
+                    stateful[served] = served_replayed
+                if stateful:
+                    self._stateful_rows.append(stateful)
+                if self._choose_stateful():
+                    for state in list(self.classes.values()):
+                        changed |= self._decide(state)
         if changed:
             self._changed()
 
@@ -1174,7 +1191,7 @@ class Engine:
             s = speedups[name]
             if best_any is None or s.value > best_any[0]:
                 best_any = (s.value, name)
-            if s.low > 1.0 and s.value >= guard.min_gain:
+            if s.low > 1.0 and s.value >= guard.min_gain and self._exploitable(name):
                 clearing[name] = (s.low, name, s, arm)
                 if best is None or s.low > best[0]:
                     best = clearing[name]
@@ -1197,6 +1214,14 @@ class Engine:
             ):
                 best = held
         return best, best_any
+
+    def _exploitable(self, name: str) -> bool:
+        """Whether a class may choose this variant: with ``consolidate = "one"``, a stateful
+        variant only if it is the one (``_choose_stateful``; any before replays chose one)."""
+        one = self._stateful_one
+        if self.config.guard.consolidate != "one" or one is None:
+            return True
+        return name == one or self._spec_type(name) not in STATEFUL
 
     def _clearly_better(
         self,
@@ -1221,6 +1246,37 @@ class Engine:
                 if found is not None:
                     return found.low > self.config.guard.min_gain
         return best[2].low > held[2].value
+
+    def _choose_stateful(self) -> bool:
+        """``consolidate = "one"``: the stateful variant classes may exploit, from the last
+        ``SAMPLES`` requests' replayed counts (each variant's table fed by all traffic, as the
+        one instance's is once it serves the traffic): the one with the fewest priced steps
+        per generated token, kept until another ran faster on the same requests (the paired
+        interval's lower end above 1: a new instance starts with an empty table, so a switch
+        must be clear). True if it changed. Caller holds the lock."""
+        rows = self._stateful_rows
+        names = sorted({n for row in rows for n in row if not self._forbidden(ROOT, n)})
+        if not names:
+            return False
+        costs = self._costs(names)
+
+        def per_token(name: str) -> float:
+            kept = [row[name] for row in rows if name in row]
+            tokens = sum(n for n, _, _ in kept)
+            steps = math.fsum(n - a + costs[name][0] * d for n, d, a in kept)
+            return steps / tokens if tokens else math.inf
+
+        best, held = min(names, key=per_token), self._stateful_one
+        if held in names and best != held:
+            pairs = [(row[best], row[held]) for row in rows if best in row and held in row]
+            found = paired_speedup(pairs, costs[best][0], costs[held][0], self.z)
+            if found is None or found.low <= 1.0:
+                return False
+        if best == held:
+            return False
+        log.info("stateful_choice", variant=best, previous=held)
+        self._stateful_one = best
+        return True
 
     def _stateful_leader(self) -> str:
         """The variant of a stateful spec type (``STATEFUL``) that has served the most
