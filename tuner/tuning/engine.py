@@ -105,7 +105,11 @@ Decisions, per class:
   served the most requests of all traffic (``"served"``; ``STATEFUL``: that drafter's
   table, one per instance, learns from every answer it serves, so traffic spread over
   several such instances leaves each table colder) or the variant the root's policy
-  runs (``"root"``: chosen on all traffic, the most evidence). With ``guard.paired``, the
+  runs (``"root"``: chosen on all traffic, the most evidence). With ``"one"`` no class
+  chooses a stateful variant but the one that ran fastest on all traffic's replays (each
+  through a table fed by all traffic, which the one instance's table then is), changed only
+  when another ran ``min_gain`` faster on the same requests (``_choose_stateful``); every
+  class follows a change at once, and joins the one as above where it clears the guard. With ``guard.paired``, the
   test for leaving a held variant is paired instead: on the class's last ``drift_window``
   requests replayed under both, the other ran ``min_gain`` faster (``_clearly_better``;
   the spread between prompts cancels in the pairs). With ``guard.warm_tables`` the replayer
@@ -1197,7 +1201,8 @@ class Engine:
                     best = clearing[name]
         # Hysteresis: switch only to a variant clearly better than the current one; with
         # ``consolidate``, then likewise to the stateful variant that serves most traffic
-        # ("served") or to the variant all traffic's policy runs ("root").
+        # ("served"), to the variant all traffic's policy runs ("root") or to the one
+        # stateful variant classes may exploit ("one").
         incumbents = [state.policy.variant] if state.policy is not None else []
         if guard.consolidate == "served":
             incumbents.append(self._stateful_leader())
@@ -1205,6 +1210,8 @@ class Engine:
             root = self.classes.get(ROOT)
             if root is not None and root.policy is not None and root.policy.speculation:
                 incumbents.append(root.policy.variant)
+        elif guard.consolidate == "one" and self._stateful_one is not None:
+            incumbents.append(self._stateful_one)
         for name in incumbents:
             held = clearing.get(name)
             if (
@@ -1251,9 +1258,9 @@ class Engine:
         """``consolidate = "one"``: the stateful variant classes may exploit, from the last
         ``SAMPLES`` requests' replayed counts (each variant's table fed by all traffic, as the
         one instance's is once it serves the traffic): the one with the fewest priced steps
-        per generated token, kept until another ran faster on the same requests (the paired
-        interval's lower end above 1: a new instance starts with an empty table, so a switch
-        must be clear). True if it changed. Caller holds the lock."""
+        per generated token, kept until another ran ``min_gain`` faster on the same requests
+        (the paired interval's lower end: a new instance starts with an empty table, so a
+        switch must be clear). True if it changed. Caller holds the lock."""
         rows = self._stateful_rows
         names = sorted({n for row in rows for n in row if not self._forbidden(ROOT, n)})
         if not names:
@@ -1270,7 +1277,7 @@ class Engine:
         if held in names and best != held:
             pairs = [(row[best], row[held]) for row in rows if best in row and held in row]
             found = paired_speedup(pairs, costs[best][0], costs[held][0], self.z)
-            if found is None or found.low <= 1.0:
+            if found is None or found.low <= self.config.guard.min_gain:
                 return False
         if best == held:
             return False
