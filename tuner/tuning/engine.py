@@ -109,10 +109,11 @@ Decisions, per class:
   chooses a stateful variant but the one that ran fastest on all traffic's replays (each
   through a table fed by all traffic, which the one instance's table then is), changed only
   when another ran ``min_gain`` faster on the same requests (``_choose_stateful``); every
-  class follows a change at once, and joins the one as above where it clears the guard. With ``guard.paired``, the
-  test for leaving a held variant is paired instead: on the class's last ``drift_window``
-  requests replayed under both, the other ran ``min_gain`` faster (``_clearly_better``;
-  the spread between prompts cancels in the pairs). With ``guard.warm_tables`` the replayer
+  class follows a change at once, and joins the one as above where it clears the guard.
+  With ``guard.paired``, the test for leaving a held variant is paired instead: on the
+  class's last ``drift_window`` requests replayed under both, the other ran ``min_gain``
+  faster (``_clearly_better``; the spread between prompts cancels in the pairs). With
+  ``guard.warm_tables`` the replayer
   feeds each answer to the other ``ngram-mod`` instances classes exploit
   (``warm_targets``), so their tables learn from all traffic. A policy is settled when
   it rests on evidence or a verdict: a variant measured to clear the guard, every measured
@@ -1199,20 +1200,7 @@ class Engine:
                 clearing[name] = (s.low, name, s, arm)
                 if best is None or s.low > best[0]:
                     best = clearing[name]
-        # Hysteresis: switch only to a variant clearly better than the current one; with
-        # ``consolidate``, then likewise to the stateful variant that serves most traffic
-        # ("served"), to the variant all traffic's policy runs ("root") or to the one
-        # stateful variant classes may exploit ("one").
-        incumbents = [state.policy.variant] if state.policy is not None else []
-        if guard.consolidate == "served":
-            incumbents.append(self._stateful_leader())
-        elif guard.consolidate == "root" and state.key != ROOT:
-            root = self.classes.get(ROOT)
-            if root is not None and root.policy is not None and root.policy.speculation:
-                incumbents.append(root.policy.variant)
-        elif guard.consolidate == "one" and self._stateful_one is not None:
-            incumbents.append(self._stateful_one)
-        for name in incumbents:
+        for name in self._incumbents(state):
             held = clearing.get(name)
             if (
                 best is not None
@@ -1221,6 +1209,23 @@ class Engine:
             ):
                 best = held
         return best, best_any
+
+    def _incumbents(self, state: ClassState) -> list[str]:
+        """The variants a class keeps or joins unless another is clearly better, in order
+        (the last word last): its current one; with ``consolidate``, then the stateful
+        variant that serves most traffic ("served"), the variant all traffic's policy runs
+        ("root") or the one stateful variant classes may exploit ("one")."""
+        incumbents = [state.policy.variant] if state.policy is not None else []
+        consolidate = self.config.guard.consolidate
+        if consolidate == "served":
+            incumbents.append(self._stateful_leader())
+        elif consolidate == "root" and state.key != ROOT:
+            root = self.classes.get(ROOT)
+            if root is not None and root.policy is not None and root.policy.speculation:
+                incumbents.append(root.policy.variant)
+        elif consolidate == "one" and self._stateful_one is not None:
+            incumbents.append(self._stateful_one)
+        return incumbents
 
     def _exploitable(self, name: str) -> bool:
         """Whether a class may choose this variant: with ``consolidate = "one"``, a stateful
