@@ -605,12 +605,16 @@ def test_a_class_joins_the_variant_most_traffic_runs_unless_another_is_clearly_b
 
 
 def _one_stateful(
-    tmp_path: Path, caps: Capabilities, consolidate: str, seed: int, turn: bool = False
+    tmp_path: Path,
+    caps: Capabilities,
+    consolidate: str,
+    seed: int,
+    swapped: range = range(0),
 ) -> tuple[str, str | None, str]:
     """``TEXT``'s variant, the engine's one stateful variant and ``CODE``'s variant after
     1,200 requests, where ``CODE`` (three quarters of them) runs ``LEADER`` at 1.6x and
-    ``RUNNER_UP`` at 1.2x and ``TEXT`` the other way round (1.5x and 1.9x); with ``turn``,
-    ``CODE``'s two swap after 600. Every answer is replayed under both (as the
+    ``RUNNER_UP`` at 1.2x and ``TEXT`` the other way round (1.5x and 1.9x); ``CODE``'s two
+    are swapped on the requests in ``swapped``. Every answer is replayed under both (as the
     counterfactual does: the served variant's replay is ``served_replayed``)."""
     engine = _two_mod_variants(tmp_path, caps, consolidate=consolidate)
     sim = SimUpstream(
@@ -619,8 +623,8 @@ def _one_stateful(
         seed=seed,
     )
     for i, key in enumerate(([CODE] * 3 + [TEXT]) * 300):
-        if turn and i == 600:
-            sim.speedups[CODE] = {LEADER: 1.2, RUNNER_UP: 1.6}
+        fast, slow = (RUNNER_UP, LEADER) if i in swapped else (LEADER, RUNNER_UP)
+        sim.speedups[CODE] = {fast: 1.6, slow: 1.2}
         decision = engine.route(key)
         engine.observe(sim.answer(key, decision))
         replayed = {v: (64, *sim.counts(key, v)[:2]) for v in (LEADER, RUNNER_UP)}
@@ -638,15 +642,18 @@ def test_one_stateful_variant_serves_every_class_that_runs_one(
 ) -> None:
     """An ngram-mod table learns only from what its instance serves, so with ``consolidate =
     "one"`` no class exploits another ngram-mod variant than the one that is fastest on all
-    traffic's replays, even one faster in that class alone; when another becomes clearly
-    faster on all traffic, every class moves to it. Without it each class runs its own."""
+    traffic's replays, even one faster in that class alone. Where another is clearly faster
+    while the one's instance is young, every class moves to it; once that instance has
+    served ``drift_window`` requests, it stays (a new one's table would start empty).
+    Without it each class runs its own."""
+    one = (LEADER, LEADER, LEADER)
     for seed in range(2):
         assert _one_stateful(tmp_path / f"off-{seed}", caps, "off", seed) == (
             RUNNER_UP, None, LEADER)  # fmt: skip
-        assert _one_stateful(tmp_path / f"one-{seed}", caps, "one", seed) == (
-            LEADER, LEADER, LEADER)  # fmt: skip
-        assert _one_stateful(tmp_path / f"turn-{seed}", caps, "one", seed, turn=True) == (
-            RUNNER_UP, RUNNER_UP, RUNNER_UP)  # fmt: skip
+        assert _one_stateful(tmp_path / f"one-{seed}", caps, "one", seed) == one
+        early, late = range(12), range(600, 1200)
+        assert _one_stateful(tmp_path / f"early-{seed}", caps, "one", seed, early) == one
+        assert _one_stateful(tmp_path / f"late-{seed}", caps, "one", seed, late) == one
 
 
 class _SharedPrompts(SimUpstream):

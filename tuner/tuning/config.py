@@ -101,9 +101,9 @@ class Guard(_Strict):
     # (chosen on the most evidence; one variant for all traffic keeps one table warm),
     # "one": no class exploits a stateful variant but one, the one that ran fastest on all
     # traffic's replays (each replayed through a table fed by all traffic, as that one
-    # instance's table then is), joined as above, changed only when another ran min_gain
-    # faster on the same requests (the paired interval's lower end). true and false read
-    # as "served" and "off"
+    # instance's table then is), joined as above, changed only while it has served fewer
+    # than drift_window requests, to one that ran min_gain faster on the same requests (the
+    # paired interval's lower end). true and false read as "served" and "off"
     consolidate: Literal["off", "served", "root", "one"] = "off"
     # counts mode with replay: a class leaves its variant (or the one it would join) for
     # another when, on its last drift_window requests replayed under both, the other ran

@@ -1263,9 +1263,11 @@ class Engine:
         """``consolidate = "one"``: the stateful variant classes may exploit, from the last
         ``SAMPLES`` requests' replayed counts (each variant's table fed by all traffic, as the
         one instance's is once it serves the traffic): the one with the fewest priced steps
-        per generated token, kept until another ran ``min_gain`` faster on the same requests
-        (the paired interval's lower end: a new instance starts with an empty table, so a
-        switch must be clear). True if it changed. Caller holds the lock."""
+        per generated token. It changes only while its instance has served fewer than
+        ``drift_window`` requests, and then only to one that ran ``min_gain`` faster on the
+        same requests (the paired interval's lower end): a new instance starts with an empty
+        table, which costs more than a few percent on repeated prompts (measured, BENCHMARKS.md).
+        True if it changed. Caller holds the lock."""
         rows = self._stateful_rows
         names = sorted({n for row in rows for n in row if not self._forbidden(ROOT, n)})
         if not names:
@@ -1280,6 +1282,10 @@ class Engine:
 
         best, held = min(names, key=per_token), self._stateful_one
         if held in names and best != held:
+            root = self.classes.get(ROOT)
+            arm = root.arms.get(held) if root is not None else None
+            if arm is not None and arm.requests >= self.config.guard.drift_window:
+                return False
             pairs = [(row[best], row[held]) for row in rows if best in row and held in row]
             found = paired_speedup(pairs, costs[best][0], costs[held][0], self.z)
             if found is None or found.low <= self.config.guard.min_gain:
