@@ -1270,7 +1270,8 @@ class Engine:
         True if it changed. Caller holds the lock."""
         rows = self._stateful_rows
         names = sorted({n for row in rows for n in row if not self._forbidden(ROOT, n)})
-        if not names:
+        held = self._stateful_one
+        if not names or (held in names and self._settled_stateful(held)):
             return False
         costs = self._costs(names)
 
@@ -1280,12 +1281,8 @@ class Engine:
             steps = math.fsum(n - a + costs[name][0] * d for n, d, a in kept)
             return steps / tokens if tokens else math.inf
 
-        best, held = min(names, key=per_token), self._stateful_one
+        best = min(names, key=per_token)
         if held in names and best != held:
-            root = self.classes.get(ROOT)
-            arm = root.arms.get(held) if root is not None else None
-            if arm is not None and arm.requests >= self.config.guard.drift_window:
-                return False
             pairs = [(row[best], row[held]) for row in rows if best in row and held in row]
             found = paired_speedup(pairs, costs[best][0], costs[held][0], self.z)
             if found is None or found.low <= self.config.guard.min_gain:
@@ -1295,6 +1292,13 @@ class Engine:
         log.info("stateful_choice", variant=best, previous=held)
         self._stateful_one = best
         return True
+
+    def _settled_stateful(self, name: str) -> bool:
+        """Whether the one's instance has served ``drift_window`` requests of all traffic,
+        after which ``_choose_stateful`` keeps it without repricing anything."""
+        root = self.classes.get(ROOT)
+        arm = root.arms.get(name) if root is not None else None
+        return arm is not None and arm.requests >= self.config.guard.drift_window
 
     def _stateful_leader(self) -> str:
         """The variant of a stateful spec type (``STATEFUL``) that has served the most
