@@ -18,7 +18,10 @@ for more than a fast one's. Summed per role (``exploit``, ``trial``,
 served choice; per spec type for trials; and per quarter of the daemon's stream. With
 repeated prompts a stateful drafter pays for exploring twice: ``revisits`` shows what the
 best static variant's requests ran at when the prompt's previous request went elsewhere,
-and ``served_quarters`` what they ran at, quarter by quarter, against the static arm's.
+and ``served_quarters`` what they ran at, quarter by quarter, against the static arm's;
+``table_coverage`` shows acceptance on that variant by how many earlier answers of the same
+prompt the serving instance had seen (the static arm's instance sees them all). ``cumulative``
+is the run so far against the static arm, and where it has earned its learning back.
 
     python -m benchmarks.exploration_cost DIR [--out FILE.json]
 """
@@ -142,16 +145,77 @@ def served_quarters(priced: Priced, best: str) -> list[float | None]:
     return _by_quarter(priced, lambda row: row.get("variant") == best)
 
 
+def cumulative(priced: Priced, marks: int = 8) -> dict[str, Any]:
+    """The run so far, time-weighted as the whole-run ratio is: after each of ``marks``
+    equal steps of the daemon's stream, the static arm's decode time for its requests until
+    then over theirs (``after``: [requests, ratio]), and ``break_even``: the fewest requests
+    after which that ratio stays at or above 1 to the end of the run (None: it ends below 1;
+    0: it never fell below). Learning is a cost paid once: a run at ``break_even`` requests
+    or longer has earned it back against the best static arm."""
+    ours = static = 0.0
+    ratios = []
+    for row, s, t in priced:
+        ours += seconds(row)
+        static += seconds(row) * s / t
+        ratios.append(static / ours)
+    n = len(ratios)
+    after = [[n * m // marks, round(ratios[n * m // marks - 1], 3)] for m in range(1, marks + 1)]
+    below = [k for k, r in enumerate(ratios, 1) if r < 1.0]
+    even = None if ratios and ratios[-1] < 1.0 else (below[-1] + 1 if below else 0)
+    return {"after": after, "break_even": even}
+
+
+SEEN = ((0, "0"), (2, "1-2"), (6, "3-6"))  # earlier answers seen -> label; more: "7+"
+
+
+def table_coverage(rows: Iterable[dict[str, Any]], variant: str) -> dict[str, Any]:
+    """An ``ngram-mod`` table drafts a prompt's answer from the earlier answers of that
+    prompt its instance served. Per arm (the static arm of ``variant``, and each daemon's
+    requests served by it), greedy and sampled requests apart: accepted tokens per
+    generated token by how many earlier requests of the same prompt that instance had
+    served (``0``, ``1-2``, ``3-6``, ``7+``). A daemon that spreads a prompt's requests over
+    several instances meets it in lower rows than the static arm does."""
+    served: dict[tuple[str, str], int] = defaultdict(int)
+    found: dict[str, dict[str, dict[str, list[float]]]] = defaultdict(
+        lambda: defaultdict(lambda: defaultdict(list))
+    )
+    for row in rows:
+        arm = row["arm"]
+        if not usable(row):
+            continue
+        if arm != variant and (arm not in DAEMONS or row.get("variant") != variant):
+            continue
+        key = (arm, row["id"])
+        seen = served[key]
+        served[key] += 1
+        label = next((name for most, name in SEEN if seen <= most), "7+")
+        form = "sampled" if str(row.get("class", "")).endswith("sampled") else "greedy"
+        found[arm][form][label].append(float(row.get("accepted") or 0) / float(row["tokens"]))
+    return {
+        ("static" if arm == variant else arm): {
+            form: {
+                label: {"requests": len(v), "accepted_per_token": round(statistics.fmean(v), 3)}
+                for label, v in sorted(by.items())
+            }
+            for form, by in sorted(forms.items())
+        }
+        for arm, forms in found.items()
+    }
+
+
 def exploration_cost(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Per daemon arm: requests by role (count, mean speed and static ratio, summed loss in
     requests and in seconds), the static arm's decode time over the arm's (``time_over_static``),
     trials by spec type (mean speed / static), each quarter's mean speed / static, and
     ``revisits`` (its requests served by the best static arm's variant, by what served their
     prompt's previous request: ``first``, ``same`` or ``other``), and ``served_quarters``
-    (those requests' mean speed / static per quarter)."""
+    (those requests' mean speed / static per quarter), and ``cumulative`` (the run so far
+    against the static arm, and the request count from which it stays at or above it)."""
     base = baselines(rows)
     static, best = static_ratios(rows, base)
     out: dict[str, Any] = {"best_static": best}
+    if best is not None:
+        out["table_coverage"] = table_coverage(rows, best)
     paired = occurrences(rows, best) if best is not None else {}
     for arm in DAEMONS:
         priced = []
@@ -187,6 +251,7 @@ def exploration_cost(rows: list[dict[str, Any]]) -> dict[str, Any]:
                 for t, v in sorted(trials.items())
             },
             "quarters": _by_quarter(priced, lambda _: True),
+            "cumulative": cumulative(priced) if len(priced) >= 8 else None,
         }
     return out
 

@@ -104,3 +104,51 @@ def test_served_quarters_compare_the_best_variants_own_requests_quarter_by_quart
     rows += [row("tuner", "a", 100.0, "exploit", "good")] * 2
     found = exploration_cost(rows)["tuner"]["served_quarters"]
     assert found == [0.5, None, None, 1.0]
+
+
+def test_cumulative_finds_where_the_run_has_earned_its_learning_back() -> None:
+    """Against a static arm at 2x: three trials at 0.8x first (2.5 s each for 100 tokens
+    where the static arm takes 1 s), then requests at 2.5x (0.8 s against 1 s). After 3 + k
+    requests the static arm's time is 3 + k, the tuner's 7.5 + 0.8 k: behind until k = 23."""
+    head = [row("none", "a", 50.0), row("good", "a", 100.0)]
+    learn = [row("tuner", "a", 40.0, "trial", "ngram-map-k.y")] * 3
+
+    def cumulative(exploits: int) -> dict[str, Any]:
+        rows = head + learn + [row("tuner", "a", 125.0, "exploit", "good")] * exploits
+        found: dict[str, Any] = exploration_cost(rows)["tuner"]["cumulative"]
+        return found
+
+    short = cumulative(12)
+    assert short["break_even"] is None  # 15 / 17.1 at the end
+    assert [k for k, _ in short["after"]] == [1, 3, 5, 7, 9, 11, 13, 15]
+    assert short["after"][1] == [3, 0.4]  # 3 s of static time in 7.5 s
+    assert short["after"][-1][1] == pytest.approx(15 / 17.1, abs=1e-3)
+    assert cumulative(30)["break_even"] == 26  # 26 / 25.9 from there, 25 / 25.1 before
+    ahead = exploration_cost(head + [row("tuner", "a", 125.0, "exploit", "good")] * 8)
+    assert ahead["tuner"]["cumulative"]["break_even"] == 0
+
+
+def test_table_coverage_counts_the_earlier_answers_each_instance_served() -> None:
+    """Prompt s (sampled) three times on the static arm, and on the daemon once on the
+    static arm's variant, once on a trial, once on the variant again: the daemon's instance
+    had seen one earlier answer where the static arm's had seen two."""
+
+    def sampled(arm: str, accepted: int, variant: str = "good") -> dict[str, Any]:
+        return row(arm, "s", 100.0, variant=variant) | {"class": "chat/fresh/sampled",
+                                                        "accepted": accepted}  # fmt: skip
+
+    rows = [row("none", "s", 50.0), sampled("good", 10), sampled("good", 30), sampled("good", 50)]
+    rows += [sampled("tuner", 10), sampled("tuner", 0, "ngram-simple.x"), sampled("tuner", 40)]
+    rows.append(row("tuner", "g", 100.0, "exploit", "good"))  # greedy, no static request
+    found = exploration_cost(rows)["table_coverage"]
+    assert found["static"] == {
+        "sampled": {
+            "0": {"requests": 1, "accepted_per_token": 0.1},
+            "1-2": {"requests": 2, "accepted_per_token": 0.4},
+        }
+    }
+    assert found["tuner"]["sampled"] == {
+        "0": {"requests": 1, "accepted_per_token": 0.1},
+        "1-2": {"requests": 1, "accepted_per_token": 0.4},
+    }
+    assert found["tuner"]["greedy"] == {"0": {"requests": 1, "accepted_per_token": 0.0}}
