@@ -28,6 +28,7 @@ is the run so far against the static arm, and where it has earned its learning b
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -148,21 +149,27 @@ def served_quarters(priced: Priced, best: str) -> list[float | None]:
 def cumulative(priced: Priced, marks: int = 8) -> dict[str, Any]:
     """The run so far, time-weighted as the whole-run ratio is: after each of ``marks``
     equal steps of the daemon's stream, the static arm's decode time for its requests until
-    then over theirs (``after``: [requests, ratio]), and ``break_even``: the fewest requests
-    after which that ratio stays at or above 1 to the end of the run (None: it ends below 1;
-    0: it never fell below). Learning is a cost paid once: a run at ``break_even`` requests
-    or longer has earned it back against the best static arm."""
-    ours = static = 0.0
-    ratios = []
+    then over theirs (``after``: [requests, ratio]), the same for each step on its own
+    (``steps``), and ``break_even``: the fewest requests after which the run so far stays at
+    or above 1 to its end (None: it ends below 1; 0: it never fell below). Learning is a cost
+    paid once: a run at ``break_even`` requests or longer has earned it back against the
+    best static arm, and ``steps`` says whether a longer run would."""
+    ours, static = [0.0], [0.0]  # running sums, from 0 requests on
     for row, s, t in priced:
-        ours += seconds(row)
-        static += seconds(row) * s / t
-        ratios.append(static / ours)
-    n = len(ratios)
-    after = [[n * m // marks, round(ratios[n * m // marks - 1], 3)] for m in range(1, marks + 1)]
+        ours.append(ours[-1] + seconds(row))
+        static.append(static[-1] + seconds(row) * s / t)
+    n = len(priced)
+    cuts = [n * m // marks for m in range(marks + 1)]
+    ratios = [static[k] / ours[k] for k in range(1, n + 1)]
     below = [k for k, r in enumerate(ratios, 1) if r < 1.0]
-    even = None if ratios and ratios[-1] < 1.0 else (below[-1] + 1 if below else 0)
-    return {"after": after, "break_even": even}
+    return {
+        "after": [[k, round(static[k] / ours[k], 3)] for k in cuts[1:]],
+        "steps": [
+            round((static[b] - static[a]) / (ours[b] - ours[a]), 3)
+            for a, b in itertools.pairwise(cuts)
+        ],
+        "break_even": None if ratios[-1] < 1.0 else (below[-1] + 1 if below else 0),
+    }
 
 
 SEEN = ((0, "0"), (2, "1-2"), (6, "3-6"))  # earlier answers seen -> label; more: "7+"

@@ -123,6 +123,8 @@ def test_cumulative_finds_where_the_run_has_earned_its_learning_back() -> None:
     assert [k for k, _ in short["after"]] == [1, 3, 5, 7, 9, 11, 13, 15]
     assert short["after"][1] == [3, 0.4]  # 3 s of static time in 7.5 s
     assert short["after"][-1][1] == pytest.approx(15 / 17.1, abs=1e-3)
+    # each step on its own: the trials (requests 1 and 2-3) at 0.4, then exploits at 1.25
+    assert short["steps"] == [0.4, 0.4] + [1.25] * 6
     assert cumulative(30)["break_even"] == 26  # 26 / 25.9 from there, 25 / 25.1 before
     ahead = exploration_cost(head + [row("tuner", "a", 125.0, "exploit", "good")] * 8)
     assert ahead["tuner"]["cumulative"]["break_even"] == 0
