@@ -163,7 +163,7 @@ def cumulative(priced: Priced, marks: int = 8) -> dict[str, Any]:
     ratios = [static[k] / ours[k] for k in range(1, n + 1)]
     below = [k for k, r in enumerate(ratios, 1) if r < 1.0]
     return {
-        "after": [[k, round(static[k] / ours[k], 3)] for k in cuts[1:]],
+        "after": [[k, round(ratios[k - 1], 3)] for k in cuts[1:]],
         "steps": [
             round((static[b] - static[a]) / (ours[b] - ours[a]), 3)
             for a, b in itertools.pairwise(cuts)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.exploration_cost import exploration_cost
 from benchmarks.repeat_memory import repeat_effect
 from tests.bench.test_render import assert_documented
 from tuner.model.gguf_facts import read_facts
@@ -57,6 +58,13 @@ def test_bench_replays_the_matrix_and_the_tuner_and_writes_its_summary(tmp_path:
     # the repeat measurement reads the real rows: each static arm met its 4 prompts once
     effect = repeat_effect(rows)
     assert effect["ngram-mod"]["items"] == 4 and effect["ngram-mod"]["requests_per_item"] == 1
+    # so do the exploration readings: the best static arm's instance met each prompt once
+    cost = exploration_cost(rows)
+    coverage = cost["table_coverage"]["static"]
+    assert sum(form["0"]["requests"] for form in coverage.values()) == 4, coverage
+    assert all(set(form) == {"0"} for form in coverage.values()), coverage
+    run = cost["tuner"]["cumulative"]
+    assert [k for k, _ in run["after"]] == list(range(1, 9)) and all(s > 0 for s in run["steps"])
     assert (out / "summary.png").read_bytes()[:4] == b"\x89PNG"
     assert "| ngram-simple |" in (out / "summary.md").read_text()
     assert (out / "tuner-state" / "policies.json").is_file()  # the daemon's own fresh state
