@@ -10,6 +10,12 @@ random names, numbers and code, so prompts of a kind share their shape but never
 text. Of each kind's 65, 13 are sent in chat form (a system message and the prompt as the
 user's turn) and 13 sampled (temperature 0.8, a fixed seed per item); the rest are greedy
 completions. Deterministic: ``python -m benchmarks.workloads.make_fresh [--seed 0]``.
+
+A longer run of new prompts: ``--per-kind 130 --seed 1 --out
+benchmarks/workloads/fresh1040.jsonl`` writes 1,040 (a fifth of each kind in chat form, a
+fifth sampled, as above), all distinct, drawn with another seed. Each run starts from empty
+tables, so that some match ``fresh.jsonl``'s (the code-generation and chat templates have
+few fillings: 102 of the 1,040) does not matter.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from pathlib import Path
 from benchmarks.workloads.make_dev import chat_messages
 
 PER_KIND = 65
-CHAT, SAMPLED = 13, 13  # of each kind's PER_KIND
+CHAT, SAMPLED = 13, 13  # of each kind's PER_KIND (a fifth each, for any per_kind)
 
 FIRST = [
     "Dana",
@@ -415,14 +421,17 @@ KINDS: dict[str, Callable[[random.Random], str]] = {
 }
 
 
-def workload(seed: int = 0) -> list[dict[str, object]]:
-    """PER_KIND distinct items of every kind, in kind order (the bench shuffles)."""
+def workload(seed: int = 0, per_kind: int = PER_KIND) -> list[dict[str, object]]:
+    """``per_kind`` distinct items of every kind, in kind order (the bench shuffles)."""
+    if per_kind < 1:
+        raise ValueError("per_kind must be >= 1")
+    chat, sampled = per_kind * CHAT // PER_KIND, per_kind * SAMPLED // PER_KIND
     rng = random.Random(seed)
     out: list[dict[str, object]] = []
     seen: set[str] = set()
     for kind, make in KINDS.items():
         made = 0
-        while made < PER_KIND:
+        while made < per_kind:
             prompt = make(rng)
             if prompt in seen:
                 continue
@@ -433,10 +442,10 @@ def workload(seed: int = 0) -> list[dict[str, object]]:
                 "max_tokens": 128,
                 "temperature": 0,
             }
-            if made < CHAT:
+            if made < chat:
                 row["id"] = f"{row['id']}-chat"
                 row["messages"] = chat_messages(prompt)
-            elif made < CHAT + SAMPLED:
+            elif made < chat + sampled:
                 row.update(id=f"{row['id']}-sampled", prompt=prompt, temperature=0.8, seed=made)
             else:
                 row["prompt"] = prompt
@@ -448,9 +457,13 @@ def workload(seed: int = 0) -> list[dict[str, object]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--per-kind", type=int, default=PER_KIND, help="prompts of each kind")
+    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("fresh.jsonl"))
     args = parser.parse_args()
-    rows = workload(args.seed)
-    path = Path(__file__).with_name("fresh.jsonl")
+    if args.per_kind < 1:
+        parser.error("--per-kind must be >= 1")
+    rows = workload(args.seed, args.per_kind)
+    path = args.out
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     print(f"wrote {len(rows)} lines to {path}")
 

@@ -6,6 +6,8 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from benchmarks.workloads.make_fresh import CHAT, KINDS, PER_KIND, SAMPLED, workload
 from tuner.classify import classify, load_definitions
 from tuner.workload import load_workload
@@ -35,6 +37,22 @@ def test_the_committed_file_is_what_the_generator_writes_and_the_bench_loads_it(
     assert rows == workload(0)
     assert workload(1) != rows  # the seed matters
     assert len(load_workload(FRESH)) == 520
+
+
+def test_a_longer_workload_keeps_every_prompt_new_and_the_same_share_of_forms() -> None:
+    rows = workload(1, per_kind=130)
+    assert len(rows) == 1040 and len({_text(r) for r in rows}) == 1040
+    assert len({r["id"] for r in rows}) == 1040
+    for kind in KINDS:
+        mine = [r for r in rows if r["class_hint"] == kind]
+        assert len(mine) == 130
+        assert sum("messages" in r for r in mine) == 26
+        assert sum(r["temperature"] != 0 for r in mine) == 26
+    long = FRESH.with_name("fresh1040.jsonl").read_text()
+    committed = [json.loads(line) for line in long.splitlines()]
+    assert committed == rows
+    with pytest.raises(ValueError):
+        workload(0, per_kind=0)
 
 
 def test_the_prompts_land_in_many_classes() -> None:
