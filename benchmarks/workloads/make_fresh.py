@@ -15,7 +15,8 @@ A longer run of new prompts: ``--per-kind 130 --seed 1 --out
 benchmarks/workloads/fresh1040.jsonl`` writes 1,040 (a fifth of each kind in chat form, a
 fifth sampled, as above), all distinct, drawn with another seed. Each run starts from empty
 tables, so that some match ``fresh.jsonl``'s (the code-generation and chat templates have
-few fillings: 102 of the 1,040) does not matter.
+few fillings: 102 of the 1,040) does not matter. Those two templates give only 132 and 195
+distinct prompts, so ``--per-kind`` above 132 is refused with an error naming the kind.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from benchmarks.workloads.make_dev import chat_messages
 
 PER_KIND = 65
 CHAT, SAMPLED = 13, 13  # of each kind's PER_KIND (a fifth each, for any per_kind)
+GIVE_UP = 20_000  # draws in a row that repeat an earlier prompt: the template is used up
 
 FIRST = [
     "Dana",
@@ -430,11 +432,15 @@ def workload(seed: int = 0, per_kind: int = PER_KIND) -> list[dict[str, object]]
     out: list[dict[str, object]] = []
     seen: set[str] = set()
     for kind, make in KINDS.items():
-        made = 0
+        made = repeats = 0
         while made < per_kind:
             prompt = make(rng)
             if prompt in seen:
+                repeats += 1
+                if repeats > GIVE_UP:
+                    raise ValueError(f"{kind}: its template gave only {made} distinct prompts")
                 continue
+            repeats = 0
             seen.add(prompt)
             row: dict[str, object] = {
                 "id": f"{kind}-{made:02d}",
@@ -462,7 +468,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.per_kind < 1:
         parser.error("--per-kind must be >= 1")
-    rows = workload(args.seed, args.per_kind)
+    try:
+        rows = workload(args.seed, args.per_kind)
+    except ValueError as e:
+        parser.error(str(e))
     path = args.out
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     print(f"wrote {len(rows)} lines to {path}")

@@ -53,6 +53,8 @@ def test_a_longer_workload_keeps_every_prompt_new_and_the_same_share_of_forms() 
     assert committed == rows
     with pytest.raises(ValueError):
         workload(0, per_kind=0)
+    with pytest.raises(ValueError, match="code-gen: its template gave only 132"):
+        workload(0, per_kind=200)  # asks for more than the template has
 
 
 def test_the_prompts_land_in_many_classes() -> None:
