@@ -84,11 +84,14 @@ def test_chat_non_streaming_and_streaming(client: openai.OpenAI) -> None:
         temperature=0,  # type: ignore[arg-type]
     )
     assert chat.choices[0].message.content
+    # the router serves a variant's preset; answers name the model the daemon offers
+    assert chat.model == "gemma-3-270m-q4_k_m"
     stream = client.chat.completions.create(
         model="any", messages=messages, max_tokens=8, temperature=0, stream=True,  # type: ignore[arg-type]
         stream_options={"include_usage": True},
     )  # fmt: skip
     chunks = list(stream)
+    assert {c.model for c in chunks} == {"gemma-3-270m-q4_k_m"}
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -101,6 +102,39 @@ async def test_upstream_dying_mid_stream_ends_with_an_error_event(
     assert "[DONE]" not in response.text
     record = await next_record(store)
     assert record.error and "stopped" in record.error
+
+
+@dataclass(frozen=True)
+class _Routed:
+    variant: str = "ngram-mod.match24.max16"
+    role: str = "exploit"
+    trial: int | None = None
+    model: str | None = "ngram-mod.match24.max16"
+    fields: dict[str, Any] | None = None
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_answers_name_the_offered_model_not_the_variants_preset(
+    upstream: UpstreamClient, store: RecordStore, fake: FakeLlamaServer, stream: bool
+) -> None:
+    """In router mode the body goes upstream with the preset as its ``model`` and
+    llama-server names it in the answer; the client sees the model it was offered."""
+    app = create_app(upstream, store, router=lambda key: _Routed(), public_models=["gemma"])
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
+        response = await client.post("/v1/chat/completions", json={**CHAT, "stream": stream})
+    assert response.status_code == 200
+    assert response.headers["x-spec-variant"] == "ngram-mod.match24.max16"
+    assert fake.requests[-1]["body"]["model"] == "ngram-mod.match24.max16"  # what upstream got
+    if stream:
+        events = [e for e in response.text.split("\n\n") if e.startswith("data: {")]
+        objects = [json.loads(e[len("data: ") :]) for e in events]
+        assert {o["model"] for o in objects if "model" in o} == {"gemma"}
+        assert response.text.rstrip().endswith("[DONE]")
+    else:
+        assert response.json()["model"] == "gemma"
+    record = await next_record(store)
+    assert record.variant == "ngram-mod.match24.max16" and record.timings is not None
 
 
 async def test_a_stream_past_the_drain_bound_ends_with_an_error_event(

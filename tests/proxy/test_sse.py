@@ -7,7 +7,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tuner.proxy.sse import TimingsSniffer
+from tuner.proxy.sse import ModelRename, TimingsSniffer
 
 STREAM = (
     b": ping\n\n"
@@ -53,3 +53,30 @@ def test_garbage_never_raises(data: bytes) -> None:
     sniffer = TimingsSniffer()
     sniffer.feed(data)
     sniffer.close()
+
+
+PRESET_STREAM = (
+    b'data: {"model":"ngram-mod.match24.max16","choices":[{"text":"\\"model\\":\\"x\\""}]}\n\n'
+    b'data: {"choices": [], "model": "ngram-mod.match24.max16"}\n\n'
+    b"data: [DONE]\n\n"
+)
+
+
+@given(st.lists(st.integers(min_value=0, max_value=len(PRESET_STREAM)), max_size=12))
+def test_the_preset_is_renamed_however_the_stream_is_cut(cuts: list[int]) -> None:
+    points = sorted(set(cuts))
+    bounds = zip([0, *points], [*points, len(PRESET_STREAM)], strict=True)
+    rename = ModelRename("ngram-mod.match24.max16", "gemma")
+    out = b"".join(rename.feed(PRESET_STREAM[a:b]) for a, b in bounds) + rename.flush()
+    assert out == rename.whole(PRESET_STREAM)
+    assert out.count(b'"model":"gemma"') == out.count(b'"model": "gemma"') == 1
+    assert b"ngram-mod" not in out
+    assert b'\\"model\\":\\"x\\"' in out  # answer text is left alone
+
+
+def test_a_chunk_that_cannot_begin_the_pattern_passes_at_once() -> None:
+    rename = ModelRename("p", "gemma")
+    assert rename.feed(b'data: {"x":1}\n\n') == b'data: {"x":1}\n\n'
+    assert rename.feed(b'data: {"mod') == b"data: {"  # '"mod' may begin the pattern
+    assert rename.feed(b'el":"p"}') == b'"model":"gemma"}'
+    assert rename.flush() == b""

@@ -45,7 +45,7 @@ from tuner.proxy.openai_errors import (
     sse_error_event,
     translate_upstream_error,
 )
-from tuner.proxy.sse import TimingsSniffer, answer_text, extract_timings
+from tuner.proxy.sse import ModelRename, TimingsSniffer, answer_text, extract_timings
 from tuner.proxy.validation import CHAT, COMPLETIONS, NATIVE, parse_body, validate
 from tuner.records import RecordStore, RequestRecord, Timings
 from tuner.upstream.client import UpstreamClient, UpstreamDisconnected, UpstreamResponse
@@ -298,7 +298,9 @@ class _Handlers:
                         await self.gate.acquire(trace.variant)
                         trace.wait_ms = (time.perf_counter() - queued) * 1000
                         gated = True
-                response = await _forward(self.upstream, trace, body, raw, self.drain)
+                response = await _forward(
+                    self.upstream, trace, body, raw, self.drain, self._shown_model()
+                )
                 if isinstance(response, _RelayResponse):
                     response.close_hooks.append(self._release)  # held until the stream ends
                     if gated:
@@ -340,6 +342,10 @@ class _Handlers:
             return None
         return json.dumps(body, ensure_ascii=False).encode()
 
+    def _shown_model(self) -> str | None:
+        """The model name answers carry (router mode: the model, not the variant's preset)."""
+        return self.public_models[0] if self.public_models else None
+
     async def _release(self) -> None:
         self.in_flight -= 1
         self.last_active = time.monotonic()
@@ -365,7 +371,9 @@ class _Handlers:
             if self.gate is not None:
                 await self.gate.acquire(routed.variant)
                 gated = True
-            response = await _forward(self.upstream, trace, body, raw, self.drain)
+            response = await _forward(
+                self.upstream, trace, body, raw, self.drain, self._shown_model()
+            )
             if isinstance(response, _RelayResponse):  # asked whole; answered as a stream
                 for hook in response.close_hooks:
                     await hook()  # gives the connection back and records it
@@ -531,13 +539,21 @@ class BearerAuth:
 
 
 async def _forward(
-    upstream: UpstreamClient, trace: _Trace, body: dict[str, Any], raw: bytes, drain: Drain
+    upstream: UpstreamClient,
+    trace: _Trace,
+    body: dict[str, Any],
+    raw: bytes,
+    drain: Drain,
+    shown: str | None = None,
 ) -> Response:
-    """Send the request upstream and hand back its answer, streamed or whole."""
+    """Send the request upstream and hand back its answer, streamed or whole; with
+    ``shown``, answers name that model instead of the one sent upstream (a preset)."""
     model = upstream.resolve_model(body.get("model"))
     if model is not None and body.get("model") != model:
         body["model"] = model
         raw = json.dumps(body, ensure_ascii=False).encode()
+    sent = body.get("model")
+    rename = ModelRename(sent, shown) if shown and isinstance(sent, str) and sent != shown else None
     trace.t_send = time.perf_counter()
     response = await upstream.open("POST", trace.endpoint, content=raw)
     trace.t_headers = time.perf_counter()
@@ -561,12 +577,14 @@ async def _forward(
         data = await response.aread()
         await response.aclose()
         trace.finish(response.status_code, body=data)  # timings are parsed off the loop
+        if rename is not None:
+            data = rename.whole(data)
         return Response(data, status_code=response.status_code, media_type=content_type,
                         headers=headers)  # fmt: skip
 
     headers.update({"cache-control": "no-cache", "x-accel-buffering": "no"})
     relay = _RelayResponse(
-        _relay(response, trace, drain),
+        _relay(response, trace, drain, rename),
         status_code=response.status_code,
         media_type="text/event-stream",
         headers=headers,
@@ -601,9 +619,11 @@ async def _abandon(response: UpstreamResponse, trace: _Trace) -> None:
     trace.finish(response.status_code, error="client disconnected before the stream started")
 
 
-async def _relay(response: UpstreamResponse, trace: _Trace, drain: Drain) -> AsyncIterator[bytes]:
-    """Pass SSE bytes through unchanged; end with an error event if upstream dies
-    or the daemon's drain bound has passed."""
+async def _relay(
+    response: UpstreamResponse, trace: _Trace, drain: Drain, rename: ModelRename | None = None
+) -> AsyncIterator[bytes]:
+    """Pass SSE bytes through (with ``rename``, each event's ``model`` renamed); end with
+    an error event if upstream dies or the daemon's drain bound has passed."""
     sniffer = TimingsSniffer()
     error: str | None = "client disconnected"
     try:
@@ -616,14 +636,20 @@ async def _relay(response: UpstreamResponse, trace: _Trace, drain: Drain) -> Asy
                     code="server_shutting_down",
                 )
                 error = cut.message
+                if rename is not None:
+                    yield rename.flush()
                 yield sse_error_event(cut)
                 break
             sniffer.feed(chunk)
             if trace.chunks is not None:
                 trace.chunks.append(chunk)
-            yield chunk
+            out = chunk if rename is None else rename.feed(chunk)
+            if out:
+                yield out
         else:
             error = None
+            if rename is not None:
+                yield rename.flush()
     except UpstreamDisconnected as exc:
         failure = OpenAIError(
             502,
@@ -632,6 +658,8 @@ async def _relay(response: UpstreamResponse, trace: _Trace, drain: Drain) -> Asy
             code="upstream_disconnected",
         )
         error = failure.message
+        if rename is not None:
+            yield rename.flush()
         yield sse_error_event(failure)
     finally:
         with anyio.CancelScope(shield=True):

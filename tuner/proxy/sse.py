@@ -5,6 +5,9 @@ client and remembers the last ``timings`` object (llama-server puts it on the
 last data chunk) and whether an error event was seen. Only lines that mention
 ``timings`` or ``error`` are parsed, so the cost per chunk stays small.
 ``answer_text`` reads an answer's text back (a body or kept chunks), off the loop.
+``ModelRename`` is the one change made to what passes: in router mode llama-server names
+the preset (the variant) in each answer's ``model``, and the client is shown the model
+it was offered instead.
 """
 
 from __future__ import annotations
@@ -12,7 +15,46 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["TimingsSniffer", "answer_text", "extract_timings"]
+__all__ = ["ModelRename", "TimingsSniffer", "answer_text", "extract_timings"]
+
+
+class ModelRename:
+    """Replace ``"model":"<sent>"`` (or ``"model": "<sent>"``) with the same naming
+    ``shown`` in a body, or in a stream cut anywhere. Inside a JSON string the quotes would
+    be escaped, so answer text never matches. A stream's chunk keeps back only a tail that
+    could begin the pattern, which an SSE event's closing blank line never is.
+
+    >>> r = ModelRename("ngram-mod.a", "gemma")
+    >>> r.feed(b'data: {"model":"ngr') + r.feed(b'am-mod.a","x":1}\\n\\n') + r.flush()
+    b'data: {"model":"gemma","x":1}\\n\\n'
+    """
+
+    __slots__ = ("_carry", "_pairs")
+
+    def __init__(self, sent: str, shown: str) -> None:
+        old, new = json.dumps(sent).encode(), json.dumps(shown).encode()
+        self._pairs = [(b'"model":' + sep + old, b'"model":' + sep + new) for sep in (b"", b" ")]
+        self._carry = b""
+
+    def whole(self, data: bytes) -> bytes:
+        for old, new in self._pairs:
+            data = data.replace(old, new)
+        return data
+
+    def feed(self, chunk: bytes) -> bytes:
+        data = self.whole(self._carry + chunk)
+        keep = 0
+        for old, _ in self._pairs:
+            for k in range(min(len(old) - 1, len(data)), keep, -1):
+                if data.endswith(old[:k]):
+                    keep = k
+                    break
+        self._carry = data[len(data) - keep :] if keep else b""
+        return data[: len(data) - keep]
+
+    def flush(self) -> bytes:
+        out, self._carry = self._carry, b""
+        return out
 
 
 def extract_timings(payload: Any) -> dict[str, Any] | None:
