@@ -466,8 +466,6 @@ def main() -> None:
     parser.add_argument("--per-kind", type=int, default=PER_KIND, help="prompts of each kind")
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("fresh.jsonl"))
     args = parser.parse_args()
-    if args.per_kind < 1:
-        parser.error("--per-kind must be >= 1")
     try:
         rows = workload(args.seed, args.per_kind)
     except ValueError as e:

@@ -9,6 +9,13 @@ from hypothesis import strategies as st
 
 from tuner.proxy.sse import ModelRename, TimingsSniffer
 
+
+def _pieces(stream: bytes, cuts: list[int]) -> list[bytes]:
+    """The stream cut at ``cuts`` (any order, repeats allowed)."""
+    points = sorted(set(cuts))
+    return [stream[a:b] for a, b in zip([0, *points], [*points, len(stream)], strict=True)]
+
+
 STREAM = (
     b": ping\n\n"
     b'data: {"choices":[{"text":"a"}]}\n\n'
@@ -19,10 +26,8 @@ STREAM = (
 
 @given(st.lists(st.integers(min_value=0, max_value=len(STREAM)), max_size=12))
 def test_timings_found_for_any_chunking(cuts: list[int]) -> None:
-    points = sorted(set(cuts))
-    pieces = [STREAM[a:b] for a, b in zip([0, *points], [*points, len(STREAM)], strict=True)]
     sniffer = TimingsSniffer()
-    for piece in pieces:
+    for piece in _pieces(STREAM, cuts):
         sniffer.feed(piece)
     sniffer.close()
     assert sniffer.timings == {"predicted_n": 9, "draft_n": 4}
@@ -64,10 +69,8 @@ PRESET_STREAM = (
 
 @given(st.lists(st.integers(min_value=0, max_value=len(PRESET_STREAM)), max_size=12))
 def test_the_preset_is_renamed_however_the_stream_is_cut(cuts: list[int]) -> None:
-    points = sorted(set(cuts))
-    bounds = zip([0, *points], [*points, len(PRESET_STREAM)], strict=True)
     rename = ModelRename("ngram-mod.match24.max16", "gemma")
-    out = b"".join(rename.feed(PRESET_STREAM[a:b]) for a, b in bounds) + rename.flush()
+    out = b"".join(rename.feed(piece) for piece in _pieces(PRESET_STREAM, cuts)) + rename.flush()
     assert out == rename.whole(PRESET_STREAM)
     assert out.count(b'"model":"gemma"') == out.count(b'"model": "gemma"') == 1
     assert b"ngram-mod" not in out

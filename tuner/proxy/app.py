@@ -371,9 +371,8 @@ class _Handlers:
             if self.gate is not None:
                 await self.gate.acquire(routed.variant)
                 gated = True
-            response = await _forward(
-                self.upstream, trace, body, raw, self.drain, self._shown_model()
-            )
+            # only the status is read: the answer is not renamed for anyone
+            response = await _forward(self.upstream, trace, body, raw, self.drain)
             if isinstance(response, _RelayResponse):  # asked whole; answered as a stream
                 for hook in response.close_hooks:
                     await hook()  # gives the connection back and records it
