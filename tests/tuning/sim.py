@@ -58,7 +58,8 @@ class SimUpstream:
     without speculation, default the same). A speculative request's token counts agree with
     its speedup as on a real server: ``n`` tokens, ``d`` drafted, ``a`` accepted with
     ``n / (n - a + c d)`` = the true speedup, ``c`` the machine's cost of a drafted token
-    (``cost``, per variant in ``costs``); ``count_noise`` scatters ``a`` (prompts differ).
+    (``cost``, per variant in ``costs``, per class and variant in ``class_costs``);
+    ``count_noise`` scatters ``a`` (prompts differ).
     ``bases``: a class's speed without speculation, relative to ``BASE_TOK_S`` (default 1)."""
 
     def __init__(
@@ -70,6 +71,7 @@ class SimUpstream:
         count_noise: float = 0.05,
         cost: float = 0.45,
         costs: Mapping[str, float] | None = None,
+        class_costs: Mapping[str, Mapping[str, float]] | None = None,
         bases: Mapping[str, float] | None = None,
         seed: int = 0,
     ) -> None:
@@ -79,6 +81,7 @@ class SimUpstream:
         self.count_noise = count_noise
         self.cost = cost
         self.costs = dict(costs or {})
+        self.class_costs = {k: dict(v) for k, v in (class_costs or {}).items()}
         self.bases = dict(bases or {})
         self.rng = random.Random(seed)
         self.count = 0
@@ -88,7 +91,8 @@ class SimUpstream:
 
     def counts(self, class_key: str, variant: str, n: int = 64) -> tuple[int, int, float]:
         """Drafted and accepted tokens of one request, and the speedup they make."""
-        s, c = self.true_speedup(class_key, variant), self.costs.get(variant, self.cost)
+        s = self.true_speedup(class_key, variant)
+        c = self.class_costs.get(class_key, {}).get(variant, self.costs.get(variant, self.cost))
         # enough drafts that the accepted count fits in [0, d]
         drafted = max(48, math.ceil(n * (1 / s - 1) / c), math.ceil(n * (1 - 1 / s) / (1 - c)))
         mean = n + c * drafted - n / s

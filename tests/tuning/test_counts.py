@@ -145,6 +145,35 @@ def test_a_variant_that_has_served_little_is_priced_like_its_own_kind() -> None:
     assert by_type["ngram-cache"] == pooled["ngram-cache"]
 
 
+@given(
+    local=st.floats(0.1, 1.0),
+    other=st.floats(0.1, 1.0),
+    mine=st.integers(0, 40),
+    seed=st.integers(0, 1000),
+)
+def test_a_class_prices_a_variant_by_its_own_requests_shrunk_toward_all_traffic(
+    local: float, other: float, mine: int, seed: int
+) -> None:
+    """A variant drafting at ``local`` a token in class ``a`` and ``other`` in class ``b``
+    (60 requests): priced in ``a``, its cost lies between all traffic's cost and ``local``,
+    nearer ``local`` the more requests ``a`` has; a class with none of its requests gets all
+    traffic's cost exactly, and so does asking without a class."""
+    rng, calibration = random.Random(seed), Calibration()
+    for key, c, count in (("a", local, mine), ("b", other, 60)):
+        for _ in range(count):
+            n, d = 128, rng.randint(20, 120)
+            a = rng.randint(0, min(d, n - 1))
+            calibration.add(key, "v", (n, d, a), (n - a + c * d) / 60.0)
+    speed = lambda _: 60.0  # noqa: E731
+    overall = calibration.costs(["v"], speed)["v"]
+    assert calibration.costs(["v"], speed, within="c".__eq__)["v"] == overall
+    found = calibration.costs(["v"], speed, within="a".__eq__)["v"][0]
+    low, high = sorted((overall[0], local))
+    assert low - 1e-9 <= found <= high + 1e-9
+    if mine >= 20:
+        assert found == pytest.approx(local, abs=0.2 * abs(overall[0] - local) + 1e-6)
+
+
 def test_the_baseline_speed_is_applied_when_asked_not_when_added() -> None:
     """The class's baseline speed is an estimate that improves: the cost uses the latest,
     so an early guess of it (two noisy requests) is not baked in."""

@@ -265,7 +265,7 @@ def test_a_state_file_without_token_counts_falls_back_to_timing(
     engine = make(tmp_path, config(), caps)
     base = Arm.load({"requests": 4, "tokens": 256, "drafted": 0, "accepted": 0,
                      "samples": [60.0] * 4, "recent": [[0, 0]] * 4})  # fmt: skip
-    found = engine._arm_speedup("ngram-simple.n3.m16", arm, base)
+    found = engine._arm_speedup(CODE, "ngram-simple.n3.m16", arm, base)
     assert found.value == pytest.approx(1.5)
 
 

@@ -93,6 +93,12 @@ class Guard(_Strict):
     # cost 0.53-0.66 of a step where m16 and max16 ones cost 0.38-0.47; side by side 1.029,
     # 0.982, 1.003 and 0.966 of "all" on four seeds, BENCHMARKS.md)
     cost_pool: Literal["all", "spec_type", "draft_length"] = "all"
+    # counts mode: price a variant's drafted tokens in a class by its requests in that class
+    # (and the classes under it), shrunk toward its cost over all traffic, instead of by
+    # that cost alone (an ngram-simple lookup scans the whole context each round, so its
+    # drafted token cost more where prompts are long: 0.37-0.50 of a step by class on
+    # Gemma, where ngram-mod's cost 0.35-0.36 in every class, BENCHMARKS.md)
+    class_cost: bool = False
     # among the variants that clear the guard in a class, which one to join unless another's
     # lower bound lies above its speedup there (as the current policy is kept): "off" (none),
     # "served": the stateful one (ngram-mod) that serves the most traffic, whose table has

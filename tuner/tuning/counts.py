@@ -345,6 +345,7 @@ class Calibration:
         variants: Iterable[str],
         speed: Callable[[str], float | None],
         group: Callable[[str], str] | None = None,
+        within: Callable[[str], bool] | None = None,
     ) -> dict[str, tuple[float, float]]:
         """``c`` and its standard error for each variant; ``speed(class_key)``: the class's
         baseline decode speed now (None: not known yet; its requests wait).
@@ -352,16 +353,35 @@ class Calibration:
         With ``group`` (a variant's name -> its group, e.g. its spec type) a variant is
         shrunk toward its group's cost instead, itself shrunk toward the pooled cost by
         ``PRIOR_REQUESTS`` requests' worth: a variant that has served little is priced
-        like its own kind, not like whatever served most."""
+        like its own kind, not like whatever served most.
+
+        With ``within`` (a class key -> whether its requests count), the cost in those
+        classes: a variant's requests there, shrunk toward its cost over all traffic by
+        ``PRIOR_REQUESTS`` requests' worth (what a drafted token costs can depend on the
+        prompts: an ``ngram-simple`` lookup scans the whole context each round).
+
+        >>> cal = Calibration()
+        >>> for key, c in [("a", 0.3), ("b", 0.6)]:
+        ...     for n, d, a in [(100, 40, 30), (100, 60, 20), (80, 20, 18), (90, 0, 0)] * 20:
+        ...         cal.add(key, "v" if d else "none", (n, d, a), 0.01 * (n - a + c * d))
+        >>> speed = lambda key: 100.0
+        >>> [round(cal.costs(["v"], speed, within=w)["v"][0], 2) for w in (None, "a".__eq__)]
+        [0.45, 0.31]
+        """
         speeds: dict[str, float | None] = {}
         by_variant: dict[str, _Sums] = {}
+        inside: dict[str, _Sums] = {}
         for (key, variant), raw in self.raw.items():
             if key not in speeds:
                 speeds[key] = speed(key)
             found = speeds[key]
             if found is not None:
                 sums = by_variant.setdefault(variant, _Sums())
-                sums += raw.at(found)
+                at = raw.at(found)
+                sums += at
+                if within is not None and within(key):
+                    here = inside.setdefault(variant, _Sums())
+                    here += at
         total = _Sums()
         for each in by_variant.values():
             total += each
@@ -377,9 +397,13 @@ class Calibration:
         def toward(name: str) -> tuple[float, float]:
             return shrunk.get(group(name), pooled) if group is not None else pooled
 
-        return {
+        overall = {
             name: own.ratio(*toward(name), PRIOR_REQUESTS)
             if (own := by_variant.get(name))
             else toward(name)
             for name in variants
+        }
+        return {
+            name: local.ratio(*cost, PRIOR_REQUESTS) if (local := inside.get(name)) else cost
+            for name, cost in overall.items()
         }

@@ -50,10 +50,12 @@ Decisions, per class:
   where ``ngram-mod``'s, which served most, cost 0.35-0.40; off by default, measured no
   better side by side; with ``"draft_length"`` toward the cost of the variants that draft
   as long a round: an m8 drafted token cost 0.53-0.66, m16 and max16 ones 0.38-0.47; an
-  option, measured no better on average). Its counts carry no timing noise and need no
-  baseline request on the same prompt, so a 6-request trial measures what the class's
-  prompts accept, not which minutes it ran in. ``"timing"``: the ratio of the variant's mean decode
-  speed to the class's baseline requests (controls interleaved in the same minutes).
+  option, measured no better on average; with ``guard.class_cost`` each class prices a
+  variant by its own requests of it, shrunk toward all traffic's cost). Its counts carry
+  no timing noise and need no baseline request on the same prompt, so a 6-request trial
+  measures what the class's prompts accept, not which minutes it ran in. ``"timing"``:
+  the ratio of the variant's mean decode speed to the class's baseline requests
+  (controls interleaved in the same minutes).
 - Replays (``guard.replay``, counts mode): every answered request is replayed through
   each ``ngram-simple`` variant of the space from its token ids
   (``tuner.tuning.counterfactual``); ``observe_replayed`` adds what each would have
@@ -137,6 +139,7 @@ Decisions, per class:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import statistics
@@ -208,6 +211,20 @@ def levels(key: str) -> list[str]:
         if sampled:
             chain.insert(sampled[-1] + 1, SAMPLED)
     return chain
+
+
+def _under(key: str, leaf: str) -> bool:
+    """Whether a request of class ``leaf`` counts as evidence in class ``key``.
+
+    >>> _under("code/echo", "code/echo/greedy"), _under("*/sampled", "code/echo/greedy")
+    (True, False)
+    """
+    return key in _levels_of(leaf)
+
+
+@functools.lru_cache(maxsize=1024)
+def _levels_of(leaf: str) -> frozenset[str]:
+    return frozenset(levels(leaf))
 
 
 def _z(confidence: float) -> float:
@@ -617,10 +634,19 @@ class Engine:
         tau = self.calibration.step_time()
         return 1.0 / tau if tau is not None else None
 
-    def _costs(self, variants: Iterable[str]) -> dict[str, tuple[float, float]]:
+    def _costs(
+        self, variants: Iterable[str], key: str | None = None
+    ) -> dict[str, tuple[float, float]]:
+        """What a drafted token of each variant costs, in plain decode steps, and its
+        standard error: over all traffic, or with ``guard.class_cost`` in class ``key``
+        (its requests and those of the classes under it, shrunk toward all traffic's)."""
+        guard = self.config.guard
         groups = {"spec_type": self._spec_type, "draft_length": self._draft_length}
-        group = groups.get(self.config.guard.cost_pool)
-        return self.calibration.costs(variants, self._baseline_speed, group)
+        group = groups.get(guard.cost_pool)
+        within = None
+        if guard.class_cost and key is not None and key != ROOT:
+            within = functools.partial(_under, key)
+        return self.calibration.costs(variants, self._baseline_speed, group, within)
 
     def _spec_type(self, name: str) -> str:
         variant = self.variants.get(name)
@@ -647,19 +673,19 @@ class Engine:
             for name, arm in state.arms.items()
             if name != BASELINE.name and name in self.variants and self._known(arm) >= need
         }
-        costs = self._costs(arms)
-        return {n: self._arm_speedup(n, arm, base, costs[n]) for n, arm in arms.items()}
+        costs = self._costs(arms, state.key)
+        return {n: self._arm_speedup(state.key, n, arm, base, costs[n]) for n, arm in arms.items()}
 
     def _known(self, arm: Arm) -> int:
         """Requests that measured a variant: with counts, replayed ones count too."""
         return arm.known if self.config.guard.speedup_from == "counts" else arm.requests
 
     def _arm_speedup(
-        self, name: str, arm: Arm, base: Arm, cost: tuple[float, float] | None = None
+        self, key: str, name: str, arm: Arm, base: Arm, cost: tuple[float, float] | None = None
     ) -> Interval:
-        """One variant's speedup in a class (its arm and the class's baseline arm)."""
+        """One variant's speedup in a class (its key, its arm and its baseline arm)."""
         if self.config.guard.speedup_from == "counts":
-            c, c_se = cost or self._costs([name])[name]
+            c, c_se = cost or self._costs([name], key)[name]
             found = count_speedup(arm.evidence_for(self._confirm(name)), c, c_se, self.z)
             if found is not None:
                 return found
@@ -827,7 +853,7 @@ class Engine:
 
     def _trial_speedup(self, state: ClassState, trial: Trial) -> Interval | None:
         if self.config.guard.speedup_from == "counts":
-            c, c_se = self._costs([trial.variant.name])[trial.variant.name]
+            c, c_se = self._costs([trial.variant.name], state.key)[trial.variant.name]
             return count_speedup(trial.counts, c, c_se, self.z)
         base = self._baseline_since(state, trial.baseline_mark)
         if not base or not trial.samples:
@@ -874,7 +900,7 @@ class Engine:
         arm = state.arms.get(name)
         if arm is None or arm.replayed < self.config.budget.min_trial_requests:
             return None
-        c, c_se = self._costs([name])[name]
+        c, c_se = self._costs([name], state.key)[name]
         found = count_speedup(arm.evidence, c, c_se, self.z)
         return found if found is not None and found.high < self._bar(state.key, name) else None
 
@@ -1003,7 +1029,7 @@ class Engine:
                 if loss is not None:
                     value: float | None = loss.value
                 elif known:
-                    value = self._arm_speedup(variant.name, arm, base).value  # type: ignore[arg-type]
+                    value = self._arm_speedup(key, variant.name, arm, base).value  # type: ignore[arg-type]
                 else:
                     value = None
             if not replayed and (value is None or attempt == 7):
@@ -1253,7 +1279,7 @@ class Engine:
             recent = itertools.islice(reversed(state.rows), self.config.guard.drift_window)
             pairs = [(row[a], row[b]) for row in recent if a in row and b in row]
             if len(pairs) >= self.config.budget.min_trial_requests:
-                costs = self._costs([a, b])
+                costs = self._costs([a, b], state.key)
                 found = paired_speedup(pairs, costs[a][0], costs[b][0], self.z)
                 if found is not None:
                     return found.low > self.config.guard.min_gain
@@ -1373,7 +1399,7 @@ class Engine:
             return True
         if self._known(arm) < self.config.budget.min_trial_requests:
             return True
-        return self._arm_speedup(variant, arm, base).value >= 1.0
+        return self._arm_speedup(state.key, variant, arm, base).value >= 1.0
 
     # -- for the one-variant-at-a-time mode (tuner.tuning.single) ------------------------
 
@@ -1504,7 +1530,7 @@ class Engine:
         window = self.config.guard.drift_window
         if self._fitted():
             counts = arm.counts
-            c, _ = self._costs([variant])[variant]
+            c, _ = self._costs([variant], state.key)[variant]
             before = count_speedup(counts[:-window], c, 0.0, DRIFT_Z)
             recent = count_speedup(counts[-window:], c, 0.0, DRIFT_Z)
             return (before, recent) if before is not None and recent is not None else None
