@@ -6,8 +6,10 @@ speculative request that drafted is priced against its prompt's mean decode spee
 speculation (the ``none`` arm): its decode time in plain steps of that prompt, less its
 ``n - a`` target steps, is what its ``d`` drafted tokens cost; summed per variant (over
 the static arms and, separately, the daemons' requests) and per spec type, ``c`` is that
-sum over the drafted tokens. ``drafted_per_step`` is ``d / (n - a)``: how long the drafts
-that variant made were, per target step.
+sum over the drafted tokens, and per spec type within each class of prompts (an
+``ngram-simple`` lookup scans the whole context each round, so its cost depends on the
+prompts: why ``[guard] class_cost`` exists). ``drafted_per_step`` is ``d / (n - a)``: how
+long the drafts that variant made were, per target step.
 
 A per-variant ``c`` that differs by spec type is why ``[guard] cost_pool = "spec_type"``
 exists: a variant that has served little priced like its own spec type, not like the pooled
@@ -49,7 +51,8 @@ class _Sums:
 
 def drafted_cost(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """Per source (``static``: the matrix arms; ``daemon``: tuner and challenger), each
-    variant's and each spec type's measured cost of a drafted token."""
+    variant's and each spec type's measured cost of a drafted token, and each spec type's
+    in each class (``"CLASS type:SPEC"``)."""
     rows = [r for r in rows if usable(r)]
     base = baselines(rows)
     sums: dict[str, dict[str, _Sums]] = defaultdict(lambda: defaultdict(_Sums))
@@ -60,7 +63,8 @@ def drafted_cost(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
         n, accepted = float(row["tokens"]), float(row.get("accepted") or 0)
         steps = float(row["ms"]) * base[row["id"]]  # plain decode steps (tokens per ms)
         source = "daemon" if row["arm"] in DAEMONS else "static"
-        for key in (variant, "type:" + variant.split(".")[0]):
+        spec = "type:" + variant.split(".")[0]
+        for key in (variant, spec, f"{row.get('class') or '?'} {spec}"):
             sums[source][key].add(steps - (n - accepted), drafted, n - accepted)
     return {
         source: {key: each.dump() for key, each in sorted(by_key.items())}

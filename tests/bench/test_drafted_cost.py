@@ -23,7 +23,7 @@ def test_each_variant_and_spec_type_gets_back_its_cost() -> None:
     for pid, base in (("a", 50.0), ("b", 80.0)):
         rows += [row("none", pid, base), row("none", pid, base)]
         rows += [row("ngram-mod.x", pid, base, "ngram-mod.x", 0.3, 90, 80)]
-        rows += [row("tuner", pid, base, "ngram-simple.y", 0.6, 40, 20)]
+        rows += [row("tuner", pid, base, "ngram-simple.y", 0.6, 40, 20) | {"class": pid}]
         rows += [row("tuner", pid, base, "ngram-simple.z", 0.5, 60, 30)]
         rows += [row("challenger", pid, base, "ngram-simple.z", 0.0, 0, 0)]  # drafted nothing
         rows += [row("tuner", pid, base, "none")]
@@ -36,6 +36,9 @@ def test_each_variant_and_spec_type_gets_back_its_cost() -> None:
     # the spec type: its variants' extra steps over their drafted tokens (0.54 here)
     assert daemon["type:ngram-simple"]["c"] == pytest.approx((0.6 * 40 + 0.5 * 60) / 100)
     assert daemon["type:ngram-simple"]["requests"] == 4
+    # and within each class of prompts (here only y's requests name theirs)
+    assert daemon["a type:ngram-simple"] == {"requests": 1, "c": 0.6, "drafted_per_step": 0.5}
+    assert daemon["? type:ngram-simple"]["c"] == pytest.approx(0.5)
     assert set(found) == {"static", "daemon"}
 
 
