@@ -97,8 +97,8 @@ class Guard(_Strict):
     # (and the classes under it), shrunk toward its cost over all traffic, instead of by
     # that cost alone (an ngram-simple lookup scans the whole context each round, so its
     # drafted token cost more where prompts are long: 0.37-0.50 of a step by class on
-    # Gemma, where ngram-mod's cost 0.35-0.36 in every class; side by side 1.0085 [1.00,
-    # 1.02] by time, 0.992 by counts on one seed: an option, BENCHMARKS.md)
+    # Gemma, where ngram-mod's cost 0.35-0.36 in every class; side by side on two seeds
+    # 1.0085 and 1.0049 by time, 0.992 and 1.003 by counts: an option, BENCHMARKS.md)
     class_cost: bool = False
     # among the variants that clear the guard in a class, which one to join unless another's
     # lower bound lies above its speedup there (as the current policy is kept): "off" (none),
