@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from tests.bench.test_analyse import CLASSES, static_rows, tuner_row
-from tuner.bench.run import _final_policies, _Quiet, finish
+from tuner.bench.run import _final_policies, _Quiet, _report_machine, finish
 from tuner.bench.schedule import CHALLENGER, TUNER
 from tuner.errors import ConfigError
 from tuner.metrics import _CounterfactualCollector
@@ -112,3 +112,13 @@ async def test_the_bench_waits_for_a_daemons_replays_and_charges_its_warm_second
         assert polls == 4 and row == {}
         await quiet.wait(CHALLENGER, row)
         assert row == {}
+
+
+@pytest.mark.parametrize(
+    ("other", "steal", "warned"), [(0.01, 0.0, False), (0.2, 0.0, True), (0.0, 0.06, True)]
+)
+def test_a_busy_machine_is_reported_at_the_end(other: float, steal: float, warned: bool) -> None:
+    said: list[str] = []
+    _report_machine(said.append, {"other_share": other, "steal_share": steal})
+    assert bool(said) == warned
+    assert not said or f"other processes used {other:.0%} of the machine's CPU" in said[0]

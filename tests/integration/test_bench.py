@@ -68,6 +68,12 @@ def test_bench_replays_the_matrix_and_the_tuner_and_writes_its_summary(tmp_path:
     assert (out / "summary.png").read_bytes()[:4] == b"\x89PNG"
     assert "| ngram-simple |" in (out / "summary.md").read_text()
     assert (out / "tuner-state" / "policies.json").is_file()  # the daemon's own fresh state
+    # the machine's CPU counters, sampled at the start and every 10 requests: the bench's
+    # own llama-servers and daemon did the decoding
+    load = summary["machine"]
+    assert load["samples"] == 3 and load["own_cpu_s"] > 0 and 0 <= load["other_share"] <= 1
+    assert len(load["other_share_by_quarter"]) == 4
+    assert "- other processes: " in (out / "summary.md").read_text()
     assert_documented(summary)
 
 

@@ -88,6 +88,20 @@ def _against_statics(overall: Mapping[str, Any]) -> str:
     )
 
 
+def _machine_line(load: Mapping[str, Any] | None) -> list[str]:
+    """What else used the machine while the run went (``tuner.bench.machine``); none if unknown."""
+    if not load or "other_share" not in load:
+        return []
+    quarters = ", ".join(
+        "?" if q is None else f"{q:.0%}" for q in load.get("other_share_by_quarter") or []
+    )
+    return [
+        f"- other processes: {load['other_share']:.1%} of the machine's CPU during the run "
+        f"(by quarter {quarters}; worst interval {load.get('worst_interval_other_share', 0):.0%}); "
+        f"steal {load.get('steal_share', 0):.1%}"
+    ]
+
+
 def _targets_table(summary: Mapping[str, Any]) -> list[str]:
     """The targets as a table, with the challenger's beside the tuner's when there is one."""
     targets = summary.get("targets") or {}
@@ -125,6 +139,7 @@ def markdown(summary: Mapping[str, Any]) -> str:
         f"({summary['errors']} errors); seed {summary.get('seed')}; "
         f"tuner exploration share {summary.get('explore_share')}",
         f"- baseline decode: {overall['baseline_tok_s']:.1f} tok/s",
+        *_machine_line(summary.get("machine")),
         "",
     ]
     lines += _targets_table(summary)

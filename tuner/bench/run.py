@@ -35,6 +35,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from tuner.atomic import write_atomic
+from tuner.bench import machine
 from tuner.bench.analyse import FinalPolicy, summarize
 from tuner.bench.schedule import CHALLENGER, TUNER, Step, schedule
 from tuner.classify import classify, load_definitions
@@ -53,6 +54,9 @@ from tuner.upstream.provision import Progress, stderr_progress
 from tuner.workload import WorkloadItem
 
 __all__ = ["DEFAULT_MATRIX", "BenchOptions", "finish", "matrix_variants", "run_bench"]
+
+
+BUSY_WARNING = 0.05  # a share of the machine's CPU used by others worth a warning
 
 
 def _state_dir(workdir: Path, arm: str) -> Path:
@@ -297,11 +301,12 @@ async def run_bench(
         f"{options.requests} tuner requests{' (x2: tuner, challenger)' if challenger else ''}: "
         f"{len(steps)} requests"
     )
+    hardware = hardware_fingerprint()
     meta = {
         "workload": len(items),
         "model": prepared.model.name,
         "build": prepared.capabilities.commit,
-        "hardware": hardware_fingerprint(),
+        "hardware": hardware,
         "seed": options.seed,
         "repeats": options.repeats,
         "baseline_repeats": options.baseline_repeats,
@@ -338,6 +343,7 @@ async def run_bench(
         timeout = settings.request_timeout_s
         http = await stack.enter_async_context(httpx.AsyncClient(timeout=timeout))
         quiet = _Quiet(http, urls)
+        samples = [machine.sample()]
         with rows_path.open("w") as sink:
             started = time.monotonic()
             for number, step in enumerate(steps, 1):
@@ -348,8 +354,24 @@ async def run_bench(
                 sink.write(json.dumps(row) + "\n")
                 sink.flush()
                 if number % 10 == 0 or number == len(steps):
+                    samples.append(machine.sample())
                     _report_progress(progress, number, len(steps), started, rows)
+    meta["machine"] = load = machine.load(samples, int(hardware.get("cores") or 1))
+    write_atomic(out / "run.json", json.dumps(meta, indent=2) + "\n")
+    _report_machine(progress, load)
     return finish(out)
+
+
+def _report_machine(progress: Progress, load: Mapping[str, Any]) -> None:
+    """Say so when something outside the bench used the machine while it ran."""
+    other = float(load.get("other_share") or 0.0)
+    steal = float(load.get("steal_share") or 0.0)
+    if other >= BUSY_WARNING or steal >= BUSY_WARNING:
+        progress(
+            f"warning: while the bench ran, other processes used {other:.0%} of the machine's "
+            f"CPU and the hypervisor took {steal:.0%}: ratios within this run compare, its "
+            "absolute speeds do not compare with other runs'"
+        )
 
 
 def finish(out: Path) -> dict[str, Any]:
