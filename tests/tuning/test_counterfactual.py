@@ -565,7 +565,9 @@ def test_replayed_variants_are_priced_by_their_own_spec_types_cost(
     class serves ngram-mod most of the time and runs faster."""
     served: dict[str, list[float]] = {}
     for pool in ("all", "spec_type"):
-        engine = make(tmp_path / pool, config({"cost_pool": pool}, explore_share=0.1), caps)
+        # priced over all traffic (class_cost off), as the cost pools were measured
+        guard = {"cost_pool": pool, "class_cost": False}
+        engine = make(tmp_path / pool, config(guard, explore_share=0.1), caps)
         gains, costs = {}, {}
         for name, v in engine.variants.items():
             if v.spec_type == "ngram-simple":
@@ -594,7 +596,9 @@ def test_replayed_variants_are_priced_by_their_draft_lengths_cost(
     and the class serves them more and runs faster."""
     served: dict[str, list[float]] = {}
     for pool in ("all", "draft_length"):
-        engine = make(tmp_path / pool, config({"cost_pool": pool}, explore_share=0.1), caps)
+        # priced over all traffic (class_cost off), as the cost pools were measured
+        guard = {"cost_pool": pool, "class_cost": False}
+        engine = make(tmp_path / pool, config(guard, explore_share=0.1), caps)
         gains, costs = {}, {}
         for name, v in engine.variants.items():
             if not v.speculative:

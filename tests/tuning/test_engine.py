@@ -552,8 +552,9 @@ TEXT = "text/echo/greedy"
 
 
 def _two_mod_variants(tmp_path: Path, caps: Capabilities, **guard: Any) -> Engine:
-    """An engine searching only ``LEADER`` and ``RUNNER_UP``, with these guard settings."""
-    cfg = config(guard, explore_share=0.3)
+    """An engine searching only ``LEADER`` and ``RUNNER_UP``, with these guard settings
+    (drafted tokens priced over all traffic, as ``consolidate`` was measured, unless given)."""
+    cfg = config({"class_cost": False, **guard}, explore_share=0.3)
     search = {"ngram-mod": {"n_match": [12, 24], "n_max": [16]}}
     engine = make(tmp_path, cfg.model_copy(update={"search": search}), caps)
     assert set(engine.variants) == {"none", LEADER, RUNNER_UP}

@@ -97,9 +97,10 @@ class Guard(_Strict):
     # (and the classes under it), shrunk toward its cost over all traffic, instead of by
     # that cost alone (an ngram-simple lookup scans the whole context each round, so its
     # drafted token cost more where prompts are long: 0.37-0.50 of a step by class on
-    # Gemma, where ngram-mod's cost 0.35-0.36 in every class; side by side on two seeds
-    # 1.0085 and 1.0049 by time, 0.992 and 1.003 by counts: an option, BENCHMARKS.md)
-    class_cost: bool = False
+    # Gemma, where ngram-mod's cost 0.35-0.36 in every class; side by side on three seeds
+    # 1.0085, 1.0049 and 1.015 [1.00, 1.03] by time, 0.992, 1.003 and 1.020 by counts: the
+    # default since, BENCHMARKS.md)
+    class_cost: bool = True
     # among the variants that clear the guard in a class, which one to join unless another's
     # lower bound lies above its speedup there (as the current policy is kept): "off" (none),
     # "served": the stateful one (ngram-mod) that serves the most traffic, whose table has

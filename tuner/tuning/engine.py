@@ -50,9 +50,9 @@ Decisions, per class:
   where ``ngram-mod``'s, which served most, cost 0.35-0.40; off by default, measured no
   better side by side; with ``"draft_length"`` toward the cost of the variants that draft
   as long a round: an m8 drafted token cost 0.53-0.66, m16 and max16 ones 0.38-0.47; an
-  option, measured no better on average; with ``guard.class_cost`` each class prices a
-  variant by its own requests of it, shrunk toward all traffic's cost). Its counts carry
-  no timing noise and need no baseline request on the same prompt, so a 6-request trial
+  option, measured no better on average; with ``guard.class_cost``, the default, each
+  class prices a variant by its own requests of it, shrunk toward all traffic's cost). Its
+  counts carry no timing noise and need no baseline request on the same prompt, so a 6-request trial
   measures what the class's prompts accept, not which minutes it ran in. ``"timing"``:
   the ratio of the variant's mean decode speed to the class's baseline requests
   (controls interleaved in the same minutes).
