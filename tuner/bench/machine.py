@@ -95,16 +95,15 @@ def load(samples: Sequence[CpuSample], cores: int) -> dict[str, Any]:
     first, last = ordered[0], ordered[-1]
     other, steal = _shares(first, last, cores)
     span = last.at - first.at
-    quarters: list[list[CpuSample]] = [[] for _ in range(QUARTERS)]
+    # each quarter spans its first interval's start to its last interval's end (in order)
+    spans: list[tuple[CpuSample, CpuSample] | None] = [None] * QUARTERS
     worst = 0.0
     for a, b in pairwise(ordered):
         worst = max(worst, _shares(a, b, cores)[0])
         middle = ((a.at + b.at) / 2 - first.at) / span if span > 0 else 0.0
-        quarters[min(QUARTERS - 1, int(middle * QUARTERS))] += [a, b]
-    by_quarter = [
-        _shares(min(q, key=lambda s: s.at), max(q, key=lambda s: s.at), cores) if q else None
-        for q in quarters
-    ]
+        k = min(QUARTERS - 1, int(middle * QUARTERS))
+        spans[k] = (spans[k] or (a, b))[0], b
+    by_quarter = [None if q is None else _shares(*q, cores) for q in spans]
     return {
         "seconds": round(span, 1),
         "cores": cores,
