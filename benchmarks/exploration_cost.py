@@ -210,20 +210,14 @@ def table_coverage(rows: Iterable[dict[str, Any]], variant: str) -> dict[str, An
     }
 
 
-def exploration_cost(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per daemon arm: requests by role (count, mean speed and static ratio, summed loss in
-    requests and in seconds), the static arm's decode time over the arm's (``time_over_static``),
-    trials by spec type (mean speed / static), each quarter's mean speed / static, and
-    ``revisits`` (its requests served by the best static arm's variant, by what served their
-    prompt's previous request: ``first``, ``same`` or ``other``), and ``served_quarters``
-    (those requests' mean speed / static per quarter), and ``cumulative`` (the run so far
-    against the static arm, and the request count from which it stays at or above it)."""
+def price(rows: list[dict[str, Any]]) -> tuple[str | None, dict[str, Priced]]:
+    """The best static arm's name, and per daemon arm with requests its usable requests in
+    the order they ran, each with its speed over its prompt's baseline and the best static
+    arm's ratio on that prompt at the same occurrence (their mean where it has fewer)."""
     base = baselines(rows)
     static, best = static_ratios(rows, base)
-    out: dict[str, Any] = {"best_static": best}
-    if best is not None:
-        out["table_coverage"] = table_coverage(rows, best)
     paired = occurrences(rows, best) if best is not None else {}
+    out: dict[str, Priced] = {}
     for arm in DAEMONS:
         priced = []
         seen: dict[str, int] = defaultdict(int)
@@ -235,8 +229,24 @@ def exploration_cost(rows: list[dict[str, Any]]) -> dict[str, Any]:
             seen[pid] += 1
             ref = same[k] / base[pid] if k < len(same) else static[pid]
             priced.append((row, _speed(row) / base[pid], ref))
-        if not priced:
-            continue
+        if priced:
+            out[arm] = priced
+    return best, out
+
+
+def exploration_cost(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per daemon arm: requests by role (count, mean speed and static ratio, summed loss in
+    requests and in seconds), the static arm's decode time over the arm's (``time_over_static``),
+    trials by spec type (mean speed / static), each quarter's mean speed / static, and
+    ``revisits`` (its requests served by the best static arm's variant, by what served their
+    prompt's previous request: ``first``, ``same`` or ``other``), and ``served_quarters``
+    (those requests' mean speed / static per quarter), and ``cumulative`` (the run so far
+    against the static arm, and the request count from which it stays at or above it)."""
+    best, by_arm = price(rows)
+    out: dict[str, Any] = {"best_static": best}
+    if best is not None:
+        out["table_coverage"] = table_coverage(rows, best)
+    for arm, priced in by_arm.items():
         trials: dict[str, list[float]] = defaultdict(list)
         for row, speed, ref in priced:
             if row.get("role") == "trial":
