@@ -45,3 +45,20 @@ def test_each_variant_and_spec_type_gets_back_its_cost() -> None:
 def test_a_prompt_without_a_baseline_is_left_out() -> None:
     rows = [row("ngram-mod.x", "a", 50.0, "ngram-mod.x", 0.3, 90, 80)]
     assert drafted_cost(rows) == {}
+
+
+def test_an_arms_first_request_to_a_variant_is_apart() -> None:
+    """The first request an arm sends to a variant (its instance loading) is priced apart
+    from the rest, per arm: the static arm's first counts as first too."""
+    rows = [row("none", "a", 50.0)]
+    rows += [row("tuner", "a", 50.0, "ngram-mod.x", 0.9, 50, 40)]  # loading: slow
+    rows += [row("tuner", "a", 50.0, "ngram-mod.x", 0.4, 50, 40) for _ in range(3)]
+    rows += [row("challenger", "a", 50.0, "ngram-mod.x", 0.9, 50, 40)]  # its own first
+    rows += [row("ngram-mod.x", "a", 50.0, "ngram-mod.x", 0.8, 50, 40)]
+    rows += [row("ngram-mod.x", "a", 50.0, "ngram-mod.x", 0.4, 50, 40)]
+    found = drafted_cost(rows)
+    assert found["daemon"]["request:first"]["requests"] == 2
+    assert found["daemon"]["request:first"]["c"] == pytest.approx(0.9)
+    assert found["daemon"]["request:later"] == {"requests": 3, "c": 0.4, "drafted_per_step": 0.83}
+    assert found["static"]["request:first"]["c"] == pytest.approx(0.8)
+    assert found["static"]["request:later"]["c"] == pytest.approx(0.4)
