@@ -742,3 +742,42 @@ def test_a_trial_below_the_served_policy_stops_early_and_replayed_losers_go_untr
     assert found["policy"]["trials"] < 0.85 * found["baseline"]["trials"], found
     assert found["policy"]["controls"] < found["baseline"]["controls"], found
     assert found["policy"]["speed"] > found["baseline"]["speed"], found
+
+
+def _timed(variant: str, c: float, *, load_ms: float = 0.0) -> RequestRecord:
+    """A code request of 100 tokens at 50 plain steps per second, 60 drafted and 50 accepted,
+    each drafted token costing ``c`` steps; ``load_ms`` upstream beyond prompt and decode."""
+    drafted, accepted = (60, 50) if variant != BASELINE.name else (0, 0)
+    ms = (100 - accepted + c * drafted) * 20.0
+    timings = Timings(predicted_n=100, predicted_ms=ms, predicted_per_second=100_000 / ms,
+                      prompt_ms=30.0, draft_n=drafted or None,
+                      draft_n_accepted=accepted or None)  # fmt: skip
+    return RequestRecord(id="r", ts=0.0, endpoint="/v1/completions", stream=False, status=200,
+                         proxy_ms=ms + 40 + load_ms, upstream_ms=ms + 35 + load_ms,
+                         timings=timings, class_key=CODE, variant=variant,
+                         role="exploit")  # fmt: skip
+
+
+@pytest.mark.parametrize("skip", [False, True])
+def test_a_request_that_waited_for_its_instance_to_load_prices_nothing(
+    tmp_path: Path, caps: Capabilities, skip: bool
+) -> None:
+    """A variant whose only request decoded slowly while its instance had just loaded: with
+    ``skip_loading`` its drafted token is priced as an unseen variant's (the pooled cost),
+    without it that one request pulls its price up; requests without a load wait count
+    either way."""
+    engine = make(tmp_path, config({"skip_loading": skip}), caps)
+    held, cold = "ngram-mod.match24.max16", "ngram-mod.match12.max16"
+    for _ in range(10):
+        engine.observe(_timed(BASELINE.name, 0.0))
+        engine.observe(_timed(held, 0.4))
+    engine.observe(_timed(cold, 1.3, load_ms=1500.0))
+    unseen = "ngram-simple.n3.m16"
+    priced = engine._costs([held, cold, unseen], CODE)
+    assert priced[held][0] == pytest.approx(0.4, abs=0.02)
+    if skip:  # priced as a variant that has served nothing: the pooled cost
+        assert priced[cold] == priced[unseen] and priced[cold][0] < 0.42
+    else:
+        assert priced[cold][0] > 0.5
+    engine.observe(_timed(cold, 0.4, load_ms=20.0))  # warm: counts in both
+    assert engine.calibration.raw[(CODE, cold)].n == (1 if skip else 2)

@@ -179,6 +179,10 @@ Role = Literal["exploit", "trial", "control", "pinned"]
 IO = Callable[[Callable[[], None]], None]
 SAMPLES = 256  # decode speeds kept per (class, variant)
 MAX_COST = 3.0  # most one exploring request is charged, in requests at the policy's speed
+# upstream time beyond prompt and decode that means the request waited for its instance to
+# load (a router loads a preset on first use; on Gemma CPU runs loads took 1.1-2.0 s, every
+# other request's overhead stayed under 45 ms)
+LOAD_MS = 500.0
 
 
 SAMPLED = "*/sampled"  # every sampled class's evidence, pooled
@@ -225,6 +229,25 @@ def _under(key: str, leaf: str) -> bool:
 @functools.lru_cache(maxsize=1024)
 def _levels_of(leaf: str) -> frozenset[str]:
     return frozenset(levels(leaf))
+
+
+def waited_for_load(record: RequestRecord) -> bool:
+    """Whether a request spent more than ``LOAD_MS`` upstream beyond its prompt and decode
+    time: its llama-server instance was loading (its decode, the instance's first, ran
+    slower than the same request's on a warm instance).
+
+    >>> from tuner.records import Timings
+    >>> def rec(upstream: float) -> RequestRecord:
+    ...     t = Timings(prompt_ms=40.0, predicted_ms=2000.0)
+    ...     return RequestRecord(id="r", ts=0.0, endpoint="/v1/completions", stream=False,
+    ...                          status=200, proxy_ms=upstream + 5, upstream_ms=upstream, timings=t)
+    >>> waited_for_load(rec(2060.0)), waited_for_load(rec(3800.0))
+    (False, True)
+    """
+    t = record.timings
+    if record.upstream_ms is None or t is None or t.predicted_ms is None:
+        return False
+    return record.upstream_ms - (t.prompt_ms or 0.0) - t.predicted_ms > LOAD_MS
 
 
 def _z(confidence: float) -> float:
@@ -764,7 +787,8 @@ class Engine:
                     self._state(key).spent -= 1.0 - cost
             counts = (t.predicted_n, drafted, accepted)
             # a request that drafted nothing (a baseline one included) only fits a step's time
-            self.calibration.add(key, record.variant, counts, t.predicted_n / tok_s)
+            if not (self.config.guard.skip_loading and waited_for_load(record)):
+                self.calibration.add(key, record.variant, counts, t.predicted_n / tok_s)
             for level in levels(key):
                 state = self._state(level)
                 state.arm(record.variant).add(tok_s, t.predicted_n, drafted, accepted)
