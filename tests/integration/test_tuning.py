@@ -14,6 +14,8 @@ import pytest
 
 from tests.integration.conftest import start_daemon
 from tests.integration.test_daemon import CODE_EDIT
+from tuner.records import read_records
+from tuner.tuning.engine import waited_for_load
 from tuner.workload import WorkloadItem, load_workload
 
 pytestmark = pytest.mark.llama
@@ -296,6 +298,10 @@ def test_replays_give_the_servers_counts_and_measure_the_other_variants(tmp_path
     assert replayed == len(greedy)
     served = classes["all"]["arms"]["ngram-simple.n3.m16"]
     assert served["requests"] == len(greedy) and served.get("replayed", 0) == 0
+    # [guard] skip_loading's signal on the real stack: the pinned preset's instance loads on
+    # its first request (upstream time well beyond prompt and decode), and on no other
+    loaded = [waited_for_load(r) for r in read_records(state / "records")]
+    assert loaded == [True] + [False] * (len(greedy) - 1), loaded
 
 
 def test_classes_split_by_form_on_real_llama_server(tmp_path: Path) -> None:
