@@ -39,7 +39,7 @@ def estimates(state: dict[str, Any], min_served: int = 2) -> dict[str, dict[str,
         for name, arm in sorted(cls.get("arms", {}).items()):
             if not name.startswith("ngram-mod"):
                 continue
-            # served: ``recent`` rows are (drafted, accepted, tokens), tokens 0 when unknown
+            # served: ``recent`` rows are (drafted, accepted, tokens, loaded); tokens 0: unknown
             served = [(r[2], r[0], r[1]) for r in arm.get("recent", []) if r[2] > 0]
             simulated = [(c[0], c[1], c[2]) for c in arm.get("shadow", [])]
             if len(served) >= min_served and simulated:

@@ -781,3 +781,10 @@ def test_a_request_that_waited_for_its_instance_to_load_prices_nothing(
         assert priced[cold][0] > 0.5
     engine.observe(_timed(cold, 0.4, load_ms=20.0))  # warm: counts in both
     assert engine.calibration.raw[(CODE, cold)].n == (1 if skip else 2)
+    # A restart rebuilds the calibration from the kept requests, which say which one waited.
+    again = make(tmp_path, config({"skip_loading": skip}), caps)
+    again.restore(json.loads(json.dumps(engine.snapshot())))
+    assert again.calibration.raw[(CODE, cold)].n == (1 if skip else 2)
+    assert again._costs([cold], CODE)[cold][0] == pytest.approx(
+        engine._costs([cold], CODE)[cold][0], abs=0.01
+    )

@@ -261,7 +261,7 @@ def test_a_state_file_without_token_counts_falls_back_to_timing(
     old = {"requests": 6, "tokens": 384, "drafted": 240, "accepted": 200,
            "samples": [90.0] * 6, "recent": [[40, 33]] * 6}  # fmt: skip
     arm = Arm.load(old)
-    assert arm.counts == [] and arm.recent[0] == (40, 33, 0)
+    assert arm.counts == [] and arm.recent[0] == (40, 33, 0, 0)
     engine = make(tmp_path, config(), caps)
     base = Arm.load({"requests": 4, "tokens": 256, "drafted": 0, "accepted": 0,
                      "samples": [60.0] * 4, "recent": [[0, 0]] * 4})  # fmt: skip

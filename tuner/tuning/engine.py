@@ -308,21 +308,24 @@ class Arm:
     drafted: int = 0
     accepted: int = 0
     samples: deque[float] = field(default_factory=lambda: deque(maxlen=SAMPLES))
-    # (drafted, accepted, tokens) per request, beside ``samples``; tokens 0: not known
-    # (a state file from before tokens were kept)
-    recent: deque[tuple[int, int, int]] = field(default_factory=lambda: deque(maxlen=SAMPLES))
+    # (drafted, accepted, tokens, loaded) per request, beside ``samples``; tokens 0: not
+    # known (a state file from before tokens were kept); loaded 1: it waited for its
+    # instance to load (``waited_for_load``; 0 in a state file from before that was kept)
+    recent: deque[tuple[int, int, int, int]] = field(default_factory=lambda: deque(maxlen=SAMPLES))
     # (tokens, drafted, accepted) this variant would have had on requests another variant
     # served: replayed from their token ids (``tuner.tuning.shadow``), no timing
     replayed: int = 0
     shadow: deque[Counts] = field(default_factory=lambda: deque(maxlen=SAMPLES))
 
-    def add(self, tok_s: float, tokens: int, drafted: int, accepted: int) -> None:
+    def add(
+        self, tok_s: float, tokens: int, drafted: int, accepted: int, loaded: bool = False
+    ) -> None:
         self.requests += 1
         self.tokens += tokens
         self.drafted += drafted
         self.accepted += accepted
         self.samples.append(tok_s)
-        self.recent.append((drafted, accepted, tokens))
+        self.recent.append((drafted, accepted, tokens, int(loaded)))
 
     def add_replayed(self, counts: Counts) -> None:
         self.replayed += 1
@@ -364,7 +367,7 @@ class Arm:
     @property
     def counts(self) -> list[Counts]:
         """(tokens, drafted, accepted) of the kept requests whose token count is known."""
-        return [(n, d, a) for d, a, n in self.recent if n > 0]
+        return [(n, d, a) for d, a, n, _ in self.recent if n > 0]
 
     @property
     def evidence(self) -> list[Counts]:
@@ -389,9 +392,9 @@ class Arm:
             int(data["requests"]), int(data["tokens"]), int(data["drafted"]), int(data["accepted"])
         )
         arm.samples.extend(float(x) for x in data.get("samples", []))
-        arm.recent.extend(
-            (int(r[0]), int(r[1]), int(r[2]) if len(r) > 2 else 0) for r in data.get("recent", [])
-        )
+        for r in data.get("recent", []):
+            tokens, loaded = (int(r[i]) if len(r) > i else 0 for i in (2, 3))
+            arm.recent.append((int(r[0]), int(r[1]), tokens, loaded))
         arm.replayed = int(data.get("replayed", 0))
         arm.shadow.extend((int(c[0]), int(c[1]), int(c[2])) for c in data.get("shadow", []))
         return arm
@@ -725,17 +728,20 @@ class Engine:
 
     def _recalibrate(self) -> None:
         """Rebuild the calibration from the kept requests (after ``restore``): each leaf
-        class's requests (speculative ones price a drafted token, all fit a step's time)."""
+        class's requests (speculative ones price a drafted token, all fit a step's time),
+        less those that waited for their instance to load with ``guard.skip_loading``, as
+        ``observe`` left them out."""
         rows: list[Row] = []
         shared = {level for key in self.classes for level in levels(key)[1:]}
+        skip = self.config.guard.skip_loading
         for key, state in self.classes.items():
             if key in shared or key in (SAMPLED, ROOT):
                 continue  # a leaf's requests count at every level: once is enough
             for name, arm in state.arms.items():
                 # newest first: a file from before ``recent`` was kept has fewer of them
                 kept = zip(reversed(arm.samples), reversed(arm.recent), strict=False)
-                rows += [(key, name, (n, d, a), n / tok_s) for tok_s, (d, a, n) in kept
-                         if n > 0 and tok_s > 0]  # fmt: skip
+                rows += [(key, name, (n, d, a), n / tok_s) for tok_s, (d, a, n, loaded) in kept
+                         if n > 0 and tok_s > 0 and not (skip and loaded)]  # fmt: skip
         self.calibration = Calibration.rebuilt(rows, prior=self._prior_cost())
 
     def offline_trial(self, class_key: str) -> Decision | None:
@@ -786,12 +792,13 @@ class Engine:
                 if cost is not None:
                     self._state(key).spent -= 1.0 - cost
             counts = (t.predicted_n, drafted, accepted)
+            loaded = waited_for_load(record)
             # a request that drafted nothing (a baseline one included) only fits a step's time
-            if not (self.config.guard.skip_loading and waited_for_load(record)):
+            if not (self.config.guard.skip_loading and loaded):
                 self.calibration.add(key, record.variant, counts, t.predicted_n / tok_s)
             for level in levels(key):
                 state = self._state(level)
-                state.arm(record.variant).add(tok_s, t.predicted_n, drafted, accepted)
+                state.arm(record.variant).add(tok_s, t.predicted_n, drafted, accepted, loaded)
             state = self._state(key)
             trial = state.trial
             if trial is not None and record.trial == trial.number:
