@@ -106,8 +106,8 @@ class Guard(_Strict):
     # out of the drafted-token cost: that first decode of a fresh instance ran slower (one
     # Gemma request 36 % slower than the same request on a warm instance), and a variant that
     # had served only that request was priced 30 % too high in every class for the rest of
-    # the run, so it never served again to correct it; side by side on one seed 1.013 [1.00,
-    # 1.03] by time, 1.009 by counts: off by default until more seeds are run, BENCHMARKS.md)
+    # the run, so it never served again to correct it; side by side on three seeds 1.013,
+    # 1.008 and 0.982 by time: off by default, BENCHMARKS.md)
     skip_loading: bool = False
     # among the variants that clear the guard in a class, which one to join unless another's
     # lower bound lies above its speedup there (as the current policy is kept): "off" (none),
