@@ -364,3 +364,49 @@ def test_a_fitted_baseline_runs_without_controls_on_real_llama_server(
     policy = policies[key]["policy"]
     assert policy["speculation"] and policy["speedup_low"] > 1.0, policy
     assert policies[key]["trials_done"] >= 1
+
+
+OPENING_TUNING = """
+[budget]
+explore_share = 0.01
+trial_requests = 6
+min_trial_requests = 3
+[guard]
+opening = {opening}
+[search.ngram-simple]
+size_n = [3]
+size_m = [8, 16]
+"""
+
+
+@pytest.mark.parametrize("opening", [False, True])
+def test_an_opening_speculates_before_the_guard_clears_on_real_llama_server(
+    tmp_path: Path, opening: bool
+) -> None:
+    """``[guard] opening`` on the real server: after the two plain requests that anchor the
+    fitted step time (the first a control; the second a control too where the budget
+    allows), and once their replays have arrived, a fresh daemon serves the
+    echo-heavy edit with the replayed variant of the highest lower bound, an exploit
+    request on a policy that is not settled yet; with it off the same request runs plain
+    (two replayed requests are too few for the guard)."""
+    state, env = _tuned(tmp_path, OPENING_TUNING.format(opening=str(opening).lower()))
+    edit = WorkloadItem(id="edit", prompt=CODE_EDIT, temperature=0.0)
+    running = start_daemon(state, env=env)
+    try:
+        served = [_send(running.url, edit.request(64)).headers for _ in range(2)]
+        for _ in range(150):  # the replays run after the answers, on their own thread
+            text = httpx.get(running.url + "/metrics", timeout=10).text
+            if _metric(text, 'tuner_counterfactual_replays_total{outcome="done"}') >= 2:
+                break
+            time.sleep(0.2)
+        served.append(_send(running.url, edit.request(64)).headers)
+    finally:
+        assert running.stop() == 0
+    roles = [(h["x-spec-role"], h["x-spec-variant"]) for h in served]
+    assert [variant for _, variant in roles[:2]] == ["none", "none"], roles
+    role, variant = roles[2]
+    assert role == "exploit", roles
+    if opening:
+        assert variant in {"ngram-simple.n3.m8", "ngram-simple.n3.m16"}, roles
+    else:
+        assert variant == "none", roles

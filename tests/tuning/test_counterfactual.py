@@ -13,6 +13,7 @@ import pytest
 
 from tests.fake_llama import FakeLlamaServer
 from tests.tuning.sim import CODE, HELP, SimUpstream, config, make
+from tuner.model.speedup import CostModel
 from tuner.proxy.app import create_app
 from tuner.records import RecordStore, RequestRecord, Timings
 from tuner.tuning.counterfactual import Counterfactual
@@ -218,6 +219,47 @@ def test_a_fitted_baseline_needs_no_controls_in_any_class(
     assert found["fitted"][0] >= 0.8 * found["controls"][0] > 0, found  # the same search
     for policy in found["fitted"][2].values():
         assert policy is not None and policy.variant == "ngram-simple.n6.m16", found
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_an_opening_serves_what_replays_price_fastest_until_the_cost_is_measured(
+    tmp_path: Path, caps: Capabilities, seed: int
+) -> None:
+    """A fresh engine's first requests run plain until replays clear the guard somewhere.
+    With ``guard.opening`` a request whose class runs no speculation only for lack of
+    evidence runs, after the two plain requests that anchor the fitted step, the variant
+    all traffic's replays price fastest so far, and only until a trial's worth of
+    speculative requests has been served (then the guard alone decides): fewer plain
+    requests, and no policy settled any differently. Where every variant loses, nothing
+    opens."""
+    keys = [CODE, "code/fresh/greedy", "text/echo/greedy", "data/echo/greedy", "chat/fresh/greedy"]
+    plan = keys * 40
+    plain, serving = {}, {}
+    # the cost model guesses a drafted token at 0.3 of a step (the simulated one costs 0.45)
+    cost = CostModel(verify=lambda n: 1.0 + 0.3 * (n - 1))
+    for opening in (False, True):
+        cfg = config({"opening": opening})
+        engine = make(tmp_path / f"{opening}-{seed}", cfg, caps, cost=cost)
+        gains = {n: 1.25 for n, v in engine.variants.items() if v.speculative}
+        gains["ngram-simple.n6.m16"] = 1.6
+        sim = SimUpstream(dict.fromkeys(keys, gains), seed=seed)
+        decisions = _drive(engine, sim, plan, REPLAYABLE)
+        assert [d.role for d in decisions[:2]] == ["control", "control"]
+        first = decisions[:12]
+        plain[opening] = sum(d.variant == "none" for d in first)
+        serving[opening] = {k: engine.classes[k].policy.variant for k in keys}  # type: ignore[union-attr]
+        if opening:
+            assert engine._opening is None  # calibrated: over
+            served = [d for d in first[2:] if d.variant != "none"]
+            assert served and all(sim.true_speedup(CODE, d.variant) > 1 for d in served)
+    assert plain[True] <= 2 < plain[False], plain
+    assert serving[True] == serving[False] == dict.fromkeys(keys, "ngram-simple.n6.m16")
+
+    engine = make(tmp_path / f"losing-{seed}", config({"opening": True}), caps, cost=cost)
+    losing = {n: 0.8 for n, v in engine.variants.items() if v.speculative}
+    sim = SimUpstream(dict.fromkeys(keys, losing), seed=seed)
+    decisions = _drive(engine, sim, keys * 4, REPLAYABLE)
+    assert all(d.variant == "none" for d in decisions if d.role == "exploit")
 
 
 def _small_under_busy(engine: Engine, busy: str, small: str) -> tuple[list[str], str, str]:

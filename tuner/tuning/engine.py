@@ -486,6 +486,7 @@ class Engine:
         self._stateful_rows: deque[dict[str, Counts]] = deque(maxlen=SAMPLES)
         self._stateful_one: str | None = None
         self._plain_routed = 0  # requests this process sent without speculation
+        self._opening: str | None = None  # guard.opening: what an unsettled class runs
         self._lock = threading.RLock()
 
     # -- the request path -------------------------------------------------------------
@@ -504,7 +505,7 @@ class Engine:
             may_explore = not override.off and state.spent < budget.explore_share * state.seen
             decision = self._explore(key, state, policy) if may_explore else None
             if decision is None:
-                decision = Decision(policy.variant, "exploit", policy_class=policy_class)
+                decision = self._exploit(key, policy_class, policy)
             else:
                 state.explored += 1
                 state.spent += 1.0  # until observed (``_cost``)
@@ -512,6 +513,20 @@ class Engine:
                 state.none_routed += 1
                 self._plain_routed += 1
             return decision
+
+    def _exploit(self, key: str, policy_class: str, policy: Policy) -> Decision:
+        """The serving decision: the policy's variant, or with ``guard.opening`` the opening
+        variant where the policy runs no speculation only for lack of evidence."""
+        opening = self._opening
+        if (
+            opening is not None
+            and not policy.speculation
+            and not policy.settled
+            and not self._forbidden(key, opening)
+            and self._may_borrow(self._state(key), opening)
+        ):
+            return Decision(opening, "exploit", policy_class=ROOT)
+        return Decision(policy.variant, "exploit", policy_class=policy_class)
 
     def _explore(self, key: str, state: ClassState, policy: Policy) -> Decision | None:
         """A trial or control request, or None when there is nothing to explore right now."""
@@ -807,6 +822,7 @@ class Engine:
                 if self._trial_done(state, trial):
                     state.trial, finish = None, trial
             changed = self._decide_all(key)
+            self._open()
         if finish is not None:
             self.io(lambda: self._finish_trial(key, finish))
         elif changed:
@@ -858,6 +874,7 @@ class Engine:
                 if guard.paired and served_counts is not None and served in self.variants:
                     state.rows.append({**row, served: served_counts})
             changed = self._decide_all(key)
+            self._open()
             if guard.consolidate == "one":
                 stateful = {n: c for n, c in row.items() if self._spec_type(n) in STATEFUL}
                 if served_replayed is not None and self._spec_type(served) in STATEFUL:
@@ -869,6 +886,33 @@ class Engine:
                         changed |= self._decide(state)
         if changed:
             self._changed()
+
+    def _open(self) -> None:
+        """Choose the opening variant (``guard.opening``; caller holds the lock): until a
+        trial's worth of speculative requests has been served, the variant with the highest
+        lower bound on all traffic's counts, replayed ones included (the rule a class's
+        policy chooses by, without the guard's bar), if its speedup is above 1 on at least
+        two requests; else, and from then on, none. Before any served draft prices it, a
+        drafted token costs the cost model's guess, its standard error wide, so the lower
+        bound prefers variants that draft little for what they accept."""
+        self._opening = None
+        guard = self.config.guard
+        if not guard.opening or not guard.replay or guard.speedup_from != "counts":
+            return
+        if self._calibrated():
+            return
+        root = self._state(ROOT)
+        base = self._base(root)
+        if base is None:
+            return
+        need = min(2, self.config.budget.min_trial_requests)
+        ranked = sorted(
+            (s.low, name)
+            for name, s in self._speedups(root, base, need).items()
+            if s.value > 1.0 and self._exploitable(name)
+        )
+        if ranked:
+            self._opening = ranked[-1][1]
 
     def _baseline_since(self, state: ClassState, mark: int) -> list[float]:
         """Baseline speeds observed after the ``mark``-th baseline request (else the last 8).
