@@ -22,6 +22,9 @@ and ``served_quarters`` what they ran at, quarter by quarter, against the static
 ``table_coverage`` shows acceptance on that variant by how many earlier answers of the same
 prompt the serving instance had seen (the static arm's instance sees them all). ``cumulative``
 is the run so far against the static arm, and where it has earned its learning back.
+``opening`` splits the daemon's first ``OPENING`` requests into those it ran without
+speculation (``plain``: the fitted step's two anchors, and requests of classes with no
+policy yet, which ``[guard] opening`` serves speculatively instead) and the rest.
 
     python -m benchmarks.exploration_cost DIR [--out FILE.json]
 """
@@ -38,6 +41,7 @@ from benchmarks.common import run_main, usable
 from tuner.bench.analyse import charged_seconds as seconds
 
 DAEMONS = ("tuner", "challenger")
+OPENING = 12  # a daemon's first requests, where a fresh engine has no policy yet
 
 
 def _speed(row: dict[str, Any]) -> float:
@@ -105,6 +109,10 @@ def _losses(priced: Priced, key: Callable[[dict[str, Any]], str | None]) -> dict
         }
         for group, pairs in sorted(by.items())
     }
+
+
+def _plain(row: dict[str, Any]) -> str:
+    return "plain" if row.get("variant") == "none" else "speculative"
 
 
 def _roles(priced: Priced) -> dict[str, Any]:
@@ -237,7 +245,8 @@ def price(rows: list[dict[str, Any]]) -> tuple[str | None, dict[str, Priced]]:
 def exploration_cost(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Per daemon arm: requests by role (count, mean speed and static ratio, summed loss in
     requests and in seconds), the static arm's decode time over the arm's (``time_over_static``),
-    trials by spec type (mean speed / static), each quarter's mean speed / static, and
+    trials by spec type (mean speed / static), each quarter's mean speed / static, the first
+    ``OPENING`` requests, ``plain`` and ``speculative``, as by role (``opening``), and
     ``revisits`` (its requests served by the best static arm's variant, by what served their
     prompt's previous request: ``first``, ``same`` or ``other``), and ``served_quarters``
     (those requests' mean speed / static per quarter), and ``cumulative`` (the run so far
@@ -269,6 +278,7 @@ def exploration_cost(rows: list[dict[str, Any]]) -> dict[str, Any]:
             },
             "quarters": _by_quarter(priced, lambda _: True),
             "cumulative": cumulative(priced) if len(priced) >= 8 else None,
+            "opening": _losses(priced[:OPENING], _plain),
         }
     return out
 

@@ -53,6 +53,9 @@ def test_losses_add_up_by_role_and_type() -> None:
     assert tuner["trials_by_type"] == {"ngram-map-k": {"requests": 2, "speed_over_static": 0.25}}
     assert tuner["speed_over_static"] == pytest.approx((1 + 0.5 + 0.25) / 3, abs=1e-3)
     assert len(tuner["quarters"]) == 4
+    opening = tuner["opening"]  # the first requests, by whether they speculated
+    assert opening["plain"]["requests"] == 2 and opening["speculative"]["requests"] == 4
+    assert opening["plain"]["loss_seconds"] == roles["control"]["loss_seconds"]
 
 
 def test_a_run_without_static_arms_has_no_reference() -> None:
