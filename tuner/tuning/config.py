@@ -109,13 +109,13 @@ class Guard(_Strict):
     # the run, so it never served again to correct it; side by side on three seeds 1.013,
     # 1.008 and 0.982 by time: off by default, BENCHMARKS.md)
     skip_loading: bool = False
-    # counts mode with replay, fitted baseline: until a trial's worth of speculative requests
-    # has been served (the drafted-token cost is still the cost model's guess), a request
-    # whose class would run no speculation only for lack of evidence (no policy settled at
-    # any level, no kill-switch verdict) runs the replayed variant measured fastest on all
-    # traffic so far (its point estimate above 1, on at least two requests) instead of none:
-    # the first requests of a fresh daemon otherwise ran without speculation until replays
-    # cleared the guard (3-6 requests, 1-5 s of a 390-request run on Gemma, BENCHMARKS.md)
+    # counts mode with replay: until a trial's worth of speculative requests has been served
+    # (a drafted token's cost is still the cost model's guess), a request whose class runs
+    # no speculation only for lack of evidence (no policy settled at any level, no verdict)
+    # runs the replayed variant with the highest lower bound on all traffic's counts (its
+    # speedup above 1 on at least two requests) instead of none: a fresh daemon otherwise
+    # ran 3-8 of its first 20 requests plain on Gemma (1-5 s of a 390-request run); side by
+    # side on five 48-request seeds 0.957, 1.072, 1.025, 1.041 and 1.028 by time, BENCHMARKS.md
     opening: bool = False
     # among the variants that clear the guard in a class, which one to join unless another's
     # lower bound lies above its speedup there (as the current policy is kept): "off" (none),

@@ -125,6 +125,13 @@ Decisions, per class:
   ``code`` -> ``all``; a sampled class looks at ``*/sampled``, all sampled traffic,
   first; every request counts at every level, so those levels learn first), unless
   its own requests already measured that variant slower than its baseline.
+- Opening (``guard.opening``, counts mode with replay; off by default): a fresh engine's
+  classes run no speculation until some level's evidence clears the guard (after the
+  fitted step's two anchors, 1-3 more plain requests on Gemma). With it, until a trial's
+  worth of speculative requests has been served (``_calibrated``), a request whose policy
+  runs no speculation only for lack of evidence (not settled, no verdict) runs the variant
+  with the highest lower bound on all traffic's counts, replayed ones included, if its
+  speedup is above 1 on two requests (``_open``): the policy rule without the guard's bar.
 - Kill switch: before data, on targets with a structural verify cost (small-active
   MoE, hybrid recurrent) where the speedup model predicts no variant above 1, the
   class starts off with that reason and explores only inside the budget (on a
