@@ -638,8 +638,9 @@ def test_replayed_variants_are_priced_by_their_draft_lengths_cost(
     and the class serves them more and runs faster."""
     served: dict[str, list[float]] = {}
     for pool in ("all", "draft_length"):
-        # priced over all traffic (class_cost off), as the cost pools were measured
-        guard = {"cost_pool": pool, "class_cost": False}
+        # priced over all traffic (class_cost off) and without an opening (the first
+        # requests plain until the guard clears), as the cost pools were measured
+        guard = {"cost_pool": pool, "class_cost": False, "opening": False}
         engine = make(tmp_path / pool, config(guard, explore_share=0.1), caps)
         gains, costs = {}, {}
         for name, v in engine.variants.items():
@@ -702,7 +703,8 @@ def test_a_simulated_estimate_is_replaced_by_what_the_variant_served(
     keeps it."""
     kept = {}
     for confirm in (6, 0):
-        cfg = config({"confirm_served": confirm}, explore_share=0.1)
+        # no opening: it would serve the promised variant before any policy chose it
+        cfg = config({"confirm_served": confirm, "opening": False}, explore_share=0.1)
         engine = make(tmp_path / str(confirm), cfg, caps)
         mod = next(k for k, v in engine.variants.items() if v.spec_type == "ngram-mod")
         gains = {name: 0.9 for name, v in engine.variants.items() if v.speculative}

@@ -115,8 +115,9 @@ class Guard(_Strict):
     # runs the replayed variant with the highest lower bound on all traffic's counts (its
     # speedup above 1 on at least two requests) instead of none: a fresh daemon otherwise
     # ran 3-8 of its first 20 requests plain on Gemma (1-5 s of a 390-request run); side by
-    # side on five 48-request seeds 0.957, 1.072, 1.025, 1.041 and 1.028 by time, BENCHMARKS.md
-    opening: bool = False
+    # side on five 48-request seeds 0.957, 1.072, 1.025, 1.041 and 1.028 by time, and 1.016
+    # [1.00, 1.03] over 390 requests: the default since, BENCHMARKS.md
+    opening: bool = True
     # among the variants that clear the guard in a class, which one to join unless another's
     # lower bound lies above its speedup there (as the current policy is kept): "off" (none),
     # "served": the stateful one (ngram-mod) that serves the most traffic, whose table has

@@ -125,7 +125,7 @@ Decisions, per class:
   ``code`` -> ``all``; a sampled class looks at ``*/sampled``, all sampled traffic,
   first; every request counts at every level, so those levels learn first), unless
   its own requests already measured that variant slower than its baseline.
-- Opening (``guard.opening``, counts mode with replay; off by default): a fresh engine's
+- Opening (``guard.opening``, counts mode with replay; the default): a fresh engine's
   classes run no speculation until some level's evidence clears the guard (after the
   fitted step's two anchors, 1-3 more plain requests on Gemma). With it, until a trial's
   worth of speculative requests has been served (``_calibrated``), a request whose policy
