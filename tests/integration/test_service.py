@@ -226,3 +226,24 @@ def test_kill_9_of_the_real_daemon_under_tuning_traffic(tmp_path: Path) -> None:
     assert "policies_unreadable" not in log.read_text()
     assert not list(state.glob("*.tmp*"))
     json.loads((state / "policies.json").read_text())
+
+
+def test_a_policy_file_it_cannot_read_is_set_aside_and_the_real_daemon_serves(
+    tmp_path: Path,
+) -> None:
+    """A policy file a hand edit broke (its JSON cut short) neither stops the real daemon
+    from starting nor is overwritten: it is renamed ``policies.<time>.bad.json`` as it was,
+    the daemon answers, and it writes its own new file."""
+    state = tmp_path / "state"
+    state.mkdir()
+    broken = '{"version": 1, "classes": {"code/echo/greedy": {"seen": 3'
+    (state / "policies.json").write_text(broken)
+    running = start_daemon(state)
+    try:
+        assert _complete(running.url).status_code == 200
+    finally:
+        assert running.stop() == 0
+    (aside,) = state.glob("policies.*.bad.json")
+    assert aside.read_text() == broken
+    assert "policies_set_aside" in running.log.read_text()
+    json.loads((state / "policies.json").read_text())  # the new daemon's own, whole

@@ -456,6 +456,22 @@ class ClassState:
         return base.requests if base is not None else 0
 
 
+def _parse_class(key: str, data: dict[str, Any]) -> ClassState:
+    """One class of a snapshot (``Engine.snapshot``), parsed; raises on a malformed entry."""
+    explored = int(data["explored"])
+    policy = data.get("policy")
+    return ClassState(
+        key,
+        seen=int(data["seen"]),
+        explored=explored,
+        spent=float(data.get("spent", explored)),
+        trials_done=int(data["trials_done"]),
+        converged=bool(data["converged"]),
+        arms={str(n): Arm.load(a) for n, a in data.get("arms", {}).items()},
+        policy=Policy.model_validate(policy) if policy else None,
+    )
+
+
 class Engine:
     """Per-class decisions on live traffic. Thread-safe: one lock around the memory state."""
 
@@ -1727,19 +1743,20 @@ class Engine:
         return self._speedups(state, base, self.config.budget.min_trial_requests)
 
     def restore(self, classes: dict[str, Any]) -> None:
-        """Load a snapshot (trials that were running are not resumed: their study fails them)."""
+        """Load a snapshot (trials that were running are not resumed: their study fails them).
+
+        All or nothing: every class is parsed before any is changed, so a file with a
+        malformed entry raises (KeyError, TypeError or ValueError) and leaves the engine as
+        it was."""
+        parsed = {key: _parse_class(key, data) for key, data in classes.items()}
         with self._lock:
-            for key, data in classes.items():
+            for key, found in parsed.items():
                 state = self._state(key)
-                state.seen, state.explored = int(data["seen"]), int(data["explored"])
-                state.spent = float(data.get("spent", state.explored))
-                state.trials_done, state.converged = (
-                    int(data["trials_done"]),
-                    bool(data["converged"]),
-                )
-                state.arms = {n: Arm.load(a) for n, a in data.get("arms", {}).items()}
-                if data.get("policy"):
-                    state.policy = Policy.model_validate(data["policy"])
+                state.seen, state.explored, state.spent = found.seen, found.explored, found.spent
+                state.trials_done, state.converged = found.trials_done, found.converged
+                state.arms = found.arms
+                if found.policy is not None:
+                    state.policy = found.policy
             self._recalibrate()
             for state in self.classes.values():
                 self._decide(state)

@@ -29,7 +29,13 @@ from tuner.records import RequestRecord
 from tuner.tuning.engine import Decision, Engine
 from tuner.tuning.offline import OfflineTuner
 from tuner.tuning.single import SingleVariant
-from tuner.tuning.state import POLICY_FILE, PolicyMeta, load_policies, save_policies
+from tuner.tuning.state import (
+    POLICY_FILE,
+    PolicyMeta,
+    load_policies,
+    save_policies,
+    set_aside,
+)
 from tuner.tuning.variants import request_fields
 
 __all__ = ["Routed", "TuningService"]
@@ -169,8 +175,12 @@ class TuningService:
     async def start(self) -> None:
         restored = load_policies(self.path, self.meta)
         if restored:
-            self.engine.restore(restored)
-            log.info("policies_restored", classes=len(restored), path=str(self.path))
+            try:
+                self.engine.restore(restored)
+            except (LookupError, TypeError, ValueError) as exc:  # an entry it cannot parse
+                set_aside(self.path, "bad", reason=f"cannot restore: {exc!r}")
+            else:
+                log.info("policies_restored", classes=len(restored), path=str(self.path))
         if self.single is not None:
             log.info("single_variant", detail="one variant loaded at a time",
                      reload_guess_s=round(self.single.reload_s, 1))  # fmt: skip
