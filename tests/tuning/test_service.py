@@ -14,9 +14,15 @@ from tuner.tuning.state import POLICY_FILE, read_document
 from tuner.upstream.capabilities import parse_capabilities
 
 
-def test_an_unwritable_policy_file_is_counted_and_retried(tmp_path: Path) -> None:
+def _service(tmp_path: Path) -> TuningService:
+    """A fresh engine's service on this state dir (not started)."""
     engine = make(tmp_path, config(explore_share=0.5), parse_capabilities(HELP.read_text()))
-    service = TuningService(engine, tmp_path, {"model_key": "m"})
+    return TuningService(engine, tmp_path, {"model_key": "m"})
+
+
+def test_an_unwritable_policy_file_is_counted_and_retried(tmp_path: Path) -> None:
+    service = _service(tmp_path)
+    engine = service.engine
     drive(engine, SimUpstream(truth(list(engine.variants.values()))), schedule(200))
     (tmp_path / POLICY_FILE).mkdir()  # the rename over it fails, as on a full or broken disk
     assert service.save() is False and service.save_errors == 1
@@ -29,8 +35,8 @@ def test_an_unwritable_policy_file_is_counted_and_retried(tmp_path: Path) -> Non
 
 def _learned(tmp_path: Path) -> tuple[TuningService, dict[str, object]]:
     """A service whose engine learned from 200 requests and saved its policy file."""
-    engine = make(tmp_path, config(explore_share=0.5), parse_capabilities(HELP.read_text()))
-    service = TuningService(engine, tmp_path, {"model_key": "m"})
+    service = _service(tmp_path)
+    engine = service.engine
     drive(engine, SimUpstream(truth(list(engine.variants.values()))), schedule(200))
     assert service.save() is True
     document = read_document(tmp_path / POLICY_FILE)
@@ -40,8 +46,7 @@ def _learned(tmp_path: Path) -> tuple[TuningService, dict[str, object]]:
 
 def _start_fresh(tmp_path: Path) -> TuningService:
     """A new daemon's service on the same state dir: started, then stopped."""
-    engine = make(tmp_path, config(explore_share=0.5), parse_capabilities(HELP.read_text()))
-    service = TuningService(engine, tmp_path, {"model_key": "m"})
+    service = _service(tmp_path)
 
     async def run() -> None:
         await service.start()

@@ -528,7 +528,7 @@ class Engine:
             may_explore = not override.off and state.spent < budget.explore_share * state.seen
             decision = self._explore(key, state, policy) if may_explore else None
             if decision is None:
-                decision = self._exploit(key, policy_class, policy)
+                decision = self._exploit(key, state, policy_class, policy)
             else:
                 state.explored += 1
                 state.spent += 1.0  # until observed (``_cost``)
@@ -537,7 +537,7 @@ class Engine:
                 self._plain_routed += 1
             return decision
 
-    def _exploit(self, key: str, policy_class: str, policy: Policy) -> Decision:
+    def _exploit(self, key: str, state: ClassState, policy_class: str, policy: Policy) -> Decision:
         """The serving decision: the policy's variant, or with ``guard.opening`` the opening
         variant where the policy runs no speculation only for lack of evidence."""
         opening = self._opening
@@ -546,7 +546,7 @@ class Engine:
             and not policy.speculation
             and not policy.settled
             and not self._forbidden(key, opening)
-            and self._may_borrow(self._state(key), opening)
+            and self._may_borrow(state, opening)
         ):
             return Decision(opening, "exploit", policy_class=ROOT)
         return Decision(policy.variant, "exploit", policy_class=policy_class)

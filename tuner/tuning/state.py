@@ -74,7 +74,7 @@ def load_policies(path: Path, meta: PolicyMeta) -> dict[str, Any]:
     data = read_document(path)
     if data is None:
         if path.is_file():  # there, readable or not, but no policy file of this version
-            set_aside(path, "bad", reason="not a policy file of this version")
+            set_aside(path, "bad", reason="unreadable, or not a policy file of this version")
         return {}
     mismatch = [k for k in ("model_key", "build", "hardware_key") if data.get(k) != meta.get(k)]
     if mismatch:
