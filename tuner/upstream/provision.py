@@ -3,14 +3,16 @@
 Order: the binary the user names, one on PATH, a cached build, a fresh build.
 The build downloads the PyPI sdist ``llama-cpp-python==0.3.36`` (its
 ``vendor/llama.cpp`` is llama.cpp commit 0c1e570), builds only the
-``llama-server`` target with CMake (CUDA when ``nvcc`` exists) as one static
-binary, and stores it under ``<cache>/llama-server/<key>/``. A file lock keeps
-two processes from building at once.
+``llama-server`` target with CMake (CUDA when ``nvcc`` exists; ggml-cpu's AMX
+kernels left out, see ``amx_off_flags``) as one static binary, and stores it
+under ``<cache>/llama-server/<key>/``. A file lock keeps two processes from
+building at once.
 """
 
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import os
 import platform
@@ -31,7 +33,9 @@ from tuner.upstream.capabilities import BUILD_INFO
 
 __all__ = [
     "LLAMA_CPP_COMMIT",
+    "NO_AMX",
     "SDIST_VERSION",
+    "amx_off_flags",
     "build_key",
     "build_llama_server",
     "cached_binary",
@@ -79,11 +83,49 @@ def want_cuda(mode: CudaMode = "auto") -> bool:
     return shutil.which("nvcc") is not None and gpu_count() > 0
 
 
+# gcc and clang flags that keep ``-march=native`` from compiling ggml-cpu's AMX kernels
+NO_AMX = ("-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16")
+
+
+@functools.cache
+def amx_off_flags() -> tuple[str, ...]:
+    """Compiler flags that leave AMX out of the build, on a CPU that advertises AMX (empty
+    elsewhere: ``-march=native`` only turns AMX on where the CPU has it).
+
+    ggml-cpu's AMX matrix kernels in the pinned llama.cpp crash with an illegal instruction
+    at their first tile instruction (``tilezero`` in ``tinygemm_kernel_amx``, on a Xeon with
+    ``amx_tile``, during Gemma's warm-up): their tile configuration is never loaded as
+    written (upstream pull request 26954, open). Decoding does not use them; prompt
+    processing of some quantized types does, and it runs on AVX-512 instead.
+    """
+    if platform.machine() not in ("x86_64", "AMD64") or "amx_tile" not in _cpu_flags():
+        return ()
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return ()
+    probe = [cc, *NO_AMX, "-march=native", "-E", "-x", "c", os.devnull]
+    result = subprocess.run(probe, capture_output=True, check=False)
+    return NO_AMX if result.returncode == 0 else ()  # a compiler without AMX compiles none
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
 def build_key(cuda: bool | None = None) -> str:
-    """Cache key: sdist version, backend and machine architecture."""
+    """Cache key: sdist version, backend and machine architecture (and ``noamx`` where AMX
+    is left out, so that a build made before that was is not reused)."""
     if cuda is None:
         cuda = want_cuda()
-    return f"{SDIST_VERSION}-{'cuda' if cuda else 'cpu'}-{platform.machine()}"
+    key = f"{SDIST_VERSION}-{'cuda' if cuda else 'cpu'}-{platform.machine()}"
+    return key + "-noamx" if amx_off_flags() else key
 
 
 def cached_binary(cache_dir: Path, cuda: bool) -> Path:
@@ -197,6 +239,9 @@ def _cmake_build(source: Path, build_dir: Path, cuda: bool, progress: Progress) 
         "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=ON", "-DBUILD_SHARED_LIBS=OFF",
         f"-DGGML_CUDA={'ON' if cuda else 'OFF'}",
     ]  # fmt: skip
+    if amx_off_flags():  # before -march=native on the command line, so that they hold
+        flags = " ".join(amx_off_flags())
+        configure += [f"-DCMAKE_C_FLAGS={flags}", f"-DCMAKE_CXX_FLAGS={flags}"]
     if shutil.which("cmake") is None:
         raise ProvisionError("cmake is needed to build llama-server (apt-get install cmake g++)")
     progress(f"configuring llama.cpp {LLAMA_CPP_COMMIT} ({'CUDA' if cuda else 'CPU'})")
