@@ -224,9 +224,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         challenger=challenger,
         challenger_env=tuple(args.challenger_env),
     )
-    summary = asyncio.run(
-        run_bench(settings, items, options, lambda m: print(f"[bench] {m}", file=sys.stderr))
-    )
+    try:
+        summary = asyncio.run(
+            run_bench(settings, items, options, lambda m: print(f"[bench] {m}", file=sys.stderr))
+        )
+    except asyncio.CancelledError:  # SIGTERM: what it started is stopped
+        print(f"[bench] stopped; the rows so far: {options.out}/requests.jsonl", file=sys.stderr)
+        return 128 + 15
     print((options.out / "summary.md").read_text())
     print(f"wrote {options.out}/summary.json, summary.md, summary.png, requests.jsonl")
     return 0 if summary["errors"] == 0 else 1

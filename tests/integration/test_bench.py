@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from benchmarks.exploration_cost import exploration_cost
@@ -75,6 +78,53 @@ def test_bench_replays_the_matrix_and_the_tuner_and_writes_its_summary(tmp_path:
     assert len(load["other_share_by_quarter"]) == 4
     assert "- other processes: " in (out / "summary.md").read_text()
     assert_documented(summary)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_bench_stopped_midway_leaves_nothing_running(tmp_path: Path, sig: int) -> None:
+    """``timeout``, ``kill`` or a crash: a bench stopped while it runs takes its matrix
+    llama-server and its daemon (in a session of its own) with it, and the daemon its
+    llama-servers. SIGTERM stops the bench as Ctrl-C does (exit 143, the rows kept);
+    SIGKILL leaves the daemon a SIGTERM from Linux (it used to run on, orphaned)."""
+    out = tmp_path / "bench"
+    with (tmp_path / "bench.log").open("wb") as log:
+        bench = subprocess.Popen(
+            [sys.executable, "-m", "tuner", "bench", "--workload", str(WORKLOAD),
+             "--prompts", "2", "--requests", "100", "--max-tokens", "32",
+             "--matrix", "ngram-simple", "--out", str(out)],
+            stdout=log, stderr=log,
+            env={"PATH": "/usr/bin:/bin", "TUNER_STATE_DIR": str(tmp_path / "state"),
+                 "HOME": str(Path.home())},
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        rows = out / "requests.jsonl"
+        while not (rows.is_file() and len(rows.read_text().splitlines()) >= 8):
+            assert bench.poll() is None, (tmp_path / "bench.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the bench served no tuner requests in time"
+            time.sleep(0.5)
+        started = psutil.Process(bench.pid).children(recursive=True)
+        names = " ".join(" ".join(p.cmdline()) for p in started)
+        assert "tuner serve" in names and names.count("llama-server") >= 2, names
+        bench.send_signal(sig)
+        code = bench.wait(120)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+    assert code == (143 if sig == signal.SIGTERM else -signal.SIGKILL)
+    deadline = time.monotonic() + 90
+    while not all(_gone(p.pid) for p in started) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert [p.pid for p in started if not _gone(p.pid)] == [], names
+    if sig == signal.SIGTERM:
+        assert "[bench] stopped" in (tmp_path / "bench.log").read_text()
 
 
 def test_a_challenger_runs_side_by_side_with_its_own_tuning_file(tmp_path: Path) -> None:

@@ -134,7 +134,8 @@ def markdown(summary: Mapping[str, Any]) -> str:
         "# spec-tuner bench",
         "",
         f"- model: {summary.get('model', '?')}, build {summary.get('build', '?')}",
-        f"- machine: {hardware.get('cpu', '?')}, {hardware.get('cores', '?')} cores",
+        f"- machine: {hardware.get('cpu', '?')}, {hardware.get('cores', '?')} cores"
+        + "".join(f", {gpu.get('name', 'a GPU')}" for gpu in hardware.get("gpus") or []),
         f"- workload: {summary.get('workload')} prompts; {summary['requests']} requests "
         f"({summary['errors']} errors); seed {summary.get('seed')}; "
         f"tuner exploration share {summary.get('explore_share')}",

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import shlex
@@ -25,7 +26,7 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +50,7 @@ from tuner.tuning.state import POLICY_FILE
 from tuner.tuning.variants import BASELINE, Variant, parse_name
 from tuner.upstream.client import UpstreamClient
 from tuner.upstream.launch import Prepared, prepare, router_argv
-from tuner.upstream.process import ManagedServer, free_port
+from tuner.upstream.process import ManagedServer, die_with_parent, free_port
 from tuner.upstream.provision import Progress, stderr_progress
 from tuner.workload import WorkloadItem
 
@@ -219,6 +220,8 @@ async def _tuner_daemon(
         sys.executable, "-m", "tuner", "serve",
         env=_daemon_env(settings, prepared, state, port, options, tuning),
         stdout=log, stderr=log, start_new_session=True,
+        # killed with the bench (even by SIGKILL), it still drains and stops its servers
+        preexec_fn=functools.partial(die_with_parent, signal.SIGTERM),
     )  # fmt: skip
     try:
         deadline = time.monotonic() + settings.startup_timeout_s
@@ -276,13 +279,42 @@ def _final_policies(state: Path) -> dict[str, FinalPolicy]:
     return out
 
 
+@contextlib.contextmanager
+def _cancelled_by_sigterm() -> Iterator[None]:
+    """While the bench runs, SIGTERM (``timeout``, ``kill``, systemd) cancels it as Ctrl-C
+    does, so its servers and daemon are stopped on the way out: by default Python dies at
+    once, and the daemon, in a session of its own, went on running with its llama-servers."""
+    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+    try:
+        if task is not None:
+            loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    except (NotImplementedError, RuntimeError, ValueError):  # not Unix, or not the main thread
+        task = None
+    try:
+        yield
+    finally:
+        if task is not None:
+            loop.remove_signal_handler(signal.SIGTERM)
+
+
 async def run_bench(
     settings: Settings,
     items: Sequence[WorkloadItem],
     options: BenchOptions,
     progress: Progress = stderr_progress,
 ) -> dict[str, Any]:
-    """Run the bench; writes ``requests.jsonl``, ``summary.json``, ``summary.md``, the plot."""
+    """Run the bench; writes ``requests.jsonl``, ``summary.json``, ``summary.md``, the plot.
+    SIGTERM cancels it (``asyncio.CancelledError``) after stopping what it started."""
+    with _cancelled_by_sigterm():
+        return await _run_bench(settings, items, options, progress)
+
+
+async def _run_bench(
+    settings: Settings,
+    items: Sequence[WorkloadItem],
+    options: BenchOptions,
+    progress: Progress,
+) -> dict[str, Any]:
     out = options.out
     out.mkdir(parents=True, exist_ok=True)
     prepared = prepare(settings, progress)

@@ -27,13 +27,14 @@ from tuner.errors import ProvisionError, UpstreamError
 from tuner.logs import get_logger
 from tuner.upstream.client import UpstreamClient
 
-__all__ = ["Backoff", "ExternalMonitor", "ManagedServer", "free_port"]
+__all__ = ["Backoff", "ExternalMonitor", "ManagedServer", "die_with_parent", "free_port"]
 
 log = get_logger(__name__)
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: ask Linux to SIGKILL it when the daemon dies.
+def die_with_parent(sig: signal.Signals = signal.SIGKILL) -> None:
+    """In the child, before exec: ask Linux to send it ``sig`` (SIGKILL) when its parent
+    (the daemon) dies.
 
     Without this, a daemon killed with SIGKILL (or by a crash, or SIGHUP from a
     closed terminal) leaves llama-server running in its own session, holding
@@ -48,7 +49,7 @@ def _die_with_parent() -> None:
     import ctypes
 
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, int(sig))
 
 
 _PR_SET_PDEATHSIG = 1
@@ -165,7 +166,7 @@ class ManagedServer:
                     stdout=sink,
                     stderr=sink,
                     start_new_session=True,
-                    preexec_fn=_die_with_parent,
+                    preexec_fn=die_with_parent,
                 )
             except OSError as exc:
                 raise ProvisionError(f"could not start {self.argv[0]}: {exc}") from exc
