@@ -14,11 +14,21 @@ import pytest
 
 from tests.integration.conftest import start_daemon
 from tests.integration.test_daemon import CODE_EDIT
+from tuner.model.profile import (
+    Profile,
+    VariantCheck,
+    fingerprint_key,
+    hardware_fingerprint,
+    model_key,
+    save_profile,
+)
 from tuner.records import read_records
 from tuner.tuning.engine import waited_for_load
+from tuner.upstream.launch import default_model_path
 from tuner.workload import WorkloadItem, load_workload
 
 pytestmark = pytest.mark.llama
+PROFILES = Path(__file__).resolve().parents[2] / "profiles"
 
 # A small space so the test settles in minutes on 2 cores; explore_share = 1 means every
 # request is a trial or a control (the default budget is 10 %).
@@ -379,17 +389,9 @@ size_m = [8, 16]
 """
 
 
-@pytest.mark.parametrize("opening", [False, True])
-def test_an_opening_speculates_before_the_guard_clears_on_real_llama_server(
-    tmp_path: Path, opening: bool
-) -> None:
-    """``[guard] opening`` on the real server: after the two plain requests that anchor the
-    fitted step time (the first a control; the second a control too where the budget
-    allows), and once their replays have arrived, a fresh daemon serves the
-    echo-heavy edit with the replayed variant of the highest lower bound, an exploit
-    request on a policy that is not settled yet; with it off the same request runs plain
-    (two replayed requests are too few for the guard)."""
-    state, env = _tuned(tmp_path, OPENING_TUNING.format(opening=str(opening).lower()))
+def _opening_roles(state: Path, env: dict[str, str]) -> list[tuple[str, str]]:
+    """Role and variant of a fresh daemon's first three echo-heavy edits, the third sent once
+    the first two's replays have arrived."""
     edit = WorkloadItem(id="edit", prompt=CODE_EDIT, temperature=0.0)
     running = start_daemon(state, env=env)
     try:
@@ -402,11 +404,70 @@ def test_an_opening_speculates_before_the_guard_clears_on_real_llama_server(
         served.append(_send(running.url, edit.request(64)).headers)
     finally:
         assert running.stop() == 0
-    roles = [(h["x-spec-role"], h["x-spec-variant"]) for h in served]
+    return [(h["x-spec-role"], h["x-spec-variant"]) for h in served]
+
+
+@pytest.mark.parametrize("opening", [False, True])
+def test_an_opening_speculates_before_the_guard_clears_on_real_llama_server(
+    tmp_path: Path, opening: bool
+) -> None:
+    """``[guard] opening`` on the real server: after the two plain requests that anchor the
+    fitted step time (the first a control; the second a control too where the budget
+    allows), and once their replays have arrived, a fresh daemon serves the
+    echo-heavy edit with the replayed variant of the highest lower bound, an exploit
+    request on a policy that is not settled yet; with it off the same request runs plain
+    (two replayed requests are too few for the guard)."""
+    state, env = _tuned(tmp_path, OPENING_TUNING.format(opening=str(opening).lower()))
+    roles = _opening_roles(state, env)
     assert [variant for _, variant in roles[:2]] == ["none", "none"], roles
     role, variant = roles[2]
     assert role == "exploit", roles
     if opening:
+        assert variant in {"ngram-simple.n3.m8", "ngram-simple.n3.m16"}, roles
+    else:
+        assert variant == "none", roles
+
+
+@pytest.mark.parametrize(("cost", "opens"), [(0.3, True), (3.0, False)])
+def test_a_profiles_checks_price_a_drafted_token_on_real_llama_server(
+    tmp_path: Path, cost: float, opens: bool
+) -> None:
+    """``[guard] cost_prior = "checks"`` on the real server: the daemon reads Gemma's
+    calibration profile for this machine from its state dir and, until served drafts price
+    a drafted token, prices it at what the profile's checks measured. Checks that measured
+    it cheap let the opening serve the echo-heavy edit with ngram-simple; checks that
+    measured it at 3 plain steps (a machine where drafting costs that much) make every
+    replayed variant a loss, and the same request runs plain."""
+    tuning = OPENING_TUNING.format(opening="true").replace(
+        "[guard]\n", '[guard]\ncost_prior = "checks"\n'
+    )
+    state, env = _tuned(tmp_path, tuning)
+    # 1000 tokens, 500 drafted, 400 accepted, in 1000 - 400 + cost x 500 plain steps
+    check = VariantCheck(
+        variant="ngram-simple", flags=[], requests=10, tokens=1000, alpha=0.8, rounds=100,
+        mean_draft=5.0, measured_speedup=1000 / (600 + cost * 500), predicted_speedup=None,
+    )  # fmt: skip
+    shipped = min(PROFILES.glob("gemma-3-270m*.json"))  # its verify curve; checks replaced
+    hardware = hardware_fingerprint()
+    profile = Profile.model_validate_json(shipped.read_text()).model_copy(
+        update={
+            "model_key": model_key(default_model_path()),
+            "hardware": hardware,
+            "hardware_key": fingerprint_key(hardware),
+            "checks": [check],
+        }
+    )
+    save_profile(state / "profiles", profile)
+    roles = _opening_roles(state, env)
+    plans = [
+        line for line in map(json.loads, (state / "daemon.log").read_text().splitlines())
+        if line.get("event") == "tuning_plan"
+    ]  # fmt: skip
+    assert [(p["drafted_cost_prior"], p["drafted_cost_prior_se"]) for p in plans] == [(cost, 0.1)]
+    assert [variant for _, variant in roles[:2]] == ["none", "none"], roles
+    role, variant = roles[2]
+    assert role == "exploit", roles
+    if opens:
         assert variant in {"ngram-simple.n3.m8", "ngram-simple.n3.m16"}, roles
     else:
         assert variant == "none", roles

@@ -10,6 +10,7 @@ import pytest
 
 from tests.tuning.sim import CODE, HELP, PROSE, SimUpstream, config, drive, make, schedule, truth
 from tuner.model.envelope import cost_model
+from tuner.model.speedup import CostModel
 from tuner.tuning.config import Budget, Guard, Override
 from tuner.tuning.engine import Arm, Decision, Engine
 from tuner.tuning.state import load_policies, save_policies
@@ -755,3 +756,36 @@ def test_classes_split_by_form_learn_and_calibrate_once_per_request(
     now = again.calibration.costs(names, again._baseline_speed)
     for name in names:
         assert now[name][0] == pytest.approx(was[name][0], abs=0.02)
+
+
+@pytest.mark.parametrize(
+    ("cost_prior", "checked", "draft_step", "expected"),
+    [
+        ("checks", 0.42, 0.0, (0.42, 0.1)),  # the profile's checks, measured: narrower
+        ("checks", 0.42, 0.3, (0.72, 0.1)),  # plus a draft model's own step
+        ("checks", None, 0.0, (0.2, 0.25)),  # no checks in the profile: the verify guess
+        ("verify", 0.42, 0.0, (0.2, 0.25)),  # the guess, whatever the checks said
+    ],
+)
+def test_a_drafted_tokens_cost_before_any_request_is_the_chosen_prior(
+    tmp_path: Path,
+    caps: Capabilities,
+    cost_prior: str,
+    checked: float | None,
+    draft_step: float,
+    expected: tuple[float, float],
+) -> None:
+    """``guard.cost_prior``: every variant's cost starts at the profile checks' measured
+    cost or at the verify curve's extra time per drafted token (here 0.2 a token), and a
+    restart's rebuilt calibration starts from the same prior."""
+    cost = CostModel(verify=lambda n: 1.0 + 0.2 * (n - 1))
+    engine = make(
+        tmp_path, config({"cost_prior": cost_prior}), caps,
+        cost=cost, draft_step=draft_step, checked_cost=checked,
+    )  # fmt: skip
+    prior = pytest.approx(expected[0]), pytest.approx(expected[1])
+    assert (engine.calibration.prior, engine.calibration.prior_se) == prior
+    name = next(n for n in engine.variants if n != "none")
+    assert engine._costs([name])[name] == prior  # nothing served yet: the prior alone
+    engine.restore({})
+    assert (engine.calibration.prior, engine.calibration.prior_se) == prior

@@ -118,6 +118,13 @@ class Guard(_Strict):
     # side on five 48-request seeds 0.957, 1.072, 1.025, 1.041 and 1.028 by time, and 1.016
     # [1.00, 1.03] over 390 requests: the default since, BENCHMARKS.md
     opening: bool = True
+    # counts mode: what a drafted token costs before served drafts price it: "verify", the
+    # cost model's extra verify time per drafted token (at 16 drafts), standard error 0.25;
+    # "checks", the cost the calibration profile's variant checks measured on this model and
+    # machine (profile.drafted_token_cost; "verify" where no profile has checks), standard
+    # error 0.1. On Gemma "verify" reads 0.18 of a step and "checks" 0.42, where served
+    # drafts cost 0.35-0.55 (BENCHMARKS.md)
+    cost_prior: Literal["verify", "checks"] = "verify"
     # among the variants that clear the guard in a class, which one to join unless another's
     # lower bound lies above its speedup there (as the current policy is kept): "off" (none),
     # "served": the stateful one (ngram-mod) that serves the most traffic, whose table has

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from tuner.measure import Interval
 
 __all__ = [
+    "GUESS_SE",
     "Calibration",
     "Counts",
     "Row",
@@ -52,6 +53,7 @@ STALL = 1.5  # the step-time fit counts a request at most this many times its ex
 STALL_WINDOW = 64  # recent requests whose median time over expected time sets that
 STALL_OWN = 4  # ... once the request's variant has this many requests in the fit
 MIN_REL = 0.01  # the narrowest relative half-width an interval gets (model error)
+GUESS_SE = 0.25  # standard error of a drafted token's cost before any request measured it
 
 
 def ratio_of_sums(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
@@ -235,23 +237,25 @@ class Calibration:
     """
 
     prior: float = 0.0
-    prior_se: float = 0.25
+    prior_se: float = GUESS_SE
     raw: dict[tuple[str, str], _Raw] = field(default_factory=dict)  # (class, variant)
     # for ``step_time``: per variant (None: drafted nothing), times capped at STALL
     steps: dict[str | None, _Raw] = field(default_factory=dict)
     per_step: deque[float] = field(default_factory=lambda: deque(maxlen=STALL_WINDOW))
 
     @classmethod
-    def rebuilt(cls, rows: Iterable[Row], prior: float = 0.0) -> Calibration:
+    def rebuilt(
+        cls, rows: Iterable[Row], prior: float = 0.0, prior_se: float = GUESS_SE
+    ) -> Calibration:
         """A calibration from kept requests whose order is lost (a restart): the stall cap
         judges each against the fit of all of them, uncapped, not against a fit of whichever
         came first (the requests of one class and variant, often with the same counts, fit
         nothing alone, and a fit from a few of them capped the rest: 2.3x too fast)."""
         rows = list(rows)
-        reference = cls(prior=prior)
+        reference = cls(prior, prior_se)
         for row in rows:
             reference._add(*row, fit=None)
-        out = cls(prior=prior)
+        out = cls(prior, prior_se)
         for row in rows:
             out._add(*row, fit=reference)
         return out

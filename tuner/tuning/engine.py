@@ -166,6 +166,7 @@ from tuner.model.speedup import CostModel
 from tuner.records import RequestRecord
 from tuner.tuning.config import Override, TuningConfig
 from tuner.tuning.counts import (
+    GUESS_SE,
     Calibration,
     Counts,
     Row,
@@ -185,6 +186,9 @@ log = get_logger(__name__)
 Role = Literal["exploit", "trial", "control", "pinned"]
 IO = Callable[[Callable[[], None]], None]
 SAMPLES = 256  # decode speeds kept per (class, variant)
+# a drafted token's cost before served drafts price it, measured by the profile's variant
+# checks: Gemma's checks gave 0.31-0.46 by variant, served drafts 0.35-0.55
+CHECKED_COST_SE = 0.1
 MAX_COST = 3.0  # most one exploring request is charged, in requests at the policy's speed
 # upstream time beyond prompt and decode that means the request waited for its instance to
 # load (a router loads a preset on first use; on Gemma CPU runs loads took 1.1-2.0 s, every
@@ -483,6 +487,7 @@ class Engine:
         *,
         cost: CostModel | None = None,
         draft_step: float = 0.0,
+        checked_cost: float | None = None,
         io: IO = _inline,
         on_change: Callable[[Engine], None] | None = None,
         clock: Callable[[], float] = time.time,
@@ -493,12 +498,13 @@ class Engine:
         self.studies = studies
         self.cost = cost or CostModel()
         self.draft_step = draft_step
+        self.checked_cost = checked_cost  # a drafted token's cost, the profile's checks'
         self.io = io
         self.on_change = on_change
         self.clock = clock
         self.z = _z(config.guard.confidence)
         # what a drafted token costs, per variant, from every class's requests (counts mode)
-        self.calibration = Calibration(prior=self._prior_cost())
+        self.calibration = Calibration(*self._prior_cost())
         self.classes: dict[str, ClassState] = {}
         self._opened: set[str] = set()  # classes whose study this process has used
         self._overrides: dict[str, Override] = {}  # per class key; the config is frozen
@@ -722,11 +728,15 @@ class Engine:
         variant = self.variants.get(name)
         return f"draft {variant.draft_length}" if variant is not None else name
 
-    def _prior_cost(self) -> float:
-        """``c`` before any calibration: the cost model's extra verify time per drafted
-        token (at 16 drafts) plus a draft model's step."""
+    def _prior_cost(self) -> tuple[float, float]:
+        """``c`` before any calibration and its standard error, plus a draft model's step:
+        with ``guard.cost_prior = "checks"`` the cost the profile's variant checks measured
+        (``checked_cost``), else, or without one, the cost model's extra verify time per
+        drafted token (at 16 drafts)."""
+        if self.config.guard.cost_prior == "checks" and self.checked_cost is not None:
+            return self.checked_cost + self.draft_step, CHECKED_COST_SE
         verify = self.cost.verify
-        return max(0.0, (verify(17) - verify(1)) / 16) + self.draft_step
+        return max(0.0, (verify(17) - verify(1)) / 16) + self.draft_step, GUESS_SE
 
     def _speedups(self, state: ClassState, base: Arm, need: int) -> dict[str, Interval]:
         """Each speculative variant's speedup in a class, for arms of ``need`` requests:
@@ -780,7 +790,7 @@ class Engine:
                 kept = zip(reversed(arm.samples), reversed(arm.recent), strict=False)
                 rows += [(key, name, (n, d, a), n / tok_s) for tok_s, (d, a, n, loaded) in kept
                          if n > 0 and tok_s > 0 and not (skip and loaded)]  # fmt: skip
-        self.calibration = Calibration.rebuilt(rows, prior=self._prior_cost())
+        self.calibration = Calibration.rebuilt(rows, *self._prior_cost())
 
     def offline_trial(self, class_key: str) -> Decision | None:
         """A trial request for a replayed prompt of this class (idle-time tuning, outside the

@@ -20,6 +20,8 @@ from tuner.logs import get_logger
 from tuner.model.envelope import cost_model_from_facts
 from tuner.model.gguf_facts import ModelFacts, read_facts
 from tuner.model.profile import (
+    Profile,
+    drafted_token_cost,
     fingerprint_key,
     hardware_fingerprint,
     load_profile,
@@ -39,7 +41,8 @@ from tuner.upstream.capabilities import Capabilities
 from tuner.upstream.launch import Prepared, model_alias
 
 __all__ = [
-    "TuningPlan", "default_cost", "plan_tuning", "shared_flags", "tuning_config", "write_presets",
+    "TuningPlan", "default_cost", "machine_profile", "plan_tuning", "shared_flags",
+    "tuning_config", "write_presets",
 ]  # fmt: skip
 
 log = get_logger(__name__)
@@ -95,17 +98,21 @@ def write_presets(
     write_atomic(path, text)
 
 
-def default_cost(facts: ModelFacts, draft: ModelFacts | None, settings: Settings) -> CostModel:
+def machine_profile(facts: ModelFacts, settings: Settings) -> Profile | None:
+    """The calibration profile of this model on this machine, if one was made."""
+    return load_profile(
+        profile_dirs(settings.state_dir),
+        model_key(Path(facts.path)),
+        fingerprint_key(hardware_fingerprint()),
+    )
+
+
+def default_cost(facts: ModelFacts, draft: ModelFacts | None, profile: Profile | None) -> CostModel:
     """The target's cost model: MoE and recurrent terms from its facts, verify curve from a
     calibration profile when one exists for this model and machine."""
     base = cost_model_from_facts(facts, draft)
     if facts.is_moe:
         return base
-    profile = load_profile(
-        profile_dirs(settings.state_dir),
-        model_key(Path(facts.path)),
-        fingerprint_key(hardware_fingerprint()),
-    )
     verify = profile.verify if profile else (lambda n: 1.0 + DEFAULT_VERIFY_SLOPE * (n - 1))
     return replace(base, verify=verify)
 
@@ -164,7 +171,9 @@ def plan_tuning(settings: Settings, prepared: Prepared) -> TuningPlan | None:
         return None
     facts = read_facts(model)
     draft_facts = read_facts(draft) if draft else None
-    cost = default_cost(facts, draft_facts, settings)
+    profile = machine_profile(facts, settings)
+    cost = default_cost(facts, draft_facts, profile)
+    checked = drafted_token_cost(profile.checks) if profile else None
     fingerprint = hardware_fingerprint()
     meta: PolicyMeta = {
         "model": model_alias(settings, model),
@@ -184,7 +193,9 @@ def plan_tuning(settings: Settings, prepared: Prepared) -> TuningPlan | None:
         f"{meta['model_key']}@{meta['hardware_key']}",
         seed=settings.seed,
     )
-    engine = Engine(config, variants, studies, cost=cost, draft_step=cost.draft_step)
+    engine = Engine(
+        config, variants, studies, cost=cost, draft_step=cost.draft_step, checked_cost=checked
+    )
     log.info(
         "tuning_plan",
         mode=mode,
@@ -192,6 +203,8 @@ def plan_tuning(settings: Settings, prepared: Prepared) -> TuningPlan | None:
         loaded_at_once=capacity.instances,
         capacity=capacity.explain(),
         one_variant_at_a_time=mode == "router" and capacity.instances == 1,
+        drafted_cost_prior=round(engine.calibration.prior, 3),
+        drafted_cost_prior_se=engine.calibration.prior_se,
     )
     reload_guess = RELOAD_FIXED_S + facts.total_bytes / RELOAD_BYTES_PER_S
     return TuningPlan(mode, engine, meta, presets, capacity.instances, gpu, reload_guess)
