@@ -187,7 +187,7 @@ Role = Literal["exploit", "trial", "control", "pinned"]
 IO = Callable[[Callable[[], None]], None]
 SAMPLES = 256  # decode speeds kept per (class, variant)
 # a drafted token's cost before served drafts price it, measured by the profile's variant
-# checks: Gemma's checks gave 0.31-0.46 by variant, served drafts 0.35-0.55
+# checks: on the EPYC, Gemma's gave 0.31-0.46 by variant, its served drafts 0.35-0.55
 CHECKED_COST_SE = 0.1
 MAX_COST = 3.0  # most one exploring request is charged, in requests at the policy's speed
 # upstream time beyond prompt and decode that means the request waited for its instance to
