@@ -407,6 +407,17 @@ def _opening_roles(state: Path, env: dict[str, str]) -> list[tuple[str, str]]:
     return [(h["x-spec-role"], h["x-spec-variant"]) for h in served]
 
 
+def _assert_opened(roles: list[tuple[str, str]], opened: bool) -> None:
+    """Two plain anchors, then an exploit request: ngram-simple if the opening opened."""
+    assert [variant for _, variant in roles[:2]] == ["none", "none"], roles
+    role, variant = roles[2]
+    assert role == "exploit", roles
+    if opened:
+        assert variant in {"ngram-simple.n3.m8", "ngram-simple.n3.m16"}, roles
+    else:
+        assert variant == "none", roles
+
+
 @pytest.mark.parametrize("opening", [False, True])
 def test_an_opening_speculates_before_the_guard_clears_on_real_llama_server(
     tmp_path: Path, opening: bool
@@ -418,14 +429,7 @@ def test_an_opening_speculates_before_the_guard_clears_on_real_llama_server(
     request on a policy that is not settled yet; with it off the same request runs plain
     (two replayed requests are too few for the guard)."""
     state, env = _tuned(tmp_path, OPENING_TUNING.format(opening=str(opening).lower()))
-    roles = _opening_roles(state, env)
-    assert [variant for _, variant in roles[:2]] == ["none", "none"], roles
-    role, variant = roles[2]
-    assert role == "exploit", roles
-    if opening:
-        assert variant in {"ngram-simple.n3.m8", "ngram-simple.n3.m16"}, roles
-    else:
-        assert variant == "none", roles
+    _assert_opened(_opening_roles(state, env), opening)
 
 
 @pytest.mark.parametrize(("cost", "opens"), [(0.3, True), (3.0, False)])
@@ -464,10 +468,4 @@ def test_a_profiles_checks_price_a_drafted_token_on_real_llama_server(
         if line.get("event") == "tuning_plan"
     ]  # fmt: skip
     assert [(p["drafted_cost_prior"], p["drafted_cost_prior_se"]) for p in plans] == [(cost, 0.1)]
-    assert [variant for _, variant in roles[:2]] == ["none", "none"], roles
-    role, variant = roles[2]
-    assert role == "exploit", roles
-    if opens:
-        assert variant in {"ngram-simple.n3.m8", "ngram-simple.n3.m16"}, roles
-    else:
-        assert variant == "none", roles
+    _assert_opened(roles, opens)
