@@ -123,7 +123,9 @@ class Guard(_Strict):
     # "checks", the cost the calibration profile's variant checks measured on this model and
     # machine (profile.drafted_token_cost; "verify" where no profile has checks), standard
     # error 0.1. On Gemma "verify" reads 0.18 of a step and "checks" 0.42, where served
-    # drafts cost 0.35-0.55 (BENCHMARKS.md)
+    # drafts cost 0.35-0.55; side by side on a Xeon "checks" read 1.004 of "verify" by time
+    # over five 48-request seeds (geometric mean) and 0.992 [0.97, 1.01] over 120: an option
+    # (BENCHMARKS.md)
     cost_prior: Literal["verify", "checks"] = "verify"
     # among the variants that clear the guard in a class, which one to join unless another's
     # lower bound lies above its speedup there (as the current policy is kept): "off" (none),
