@@ -95,8 +95,8 @@ def amx_off_flags() -> tuple[str, ...]:
     ggml-cpu's AMX matrix kernels in the pinned llama.cpp crash with an illegal instruction
     at their first tile instruction (``tilezero`` in ``tinygemm_kernel_amx``, on a Xeon with
     ``amx_tile``, during Gemma's warm-up): their tile configuration is never loaded as
-    written (upstream pull request 26954, open). Decoding does not use them; prompt
-    processing of some quantized types does, and it runs on AVX-512 instead.
+    written (upstream pull request 26954, open). Without them the same matrix products
+    (Q8_0 and Q4 weights) run on the AVX-512 kernels.
     """
     if platform.machine() not in ("x86_64", "AMD64") or "amx_tile" not in _cpu_flags():
         return ()
