@@ -98,13 +98,9 @@ def write_presets(
     write_atomic(path, text)
 
 
-def machine_profile(facts: ModelFacts, settings: Settings) -> Profile | None:
-    """The calibration profile of this model on this machine, if one was made."""
-    return load_profile(
-        profile_dirs(settings.state_dir),
-        model_key(Path(facts.path)),
-        fingerprint_key(hardware_fingerprint()),
-    )
+def machine_profile(facts: ModelFacts, settings: Settings, hardware_key: str) -> Profile | None:
+    """The calibration profile of this model on this machine (``hardware_key``), if made."""
+    return load_profile(profile_dirs(settings.state_dir), model_key(Path(facts.path)), hardware_key)
 
 
 def default_cost(facts: ModelFacts, draft: ModelFacts | None, profile: Profile | None) -> CostModel:
@@ -171,16 +167,17 @@ def plan_tuning(settings: Settings, prepared: Prepared) -> TuningPlan | None:
         return None
     facts = read_facts(model)
     draft_facts = read_facts(draft) if draft else None
-    profile = machine_profile(facts, settings)
+    fingerprint = hardware_fingerprint()  # NVML and /proc: read once for the profile and meta
+    hardware_key = fingerprint_key(fingerprint)
+    profile = machine_profile(facts, settings, hardware_key)
     cost = default_cost(facts, draft_facts, profile)
     checked = drafted_token_cost(profile.checks) if profile else None
-    fingerprint = hardware_fingerprint()
     meta: PolicyMeta = {
         "model": model_alias(settings, model),
         "model_key": model_key(model),
         "build": caps.commit,
         "hardware": fingerprint,
-        "hardware_key": fingerprint_key(fingerprint),
+        "hardware_key": hardware_key,
         "variants": [v.name for v in variants],
     }
     gpu = prepared.gpu

@@ -33,8 +33,8 @@ log = get_logger(__name__)
 
 
 def die_with_parent(sig: signal.Signals = signal.SIGKILL) -> None:
-    """In the child, before exec: ask Linux to send it ``sig`` (SIGKILL) when its parent
-    (the daemon) dies.
+    """In the child, before exec: ask Linux to send it ``sig`` (default SIGKILL) when its
+    parent dies (the daemon, for its llama-servers; the bench, for its daemon: SIGTERM).
 
     Without this, a daemon killed with SIGKILL (or by a crash, or SIGHUP from a
     closed terminal) leaves llama-server running in its own session, holding
