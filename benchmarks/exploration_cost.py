@@ -22,9 +22,14 @@ and ``served_quarters`` what they ran at, quarter by quarter, against the static
 ``table_coverage`` shows acceptance on that variant by how many earlier answers of the same
 prompt the serving instance had seen (the static arm's instance sees them all). ``cumulative``
 is the run so far against the static arm, and where it has earned its learning back.
-``opening`` splits the daemon's first ``OPENING`` requests into those it ran without
-speculation (``plain``: the fitted step's two anchors, and requests of classes with no
-policy yet, which ``[guard] opening`` serves speculatively instead) and the rest.
+``same_work`` (``tuner.bench.analyse.same_work``) isolates the serving path: the daemon's
+requests that did exactly what a static arm's request of the same prompt did (same variant,
+tokens generated, drafted and accepted), and their decode time over that request's; about 1
+says the daemon's instances decode identical work as fast as the matrix's, and the gap to
+the static arm lies in what it chose. ``opening`` splits the daemon's first ``OPENING``
+requests into those it ran without speculation (``plain``: the fitted step's two anchors,
+and requests of classes with no policy yet, which ``[guard] opening`` serves
+speculatively instead) and the rest.
 
     python -m benchmarks.exploration_cost DIR [--out FILE.json]
 """
@@ -39,6 +44,7 @@ from typing import Any
 
 from benchmarks.common import run_main, usable
 from tuner.bench.analyse import charged_seconds as seconds
+from tuner.bench.analyse import same_work
 
 DAEMONS = ("tuner", "challenger")
 OPENING = 12  # a daemon's first requests, where a fresh engine has no policy yet
@@ -279,6 +285,7 @@ def exploration_cost(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "quarters": _by_quarter(priced, lambda _: True),
             "cumulative": cumulative(priced) if len(priced) >= 8 else None,
             "opening": _losses(priced[:OPENING], _plain),
+            "same_work": same_work(rows, arm),
         }
     return out
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import math
+import statistics
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from tuner.bench.analyse import SCHEMA, FinalPolicy, summarize
+from tuner.bench.analyse import SCHEMA, FinalPolicy, same_work, summarize
 
 # two classes of two items each; per item (tokens, ms) for each static arm
 CLASSES = ["code", "code", "prose", "prose"]
@@ -282,3 +286,42 @@ def test_after_convergence_the_oracle_is_priced_on_the_same_occurrences() -> Non
     assert code["oracle_ratio_after_convergence"] == pytest.approx(4.0)
     assert code["tuner_vs_oracle_after_convergence"] == pytest.approx(1.0)
     assert s["overall"]["oracle_ratio_after_convergence"] == pytest.approx(4.0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    factor=st.floats(0.5, 2.0),
+    jitter=st.lists(st.floats(0.9, 1.1), min_size=4, max_size=4),
+)
+def test_same_work_reads_how_much_longer_identical_work_took(
+    factor: float, jitter: list[float]
+) -> None:
+    rows = static_rows(repeats=1)
+    for item, j in enumerate(jitter):  # the same work as the fast-code arm, `factor` x as long
+        ms = MS["fast-code"][item] * factor * j
+        rows.append({**tuner_row(item, "fast-code"), "ms": ms, "drafted": 0, "accepted": 0})
+    # other work: a request that drafted, where the static arm did not, is left out
+    rows.append({**tuner_row(0, "fast-code"), "ms": 99999.0, "drafted": 10, "accepted": 5})
+    found = same_work(rows, "tuner")
+    assert found is not None and found["pairs"] == 4
+    expected = factor * math.exp(statistics.fmean(math.log(j) for j in jitter))
+    assert found["time_ratio"] == pytest.approx(expected, rel=1e-3)
+    low, high = found["interval"]
+    assert low <= found["time_ratio"] <= high
+    assert set(found["by_variant"]) == {"fast-code"}
+    extra = sum(MS["fast-code"][i] * (factor * j - 1) for i, j in enumerate(jitter)) / 1000
+    assert found["extra_seconds"] == pytest.approx(extra, abs=0.06)
+
+
+def test_the_summary_says_what_identical_work_took_for_each_daemon() -> None:
+    rows = [*static_rows(repeats=1), {**tuner_row(0, "fast-code"), "ms": 550.0, "repeat": 1}]
+    rows.append({**tuner_row(1, "none"), "arm": "challenger", "repeat": 0})
+    rows.append({**tuner_row(1, "none"), "repeat": 0})
+    overall = summarize(rows, CLASSES)["overall"]
+    assert overall["tuner_same_work"]["pairs"] == 2
+    assert overall["tuner_same_work"]["by_variant"]["fast-code"]["time_ratio"] == 1.1
+    assert overall["tuner_same_work"]["by_variant"]["fast-code"]["interval"] is None
+    assert overall["challenger_same_work"]["time_ratio"] == 1.0
+    # a daemon that never did what a static arm did has nothing to say
+    only_other = [*static_rows(repeats=1), {**tuner_row(0, "other"), "ms": 700.0}]
+    assert summarize(only_other, CLASSES)["overall"]["tuner_same_work"] is None

@@ -12,8 +12,8 @@ from benchmarks.exploration_cost import exploration_cost, static_ratios
 def row(
     arm: str, pid: str, speed: float, role: str | None = None, variant: str = "none"
 ) -> dict[str, Any]:
-    out: dict[str, Any] = {"arm": arm, "id": pid, "tokens": 100, "ms": 1000 * 100 / speed,
-                           "variant": variant}  # fmt: skip
+    out: dict[str, Any] = {"arm": arm, "id": pid, "item": pid, "tokens": 100,
+                           "ms": 1000 * 100 / speed, "variant": variant}  # fmt: skip
     return out | ({"role": role} if role else {})
 
 

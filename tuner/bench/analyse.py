@@ -25,10 +25,17 @@ keys.
   evidence yet" is not settled); ``converged_after`` counts the class's requests up to
   the last exploit request with another variant (0: never another).
 - intervals: 90 % percentile bootstrap over prompt occurrences (tuner: its requests).
+- ``same_work``: a daemon's requests that did exactly what a static arm's request of the
+  same prompt did (same variant, tokens, drafted and accepted tokens), and their decode
+  time over that request's. The work is identical, so this is the serving path alone:
+  the daemon's own llama-server instances and whatever ran beside them, against the
+  matrix's. The whole-run ratios carry that factor.
 """
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -38,7 +45,16 @@ import numpy as np
 
 from tuner.bench.schedule import CHALLENGER, TUNER
 
-__all__ = ["SCHEMA", "FinalPolicy", "Measured", "item_means", "item_runs", "succeeded", "summarize"]
+__all__ = [
+    "SCHEMA",
+    "FinalPolicy",
+    "Measured",
+    "item_means",
+    "item_runs",
+    "same_work",
+    "succeeded",
+    "summarize",
+]
 
 SCHEMA = "spec-tuner/bench/1"
 BASELINE = "none"
@@ -281,6 +297,7 @@ def summarize(
             )
         overall["tuner_vs_oracle"] = round(overall["tuner_ratio"] / overall["oracle_ratio"], 4)
         overall["requests_per_prompt"] = _exposure(ok, tuner, statics, common)
+        overall["tuner_same_work"] = same_work(ok, TUNER)
     if challenger:
         overall.update(
             _challenger(
@@ -295,6 +312,7 @@ def summarize(
                 rng,
             )
         )
+        overall["challenger_same_work"] = same_work(ok, CHALLENGER)
         if best_static:
             overall["challenger_vs_best_static"] = round(
                 overall["challenger_ratio"] / overall_arms[best_static]["ratio"], 4
@@ -418,6 +436,51 @@ def _priced(
         steps = m.tokens - m.accepted + cost.get(v, pooled) * m.drafted
         out.append(Measured(m.tokens, s * steps, m.drafted, m.accepted))
     return out
+
+
+Z90 = 1.645  # two-sided 90 % normal interval
+
+
+def _work(row: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What a request did: the prompt, the variant, and its token counts."""
+    return (row["item"], row.get("variant") or row["arm"], int(row["tokens"]),
+            int(row.get("drafted") or 0), int(row.get("accepted") or 0))  # fmt: skip
+
+
+def _log_ratio_summary(logs: Sequence[float]) -> dict[str, Any]:
+    mean = statistics.fmean(logs)
+    half = Z90 * statistics.stdev(logs) / math.sqrt(len(logs)) if len(logs) > 1 else None
+    return {
+        "pairs": len(logs),
+        "time_ratio": round(math.exp(mean), 4),
+        "interval": None if half is None else [round(math.exp(mean - half), 4),
+                                               round(math.exp(mean + half), 4)],
+    }  # fmt: skip
+
+
+def same_work(rows: Iterable[Mapping[str, Any]], arm: str) -> dict[str, Any] | None:
+    """A daemon arm's requests that did what a static arm's request of the same prompt did
+    (``_work``), each against the first such request: how many, the geometric mean of
+    their decode-time ratios (daemon over static; above 1 the daemon's took longer) with a
+    90 % interval, ``extra_seconds`` (the daemon's decode seconds beyond the static ones'),
+    and the same per variant. None without such pairs."""
+    ok = [r for r in succeeded(rows) if int(r.get("tokens") or 0) > 0]
+    static: dict[tuple[Any, ...], Mapping[str, Any]] = {}
+    for row in ok:
+        if row["arm"] not in (TUNER, CHALLENGER):
+            static.setdefault(_work(row), row)
+    pairs = [(row, found) for row in ok if row["arm"] == arm and (found := static.get(_work(row)))]
+    if not pairs:
+        return None
+    by_variant: dict[str, list[float]] = defaultdict(list)
+    for row, found in pairs:
+        by_variant[str(row.get("variant"))].append(
+            math.log(charged_seconds(row) / charged_seconds(found))
+        )
+    return _log_ratio_summary([x for logs in by_variant.values() for x in logs]) | {
+        "extra_seconds": round(sum(charged_seconds(r) - charged_seconds(f) for r, f in pairs), 1),
+        "by_variant": {v: _log_ratio_summary(logs) for v, logs in sorted(by_variant.items())},
+    }
 
 
 def succeeded(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

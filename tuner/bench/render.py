@@ -88,6 +88,27 @@ def _against_statics(overall: Mapping[str, Any]) -> str:
     )
 
 
+def _same_work_note(overall: Mapping[str, Any]) -> list[str]:
+    """What identical work took on the daemon's instances against the matrix's."""
+    parts = []
+    for arm in (TUNER, CHALLENGER):
+        found = overall.get(f"{arm}_same_work")
+        if found:
+            parts.append(
+                f"{arm} {_x(found['time_ratio'])}{_interval(found)} over {found['pairs']} "
+                f"requests ({found['extra_seconds']:+.1f} s)"
+            )
+    if not parts:
+        return []
+    return [
+        "",
+        "Same work (a daemon's requests that drafted and accepted exactly what a static arm's "
+        "request of the same prompt did; their decode time over its, above 1 slower): "
+        + "; ".join(parts)
+        + ". This is the serving path alone, not a choice; the whole-run ratios carry it.",
+    ]
+
+
 def _machine_line(load: Mapping[str, Any] | None) -> list[str]:
     """What else used the machine while the run went (``tuner.bench.machine``); none if unknown."""
     if not load or "other_share" not in load:
@@ -159,6 +180,7 @@ def markdown(summary: Mapping[str, Any]) -> str:
             lines += _tuner_rows(overall, CHALLENGER)
         lines += ["", _against_statics(overall)]
         lines += _exposure_note(overall.get("requests_per_prompt"))
+        lines += _same_work_note(overall)
         if overall.get("challenger_vs_tuner") is not None:
             side = _interval({"interval": overall.get("challenger_vs_tuner_interval")})
             counts = _interval({"interval": overall.get("challenger_vs_tuner_by_counts_interval")})
