@@ -28,13 +28,15 @@ from tuner.model.speedup import effective_draft_cost
 from tuner.records import RequestRecord
 
 __all__ = [
-    "ArmStats", "Comparison", "Interval", "arm_stats", "compare", "ratio_interval", "wilson",
+    "Z90", "Z95", "ArmStats", "Comparison", "Interval", "arm_stats", "compare", "mean_interval",
+    "ratio_interval", "wilson",
 ]  # fmt: skip
 
 BASELINE = "none"
 DEFAULT_CLASS = "all"
 DEFAULT_VARIANT = "default"
 Z95 = 1.959964
+Z90 = statistics.NormalDist().inv_cdf(0.95)  # two-sided 90 %: the guard's default level
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,11 +66,12 @@ def wilson(successes: int, trials: int, z: float = Z95) -> Interval | None:
     return Interval(p, max(0.0, min(p, centre - half)), min(1.0, max(p, centre + half)))
 
 
-def _mean_interval(values: list[float]) -> Interval:
+def mean_interval(values: Sequence[float], z: float = Z95) -> Interval:
+    """The mean with a normal interval (``z`` standard errors); a point for one value."""
     mean = statistics.fmean(values)
     if len(values) < 2:
         return Interval(mean, mean, mean)
-    half = Z95 * statistics.stdev(values) / math.sqrt(len(values))
+    half = z * statistics.stdev(values) / math.sqrt(len(values))
     return Interval(mean, mean - half, mean + half)
 
 
@@ -115,7 +118,7 @@ def arm_stats(records: Iterable[RequestRecord]) -> dict[tuple[str, str], ArmStat
             alpha=wilson(accepted, drafted),
             tokens_per_step=tokens / steps,
             mean_draft=drafted / steps,
-            tok_s=_mean_interval(speeds),
+            tok_s=mean_interval(speeds),
             tok_s_samples=tuple(speeds),
         )
     return out

@@ -35,7 +35,6 @@ keys.
 from __future__ import annotations
 
 import math
-import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -44,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from tuner.bench.schedule import CHALLENGER, TUNER
+from tuner.measure import Z90, mean_interval
 
 __all__ = [
     "SCHEMA",
@@ -438,9 +438,6 @@ def _priced(
     return out
 
 
-Z90 = 1.645  # two-sided 90 % normal interval
-
-
 def _work(row: Mapping[str, Any]) -> tuple[Any, ...]:
     """What a request did: the prompt, the variant, and its token counts."""
     return (row["item"], row.get("variant") or row["arm"], int(row["tokens"]),
@@ -448,13 +445,13 @@ def _work(row: Mapping[str, Any]) -> tuple[Any, ...]:
 
 
 def _log_ratio_summary(logs: Sequence[float]) -> dict[str, Any]:
-    mean = statistics.fmean(logs)
-    half = Z90 * statistics.stdev(logs) / math.sqrt(len(logs)) if len(logs) > 1 else None
+    """Log ratios as their geometric mean and its 90 % interval (None for one ratio)."""
+    found = mean_interval(logs, Z90)
     return {
         "pairs": len(logs),
-        "time_ratio": round(math.exp(mean), 4),
-        "interval": None if half is None else [round(math.exp(mean - half), 4),
-                                               round(math.exp(mean + half), 4)],
+        "time_ratio": round(math.exp(found.value), 4),
+        "interval": [round(math.exp(found.low), 4), round(math.exp(found.high), 4)]
+        if len(logs) > 1 else None,
     }  # fmt: skip
 
 

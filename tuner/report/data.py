@@ -8,7 +8,6 @@ readers never block the daemon).
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.classify.classes import ROOT
 from tuner.errors import TunerError
-from tuner.measure import BASELINE, Interval, ratio_interval, wilson
+from tuner.measure import BASELINE, Z90, Interval, ratio_interval, wilson
 from tuner.tuning.state import POLICY_FILE, read_document
 
 if TYPE_CHECKING:
@@ -34,7 +33,6 @@ __all__ = [
 ]
 
 SCHEMA = "spec-tuner/report/1"
-Z90 = statistics.NormalDist().inv_cdf(0.95)  # the guard's default 90 % two-sided level
 
 
 @dataclass(frozen=True, slots=True)
