@@ -124,8 +124,8 @@ class Guard(_Strict):
     # machine (profile.drafted_token_cost; "verify" where no profile has checks), standard
     # error 0.1. On Gemma "verify" reads 0.18 of a step and "checks" 0.42, where served
     # drafts cost 0.35-0.55; side by side on a Xeon "checks" read 1.004 of "verify" by time
-    # over five 48-request seeds (geometric mean) and 0.992 [0.97, 1.01] over 120: an option
-    # (BENCHMARKS.md)
+    # over five 48-request seeds (geometric mean), 0.992 [0.97, 1.01] over 120 and 0.959
+    # [0.93, 0.98] over 447 of a 520-request run: an option (BENCHMARKS.md)
     cost_prior: Literal["verify", "checks"] = "verify"
     # among the variants that clear the guard in a class, which one to join unless another's
     # lower bound lies above its speedup there (as the current policy is kept): "off" (none),
