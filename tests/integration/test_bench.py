@@ -58,6 +58,15 @@ def test_bench_replays_the_matrix_and_the_tuner_and_writes_its_summary(tmp_path:
     assert summary["overall"]["requests_per_prompt"] == {"tuner": 2.0, "static_arm": 1.0}
     worst = summary["targets"].get("worst_class_after_convergence")
     assert worst is None or worst["class"] in summary["classes"]
+    # same work: the tuner's requests whose variant and counts a static arm's request of the
+    # same prompt repeated, counted here from the real rows
+    done = {(r["item"], r["variant"], r["tokens"], r["drafted"], r["accepted"])
+            for r in rows if r["arm"] != "tuner"}  # fmt: skip
+    pairs = sum((r["item"], r["variant"], r["tokens"], r["drafted"], r["accepted"]) in done
+                for r in tuner_rows)  # fmt: skip
+    same = summary["overall"]["tuner_same_work"]
+    assert (same or {}).get("pairs", 0) == pairs
+    assert same is None or same["time_ratio"] > 0
     # the repeat measurement reads the real rows: each static arm met its 4 prompts once
     effect = repeat_effect(rows)
     assert effect["ngram-mod"]["items"] == 4 and effect["ngram-mod"]["requests_per_item"] == 1
