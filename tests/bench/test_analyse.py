@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tuner.bench.analyse import SCHEMA, FinalPolicy, same_work, summarize
+from tuner.bench.analyse import SCHEMA, FinalPolicy, check_row, same_work, summarize
 
 # two classes of two items each; per item (tokens, ms) for each static arm
 CLASSES = ["code", "code", "prose", "prose"]
@@ -325,3 +327,48 @@ def test_the_summary_says_what_identical_work_took_for_each_daemon() -> None:
     # a daemon that never did what a static arm did has nothing to say
     only_other = [*static_rows(repeats=1), {**tuner_row(0, "other"), "ms": 700.0}]
     assert summarize(only_other, CLASSES)["overall"]["tuner_same_work"] is None
+
+
+def test_the_rows_the_bench_writes_pass_the_row_check() -> None:
+    """A committed real run's rows (all three arms, replays' ``warm_ms``) and this file's."""
+    run = Path(__file__).parents[2] / "benchmarks/results/bench/gemma-xeon-48-pinned"
+    rows = [json.loads(line) for line in (run / "requests.jsonl").read_text().splitlines()]
+    assert {r["arm"] for r in rows} >= {"none", "tuner", "challenger"}
+    mine = [*static_rows(), tuner_row(0, "good"), {"arm": "none", "item": 1, "error": "boom"}]
+    for row in mine:
+        row.setdefault("class", CLASSES[int(row["item"])])
+    for row in rows + mine:
+        assert check_row(row) is None, row
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"item": None}, "no 'item'"),
+        ({"item": "3"}, "'item' is '3', not int"),
+        ({"item": True}, "'item' is True"),
+        ({"item": -1}, "below 0"),
+        ({"arm": 7}, "'arm' is 7, not str"),
+        ({"class": None}, "no 'class'"),
+        ({"tokens": None}, "no 'tokens'"),
+        ({"ms": "fast"}, "'ms' is 'fast', not int or float"),
+        ({"drafted": [1]}, "'drafted' is [1]"),
+        ({"repeat": 0.5}, "'repeat' is 0.5, not int"),
+        ({"variant": 3}, "'variant' is 3, not str"),
+    ],
+)
+def test_a_row_missing_or_mistyping_a_field_says_which(
+    change: dict[str, Any], problem: str
+) -> None:
+    row = {"arm": "none", "item": 0, "class": "code", "tokens": 10, "ms": 5.0, "repeat": 0}
+    row = {k: v for k, v in (row | change).items() if v is not None}
+    found = check_row(row)
+    assert found is not None and problem in found
+
+
+def test_a_failed_row_needs_no_timings_and_a_non_object_is_named() -> None:
+    assert check_row({"arm": "none", "item": 0, "class": "code", "error": "timeout"}) is None
+    assert check_row({"arm": "none", "item": 0, "class": "code", "ms": None, "tokens": 3}) == (
+        "no 'ms'"
+    )
+    assert check_row([1, 2]) == "not an object: list"

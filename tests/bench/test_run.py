@@ -73,6 +73,24 @@ def test_a_directory_without_requests_is_a_clear_error(tmp_path: Path) -> None:
         finish(tmp_path)
 
 
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        ('{"arm": "none", "class": "c", "tokens": 1, "ms": 1}', "line 2: no 'item'"),
+        ('{"arm": "none", "item": "0", "class": "c", "tokens": 1, "ms": 1}', "line 2: 'item'"),
+        ("{half", "line 2: not JSON"),
+        ("[1]", "line 2: not an object"),
+    ],
+)
+def test_a_broken_request_row_is_a_clear_error_naming_its_line(
+    tmp_path: Path, line: str, problem: str
+) -> None:
+    good = json.dumps({"arm": "none", "item": 0, "class": "c", "tokens": 1, "ms": 1})
+    (tmp_path / "requests.jsonl").write_text(f"{good}\n{line}\n")
+    with pytest.raises(ConfigError, match=problem):
+        finish(tmp_path)
+
+
 class _Replayer:
     """What the daemon's counterfactual collector reads, set by the test."""
 

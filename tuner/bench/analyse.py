@@ -480,6 +480,36 @@ def same_work(rows: Iterable[Mapping[str, Any]], arm: str) -> dict[str, Any] | N
     }
 
 
+_NUMBER = (int, float)
+_REQUIRED: dict[str, tuple[type, ...]] = {"arm": (str,), "item": (int,), "class": (str,)}
+_OPTIONAL: dict[str, tuple[type, ...]] = {
+    "repeat": (int,), "variant": (str,), "tokens": _NUMBER, "ms": _NUMBER,
+    "drafted": _NUMBER, "accepted": _NUMBER, "warm_ms": _NUMBER,
+}  # fmt: skip
+
+
+def check_row(row: object) -> str | None:
+    """What is wrong with one ``requests.jsonl`` row, or None: the fields the analysis
+    reads must be there (``arm``, ``item``, ``class``; ``tokens`` and ``ms`` on an answered
+    row) and of their type where present (``null`` stands for absent in the optional ones)."""
+    if not isinstance(row, Mapping):
+        return f"not an object: {type(row).__name__}"
+    required = dict(_REQUIRED)
+    if not row.get("error"):
+        required |= {"tokens": _NUMBER, "ms": _NUMBER}
+    for key, types in (_OPTIONAL | required).items():
+        value = row.get(key)
+        if value is None:
+            if key in required:
+                return f"no {key!r}"
+            continue
+        if isinstance(value, bool) or not isinstance(value, types):
+            return f"{key!r} is {value!r}, not {' or '.join(t.__name__ for t in types)}"
+    if row["item"] < 0:
+        return f"'item' is {row['item']}, below 0"
+    return None
+
+
 def succeeded(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """The requests that were answered with decode timings."""
     return [r for r in rows if not r.get("error") and float(r.get("ms") or 0) > 0]
