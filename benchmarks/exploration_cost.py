@@ -22,6 +22,9 @@ and ``served_quarters`` what they ran at, quarter by quarter, against the static
 ``table_coverage`` shows acceptance on that variant by how many earlier answers of the same
 prompt the serving instance had seen (the static arm's instance sees them all). ``cumulative``
 is the run so far against the static arm, and where it has earned its learning back.
+``plain_quarters`` does the same through the run on steps no choice can change: per quarter
+of the daemon's stream, its requests that drafted nothing, their decode time per token over
+the no-speculation arm's on the same prompt.
 ``same_work`` (``tuner.bench.analyse.same_work``) isolates the serving path: the daemon's
 requests that did exactly what a static arm's request of the same prompt did (same variant,
 tokens generated, drafted and accepted), and their decode time over that request's; about 1
@@ -37,6 +40,7 @@ speculatively instead) and the rest.
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -152,6 +156,29 @@ def _by_quarter(priced: Priced, keep: Callable[[dict[str, Any]], bool]) -> list[
     return out
 
 
+def plain_quarters(priced: Priced) -> list[dict[str, Any] | None]:
+    """Per quarter of the daemon's stream, its requests that drafted nothing (whatever
+    their variant: every step a plain one): the geometric mean of their decode time per
+    token over the no-speculation arm's on the same prompt, and how many (None: a quarter
+    without any). The daemon's own instances against the matrix's on plain steps, through
+    the run: above 1 slower. Choices cannot move it, so a change from quarter to quarter
+    is the instances' speed changing under the daemon, not the tuner learning."""
+    n = len(priced)
+    out: list[dict[str, Any] | None] = []
+    for q in range(4):
+        logs = [
+            -math.log(speed)
+            for row, speed, _ in priced[n * q // 4 : n * (q + 1) // 4]
+            if not row.get("drafted")
+        ]
+        out.append(
+            {"requests": len(logs), "time_ratio": round(math.exp(statistics.fmean(logs)), 3)}
+            if logs
+            else None
+        )
+    return out
+
+
 def served_quarters(priced: Priced, best: str) -> list[float | None]:
     """Per quarter of the daemon's stream, its requests served by the best static arm's own
     variant: mean speed over the static arm's at the same occurrence. The same settings on
@@ -256,7 +283,9 @@ def exploration_cost(rows: list[dict[str, Any]]) -> dict[str, Any]:
     ``revisits`` (its requests served by the best static arm's variant, by what served their
     prompt's previous request: ``first``, ``same`` or ``other``), and ``served_quarters``
     (those requests' mean speed / static per quarter), and ``cumulative`` (the run so far
-    against the static arm, and the request count from which it stays at or above it)."""
+    against the static arm, and the request count from which it stays at or above it), and
+    ``plain_quarters`` (its requests that drafted nothing against the no-speculation arm's,
+    per quarter: the instances' own speed)."""
     best, by_arm = price(rows)
     out: dict[str, Any] = {"best_static": best}
     if best is not None:
@@ -283,6 +312,7 @@ def exploration_cost(rows: list[dict[str, Any]]) -> dict[str, Any]:
                 for t, v in sorted(trials.items())
             },
             "quarters": _by_quarter(priced, lambda _: True),
+            "plain_quarters": plain_quarters(priced),
             "cumulative": cumulative(priced) if len(priced) >= 8 else None,
             "opening": _losses(priced[:OPENING], _plain),
             "same_work": same_work(rows, arm),

@@ -372,3 +372,27 @@ def test_a_failed_row_needs_no_timings_and_a_non_object_is_named() -> None:
         "no 'ms'"
     )
     assert check_row([1, 2]) == "not an object: list"
+
+
+def test_against_the_best_static_arm_by_counts_drops_the_instances_speed() -> None:
+    """Baseline 10 ms a token; the static arm drafts 50 and accepts 40 of 100 tokens in
+    700 ms (60 steps and 50 drafted tokens at 0.2 of a step). A tuner doing the same on an
+    instance 20 % slower reads 0.83 of it whole-run but 1.0 by counts; a challenger that
+    accepts all 50 at the same drafted-token cost reads 70 / 60 both ways."""
+    rows: list[dict[str, Any]] = []
+    for item in range(4):
+        rows.append({"arm": "none", "item": item, "tokens": 100, "ms": 1000.0, "repeat": 0})
+        counts = {"tokens": 100, "drafted": 50, "accepted": 40, "repeat": 0}
+        rows.append({"arm": "mod", "item": item, "ms": 700.0, "variant": "mod"} | counts)
+        rows.append({**tuner_row(item, "mod"), "ms": 840.0} | counts)
+        rows.append(
+            {**tuner_row(item, "simple"), "arm": "challenger", "ms": 600.0}
+            | counts
+            | {"accepted": 50}
+        )
+    overall = summarize(rows, CLASSES)["overall"]
+    assert overall["tuner_vs_best_static"] == pytest.approx(700 / 840, abs=1e-4)
+    assert overall["tuner_vs_best_static_by_counts"] == 1.0
+    assert overall["challenger_vs_best_static"] == pytest.approx(70 / 60, abs=1e-4)
+    assert overall["challenger_vs_best_static_by_counts"] == pytest.approx(70 / 60, abs=1e-4)
+    assert "tuner_vs_best_static_by_counts" not in summarize(static_rows(), CLASSES)["overall"]

@@ -109,6 +109,26 @@ def test_served_quarters_compare_the_best_variants_own_requests_quarter_by_quart
     assert found == [0.5, None, None, 1.0]
 
 
+def test_plain_quarters_price_undrafted_requests_against_the_baseline_arm() -> None:
+    """Eight tuner requests, two per quarter. Undrafted ones at 40 tok/s against the
+    baseline's 50 (1.25 x its time per token) in the first quarter, at 100 (0.5 x) in the
+    last, whatever their variant; a request that drafted is left out, and a quarter with
+    none undrafted is None."""
+    rows = [row("none", "a", 50.0), row("good", "a", 100.0)]
+    slow = row("tuner", "a", 40.0, "exploit", "ngram-simple.n6.m8") | {"drafted": 0}
+    drafted = row("tuner", "a", 100.0, "exploit", "good") | {"drafted": 30, "accepted": 20}
+    rows += [slow, row("tuner", "a", 40.0, "control")]
+    rows += [drafted] * 4
+    rows += [row("tuner", "a", 100.0, "control"), drafted]
+    found = exploration_cost(rows)["tuner"]["plain_quarters"]
+    assert found == [
+        {"requests": 2, "time_ratio": 1.25},
+        None,
+        None,
+        {"requests": 1, "time_ratio": 0.5},
+    ]
+
+
 def test_cumulative_finds_where_the_run_has_earned_its_learning_back() -> None:
     """Against a static arm at 2x: three trials at 0.8x first (2.5 s each for 100 tokens
     where the static arm takes 1 s), then requests at 2.5x (0.8 s against 1 s). After 3 + k

@@ -14,6 +14,10 @@ def test_markdown_has_targets_arms_and_classes(tmp_path: Path) -> None:
     assert "## Targets" in text and "| fast-code |" in text
     assert "| code | 2 |" in text and "| prose | 2 |" in text
     assert "Best single static arm: **fast-code**" in text
+    by_counts = summary["overall"]["tuner_vs_best_static_by_counts"]
+    assert f"(priced by counts: {by_counts:.3f}); tuner / oracle" in text
+    older = summary | {"overall": summary["overall"] | {"tuner_vs_best_static_by_counts": None}}
+    assert "priced by counts:" not in markdown(older)  # a summary from before the field
     # the worst class is named, with the requests (4 per class here) its figure rests on
     worst = summary["targets"]["worst_class_after_convergence"]
     assert f"({worst['class']}: 4 requests [" in text
@@ -94,6 +98,8 @@ def test_markdown_and_plot_show_the_challenger(tmp_path: Path) -> None:
     assert "Side by side (/x/other.toml, 8 pairs of the same prompt): challenger / tuner" in text
     by_counts = summary["overall"]["challenger_vs_tuner_by_counts"]
     assert by_counts is not None and f"; priced by counts {by_counts:.3f}" in text
+    vs_static = summary["overall"]["challenger_vs_best_static_by_counts"]
+    assert f"(priced by counts: {vs_static:.3f})." in text
     assert "| challenger | its final variant |" in text
     assert "| target | measured | wanted | met | challenger | met |" in text
     assert "| challenger |" not in text.split("## Overall")[1].split("| **per-class")[0]

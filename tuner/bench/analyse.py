@@ -25,6 +25,10 @@ keys.
   evidence yet" is not settled); ``converged_after`` counts the class's requests up to
   the last exploit request with another variant (0: never another).
 - intervals: 90 % percentile bootstrap over prompt occurrences (tuner: its requests).
+- ``tuner_vs_best_static_by_counts``: the whole-run ratio with every request (the
+  daemon's and the static arm's) priced by its counts at its prompt's plain decode speed:
+  on the variant both served, what each drafted and accepted without how fast the
+  daemon's instances ran (see ``vs_static_by_counts``).
 - ``same_work``: a daemon's requests that did exactly what a static arm's request of the
   same prompt did (same variant, tokens, drafted and accepted tokens), and their decode
   time over that request's. The work is identical, so this is the serving path alone:
@@ -49,11 +53,13 @@ __all__ = [
     "SCHEMA",
     "FinalPolicy",
     "Measured",
+    "check_row",
     "item_means",
     "item_runs",
     "same_work",
     "succeeded",
     "summarize",
+    "vs_static_by_counts",
 ]
 
 SCHEMA = "spec-tuner/bench/1"
@@ -295,6 +301,9 @@ def summarize(
             overall["tuner_vs_best_static"] = round(
                 overall["tuner_ratio"] / overall_arms[best_static]["ratio"], 4
             )
+            overall["tuner_vs_best_static_by_counts"] = vs_static_by_counts(
+                tuner, means, best_static
+            )
         overall["tuner_vs_oracle"] = round(overall["tuner_ratio"] / overall["oracle_ratio"], 4)
         overall["requests_per_prompt"] = _exposure(ok, tuner, statics, common)
         overall["tuner_same_work"] = same_work(ok, TUNER)
@@ -316,6 +325,9 @@ def summarize(
         if best_static:
             overall["challenger_vs_best_static"] = round(
                 overall["challenger_ratio"] / overall_arms[best_static]["ratio"], 4
+            )
+            overall["challenger_vs_best_static_by_counts"] = vs_static_by_counts(
+                challenger, means, best_static
             )
     return {
         "schema": SCHEMA,
@@ -403,6 +415,29 @@ def _side_by_side(
         if counts_interval
         else None,
     }
+
+
+def vs_static_by_counts(
+    daemon: Sequence[Mapping[str, Any]], means: Mapping[str, Mapping[int, Measured]], arm: str
+) -> float | None:
+    """A daemon's requests against a static arm's on the same prompts, both priced by their
+    counts (``_priced``, one drafted-token cost per variant fitted on both): the whole-run
+    ratio with each request's decode time replaced by what it drafted and accepted at its
+    prompt's plain decode speed (the no-speculation arm's). On the variant both served the
+    two are priced alike, so how fast the daemon's own llama-server instances ran against
+    the matrix's (``same_work``, ``plain_quarters`` in ``benchmarks.exploration_cost``)
+    drops out and what each drafted and accepted stays; a variant only the daemon served
+    is priced at a cost fitted on its own requests, which still carries its instances'
+    speed, averaged over the run. None without requests."""
+    if not daemon:
+        return None
+    items = [int(r["item"]) for r in daemon]
+    ours = [Measured.of(r) for r in daemon]
+    static = [means[arm][i] for i in items]
+    base = [means[BASELINE][i] for i in items]
+    variants = [str(r.get("variant")) for r in daemon] + [arm] * len(items)
+    priced = _priced([*ours, *static], base * 2, variants)
+    return round(_ratio(priced[: len(ours)], priced[len(ours) :]), 4)
 
 
 SHRINK_DRAFTED = 256.0  # drafted tokens of the pooled cost a variant's own cost is shrunk by

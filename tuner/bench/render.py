@@ -83,9 +83,16 @@ def _against_statics(overall: Mapping[str, Any]) -> str:
     return (
         f"Best single static arm: **{overall['best_static']}** "
         f"({_x(overall['best_static_ratio'])}); tuner / best static = "
-        f"{_x(overall.get('tuner_vs_best_static'))}; tuner / oracle = "
-        f"{_x(overall.get('tuner_vs_oracle'))}."
+        f"{_x(overall.get('tuner_vs_best_static'))}{_by_counts(overall, TUNER)}; "
+        f"tuner / oracle = {_x(overall.get('tuner_vs_oracle'))}."
     )
+
+
+def _by_counts(overall: Mapping[str, Any], arm: str) -> str:
+    """`` (priced by counts: X)`` where the summary has a daemon's ratio to the best static
+    arm by counts (runs analysed before it was added have none)."""
+    found = overall.get(f"{arm}_vs_best_static_by_counts")
+    return f" (priced by counts: {_x(found)})" if found is not None else ""
 
 
 def _same_work_note(overall: Mapping[str, Any]) -> list[str]:
@@ -190,7 +197,8 @@ def markdown(summary: Mapping[str, Any]) -> str:
                 f"{overall['side_by_side_pairs']} pairs of the same prompt): challenger / tuner "
                 f"= **{_x(overall['challenger_vs_tuner'])}**{side}; priced by counts "
                 f"{_x(overall.get('challenger_vs_tuner_by_counts'))}{counts}; challenger / "
-                f"best static = {_x(overall.get('challenger_vs_best_static'))}.",
+                f"best static = {_x(overall.get('challenger_vs_best_static'))}"
+                f"{_by_counts(overall, CHALLENGER)}.",
             ]
     lines += ["", "## Per class", ""]
     header = "| class | prompts | baseline tok/s | oracle | best static here |"
