@@ -1,0 +1,123 @@
+"""How fast identical llama-server processes decode the same requests, and whether that moves.
+
+Starts ``--processes`` llama-server processes with the same arguments (the default model,
+no speculation, ``--ctx-size 4096``, as the bench's ``none`` instances), then for
+``--rounds`` rounds sends every process the same greedy prompt, one process at a time in a
+rotating order, and reads ``timings.predicted_ms / predicted_n``. Reports per process and
+per quarter of the rounds its mean decode time per token over all processes' mean in that
+quarter (``spread``): 1.00 everywhere means the processes are interchangeable, and a bench
+comparing one process's arm with another's compares like with like. No speculation, no
+proxy, no daemon: what is left is the processes themselves on this machine.
+
+Usage: python -m benchmarks.process_spread [--processes 3] [--rounds 40] [--max-tokens 96]
+       [--out FILE.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from benchmarks.common import emit
+from tuner.model.profile import hardware_fingerprint
+from tuner.settings import Settings
+from tuner.upstream.launch import resolve_model
+from tuner.upstream.process import free_port
+from tuner.upstream.provision import locate_llama_server
+
+PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+
+
+def spread(ms_per_token: Sequence[Sequence[float]], parts: int = 4) -> list[list[float]]:
+    """Per process, per part of the rounds: its mean time per token over every process's
+    mean in that part (rounds split into ``parts`` equal stretches). Pure."""
+    rounds = min(len(p) for p in ms_per_token)
+    out: list[list[float]] = [[] for _ in ms_per_token]
+    for part in range(parts):
+        lo, hi = rounds * part // parts, rounds * (part + 1) // parts
+        if hi <= lo:
+            continue
+        means = [statistics.fmean(p[lo:hi]) for p in ms_per_token]
+        overall = statistics.fmean(means)
+        for mine, mean in zip(out, means, strict=True):
+            mine.append(round(mean / overall, 3))
+    return out
+
+
+def _start(binary: Path, model: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    args = [str(binary), "--host", "127.0.0.1", "--port", str(port), "--spec-type", "none",
+            "--no-webui", "--ctx-size", "4096", "--model", str(model)]  # fmt: skip
+    proc = subprocess.Popen(args, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def _ready(url: str, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{url} did not become ready")
+
+
+def run(processes: int, rounds: int, max_tokens: int) -> dict[str, Any]:
+    settings = Settings()
+    binary = locate_llama_server(settings.llama_server, settings.cache_dir, build=False)
+    model, _ = resolve_model(settings)
+    logs = Path(tempfile.mkdtemp(prefix="process-spread-"))
+    started = [_start(binary, model, logs / f"{n}.log") for n in range(processes)]
+    body = {"prompt": PROMPT, "n_predict": max_tokens, "temperature": 0.0, "cache_prompt": False}
+    times: list[list[float]] = [[] for _ in started]
+    try:
+        for _, url in started:
+            _ready(url, time.monotonic() + 180)
+        with httpx.Client(timeout=600) as client:
+            for _, url in started:  # one warm-up request each, not counted
+                client.post(f"{url}/completion", json=body).raise_for_status()
+            for r in range(rounds):
+                for k in range(processes):
+                    n = (r + k) % processes  # rotate who goes first
+                    found = client.post(f"{started[n][1]}/completion", json=body)
+                    found.raise_for_status()
+                    timings = found.json()["timings"]
+                    times[n].append(float(timings["predicted_ms"]) / int(timings["predicted_n"]))
+    finally:
+        for proc, _ in started:
+            proc.terminate()
+        for proc, _ in started:
+            proc.wait(timeout=60)
+    return {
+        "hardware": hardware_fingerprint(),
+        "processes": processes,
+        "rounds": rounds,
+        "max_tokens": max_tokens,
+        "ms_per_token": [round(statistics.fmean(t), 3) for t in times],
+        "spread_by_quarter": spread(times),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--processes", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    if args.processes < 2 or args.rounds < 4 or args.max_tokens < 1:
+        parser.error("need --processes >= 2, --rounds >= 4, --max-tokens >= 1")
+    emit(run(args.processes, args.rounds, args.max_tokens), args.out)
+
+
+if __name__ == "__main__":
+    main()
