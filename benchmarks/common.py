@@ -8,15 +8,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tuner.bench.analyse import check_row
+
 
 def read_requests(parser: argparse.ArgumentParser, run: Path) -> list[dict[str, Any]]:
-    """The rows of a bench run's ``run/requests.jsonl``; a missing or unreadable file is a
+    """The rows of a bench run's ``run/requests.jsonl``; a missing or unreadable file, or a
+    row without the fields the analyses read (``tuner.bench.analyse.check_row``), is a
     usage error (``parser.error``: a message and exit status 2), not a traceback."""
     try:
         lines = (run / "requests.jsonl").read_text().splitlines()
-        return [json.loads(line) for line in lines if line.strip()]
+        rows = [(n, json.loads(line)) for n, line in enumerate(lines, 1) if line.strip()]
     except (OSError, ValueError) as exc:
         parser.error(f"{run}: no readable requests.jsonl: {exc}")
+    for n, row in rows:
+        if problem := check_row(row):
+            parser.error(f"{run}/requests.jsonl line {n}: {problem}")
+    return [row for _, row in rows]
 
 
 def usable(row: dict[str, Any]) -> bool:

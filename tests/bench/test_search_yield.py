@@ -61,7 +61,9 @@ def test_a_run_without_a_static_arm_counts_but_is_not_priced() -> None:
 def test_the_command_reads_run_directories(tmp_path: Path) -> None:
     run = tmp_path / "run"
     run.mkdir()
-    (run / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _run("none")))
+    # as the bench writes them: an item index and a class on every row
+    rows = [r | {"item": ord(r["id"]) - ord("a"), "class": "code"} for r in _run("none")]
+    (run / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "yield.json"
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.search_yield", str(run), str(tmp_path), "--out",
