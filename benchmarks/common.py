@@ -4,26 +4,26 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from tuner.bench.analyse import check_row
+import httpx
+
+from tuner.bench.analyse import parse_rows
+from tuner.upstream.process import free_port
 
 
 def read_requests(parser: argparse.ArgumentParser, run: Path) -> list[dict[str, Any]]:
     """The rows of a bench run's ``run/requests.jsonl``; a missing or unreadable file, or a
-    row without the fields the analyses read (``tuner.bench.analyse.check_row``), is a
+    row without the fields the analyses read (``tuner.bench.analyse.parse_rows``), is a
     usage error (``parser.error``: a message and exit status 2), not a traceback."""
     try:
-        lines = (run / "requests.jsonl").read_text().splitlines()
-        rows = [(n, json.loads(line)) for n, line in enumerate(lines, 1) if line.strip()]
+        return parse_rows((run / "requests.jsonl").read_text().splitlines())
     except (OSError, ValueError) as exc:
         parser.error(f"{run}: no readable requests.jsonl: {exc}")
-    for n, row in rows:
-        if problem := check_row(row):
-            parser.error(f"{run}/requests.jsonl line {n}: {problem}")
-    return [row for _, row in rows]
 
 
 def usable(row: dict[str, Any]) -> bool:
@@ -50,3 +50,27 @@ def run_main(doc: str, analyse: Callable[[list[dict[str, Any]]], dict[str, Any]]
     args = parser.parse_args()
     rows = read_requests(parser, args.run)
     emit({"run": str(args.run), **analyse(rows)}, args.out)
+
+
+def start_llama_server(
+    argv: list[str], *, log: IO[bytes] | None = None, timeout_s: float = 60.0
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Start ``argv`` (a llama-server command line without host and port) on a free local
+    port, its output to ``log`` (default: discarded), and wait until ``/health`` answers
+    200: the process and its URL. One that is not ready within ``timeout_s`` is killed and
+    the script stops with a message (``SystemExit``)."""
+    port = free_port()
+    sink = log if log is not None else subprocess.DEVNULL
+    command = [*argv, "--host", "127.0.0.1", "--port", str(port)]
+    proc = subprocess.Popen(command, stdout=sink, stderr=sink)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    raise SystemExit("llama-server did not start")

@@ -145,13 +145,18 @@ def revisits(priced: Priced, best: str) -> dict[str, Any]:
     return _losses(priced, lambda row: visit.get(id(row)))
 
 
+def _quarters(priced: Priced) -> list[Priced]:
+    """The daemon's stream in four equal stretches, in order."""
+    n = len(priced)
+    return [priced[n * q // 4 : n * (q + 1) // 4] for q in range(4)]
+
+
 def _by_quarter(priced: Priced, keep: Callable[[dict[str, Any]], bool]) -> list[float | None]:
     """Per quarter of the daemon's stream, the mean speed / static of its requests that
     ``keep`` (None: a quarter without any)."""
-    n = len(priced)
     out: list[float | None] = []
-    for q in range(4):
-        kept = [s / t for row, s, t in priced[n * q // 4 : n * (q + 1) // 4] if keep(row)]
+    for quarter in _quarters(priced):
+        kept = [s / t for row, s, t in quarter if keep(row)]
         out.append(round(statistics.fmean(kept), 3) if kept else None)
     return out
 
@@ -163,14 +168,9 @@ def plain_quarters(priced: Priced) -> list[dict[str, Any] | None]:
     without any). The daemon's own instances against the matrix's on plain steps, through
     the run: above 1 slower. Choices cannot move it, so a change from quarter to quarter
     is the instances' speed changing under the daemon, not the tuner learning."""
-    n = len(priced)
     out: list[dict[str, Any] | None] = []
-    for q in range(4):
-        logs = [
-            -math.log(speed)
-            for row, speed, _ in priced[n * q // 4 : n * (q + 1) // 4]
-            if not row.get("drafted")
-        ]
+    for quarter in _quarters(priced):
+        logs = [-math.log(speed) for row, speed, _ in quarter if not row.get("drafted")]
         out.append(
             {"requests": len(logs), "time_ratio": round(math.exp(statistics.fmean(logs)), 3)}
             if logs

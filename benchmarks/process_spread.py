@@ -19,18 +19,16 @@ import argparse
 import statistics
 import subprocess
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from benchmarks.common import emit
+from benchmarks.common import emit, start_llama_server
 from tuner.model.profile import hardware_fingerprint
 from tuner.settings import Settings
 from tuner.upstream.launch import resolve_model
-from tuner.upstream.process import free_port
 from tuner.upstream.provision import locate_llama_server
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
@@ -52,36 +50,20 @@ def spread(ms_per_token: Sequence[Sequence[float]], parts: int = 4) -> list[list
     return out
 
 
-def _start(binary: Path, model: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    args = [str(binary), "--host", "127.0.0.1", "--port", str(port), "--spec-type", "none",
-            "--no-webui", "--ctx-size", "4096", "--model", str(model)]  # fmt: skip
-    proc = subprocess.Popen(args, stdout=log.open("wb"), stderr=subprocess.STDOUT)
-    return proc, f"http://127.0.0.1:{port}"
-
-
-def _ready(url: str, deadline: float) -> None:
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"{url} did not become ready")
-
-
 def run(processes: int, rounds: int, max_tokens: int) -> dict[str, Any]:
     settings = Settings()
     binary = locate_llama_server(settings.llama_server, settings.cache_dir, build=False)
     model, _ = resolve_model(settings)
     logs = Path(tempfile.mkdtemp(prefix="process-spread-"))
-    started = [_start(binary, model, logs / f"{n}.log") for n in range(processes)]
+    argv = [str(binary), "--spec-type", "none", "--no-webui", "--ctx-size", "4096",
+            "--model", str(model)]  # fmt: skip
     body = {"prompt": PROMPT, "n_predict": max_tokens, "temperature": 0.0, "cache_prompt": False}
-    times: list[list[float]] = [[] for _ in started]
+    started: list[tuple[subprocess.Popen[bytes], str]] = []
+    times: list[list[float]] = [[] for _ in range(processes)]
     try:
-        for _, url in started:
-            _ready(url, time.monotonic() + 180)
+        for n in range(processes):
+            with (logs / f"{n}.log").open("wb") as log:
+                started.append(start_llama_server(argv, log=log, timeout_s=180))
         with httpx.Client(timeout=600) as client:
             for _, url in started:  # one warm-up request each, not counted
                 client.post(f"{url}/completion", json=body).raise_for_status()

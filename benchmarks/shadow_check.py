@@ -15,17 +15,15 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from benchmarks.common import emit
+from benchmarks.common import emit, start_llama_server
 from tuner.settings import Settings
 from tuner.tuning.shadow import replay_simple
 from tuner.upstream.launch import default_model_path
-from tuner.upstream.process import free_port
 from tuner.upstream.provision import locate_llama_server
 from tuner.workload import load_workload
 
@@ -43,20 +41,9 @@ def start(
     binary: Path, model: Path, flags: list[str], slots: int = 1
 ) -> tuple[subprocess.Popen[bytes], str]:
     """One llama-server with the given flags and ``slots`` slots (1: one drafter state)."""
-    port = free_port()
-    argv = [str(binary), "-m", str(model), "--port", str(port), "-t", "2",
-            "-c", str(4096 * slots), "-np", str(slots), "--no-webui", *flags]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    raise SystemExit("llama-server did not start")
+    return start_llama_server([str(binary), "-m", str(model), "-t", "2",
+                               "-c", str(4096 * slots), "-np", str(slots), "--no-webui",
+                               *flags])  # fmt: skip
 
 
 def tokens(client: httpx.Client, url: str, text: str, special: bool) -> list[int]:

@@ -38,6 +38,7 @@ keys.
 
 from __future__ import annotations
 
+import json
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -56,6 +57,7 @@ __all__ = [
     "check_row",
     "item_means",
     "item_runs",
+    "parse_rows",
     "same_work",
     "succeeded",
     "summarize",
@@ -543,6 +545,23 @@ def check_row(row: object) -> str | None:
     if row["item"] < 0:
         return f"'item' is {row['item']}, below 0"
     return None
+
+
+def parse_rows(lines: Iterable[str]) -> list[dict[str, Any]]:
+    """The rows of a ``requests.jsonl`` (blank lines skipped); a line that is not JSON or
+    fails ``check_row`` raises ``ValueError`` naming it (``line N: ...``)."""
+    rows = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            raise ValueError(f"line {n}: not JSON: {exc}") from exc
+        if problem := check_row(row):
+            raise ValueError(f"line {n}: {problem}")
+        rows.append(row)
+    return rows
 
 
 def succeeded(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

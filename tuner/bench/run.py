@@ -37,7 +37,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tuner.atomic import write_atomic
 from tuner.bench import machine
-from tuner.bench.analyse import FinalPolicy, check_row, summarize
+from tuner.bench.analyse import FinalPolicy, parse_rows, summarize
 from tuner.bench.schedule import CHALLENGER, TUNER, Step, schedule
 from tuner.classify import classify, load_definitions
 from tuner.errors import ConfigError, UpstreamError
@@ -417,17 +417,10 @@ def finish(out: Path) -> dict[str, Any]:
         lines = (out / "requests.jsonl").read_text().splitlines()
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{out}: no readable requests.jsonl: {exc}") from exc
-    rows: list[dict[str, Any]] = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as exc:
-            raise ConfigError(f"{out}/requests.jsonl line {n}: not JSON: {exc}") from exc
-        if problem := check_row(row):
-            raise ConfigError(f"{out}/requests.jsonl line {n}: {problem}")
-        rows.append(row)
+    try:
+        rows = parse_rows(lines)
+    except ValueError as exc:
+        raise ConfigError(f"{out}/requests.jsonl {exc}") from exc
     try:
         meta: dict[str, Any] = json.loads((out / "run.json").read_text())
     except (OSError, ValueError):
