@@ -40,6 +40,41 @@ def test_the_arms_of_one_item_run_back_to_back_and_spread_through_the_stream() -
     assert positions[0] < len(steps) * 0.2 and positions[-1] > len(steps) * 0.8
 
 
+@given(
+    n_items=st.integers(1, 12),
+    requests=st.integers(1, 60),
+    repeats=st.integers(1, 3),
+    challenger=st.booleans(),
+    seed=st.integers(0, 5),
+)
+def test_each_block_runs_beside_a_tuner_request_of_its_item(
+    n_items: int, requests: int, repeats: int, challenger: bool, seed: int
+) -> None:
+    """Where the stream meets an item at least as often as the matrix repeats it, each of
+    its blocks runs right before or right after the daemons' request(s) of that item, at a
+    different occurrence for each repeat, so the drift between them is a few requests'."""
+    names = ["none", "a", "b"]
+    steps = schedule(n_items, names, requests=requests, repeats=repeats, seed=seed,
+                     challenger=challenger)  # fmt: skip
+    daemons = 2 if challenger else 1
+    occurrences = Counter(s.item for s in steps if s.arm == TUNER)
+    where: dict[tuple[int, int], list[int]] = {}
+    for i, step in enumerate(steps):
+        if step.arm not in (TUNER, CHALLENGER):
+            where.setdefault((step.item, step.repeat), []).append(i)
+    beside: dict[int, set[int]] = {}
+    for (item, _), at in where.items():
+        assert at == list(range(at[0], at[0] + len(names)))  # back to back
+        if occurrences[item] < repeats:
+            continue
+        near = [*steps[max(0, at[0] - daemons) : at[0]], *steps[at[-1] + 1 : at[-1] + 1 + daemons]]
+        mine = [s.repeat for s in near if s.arm == TUNER and s.item == item]
+        assert mine
+        beside.setdefault(item, set()).update(mine)
+    for ks in beside.values():
+        assert len(ks) >= repeats  # each repeat beside an occurrence of its own
+
+
 def test_the_tuner_sees_every_item_once_per_cycle() -> None:
     import random
 
