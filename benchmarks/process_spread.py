@@ -9,8 +9,14 @@ quarter (``spread``): 1.00 everywhere means the processes are interchangeable, a
 comparing one process's arm with another's compares like with like. No speculation, no
 proxy, no daemon: what is left is the processes themselves on this machine.
 
+``--idle N`` starts N more processes with the same arguments that get one warm-up request
+and nothing after, as a bench's router keeps loaded instances that its daemon has moved
+away from: whether processes that are only resident move the measured ones' speed or their
+spread. ``ms_per_token_by_quarter`` (all measured processes' mean per quarter) compares
+one run's absolute speed with another's on the same machine.
+
 Usage: python -m benchmarks.process_spread [--processes 3] [--rounds 40] [--max-tokens 96]
-       [--out FILE.json]
+       [--idle 0] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -50,7 +56,18 @@ def spread(ms_per_token: Sequence[Sequence[float]], parts: int = 4) -> list[list
     return out
 
 
-def run(processes: int, rounds: int, max_tokens: int) -> dict[str, Any]:
+def quarter_means(ms_per_token: Sequence[Sequence[float]], parts: int = 4) -> list[float]:
+    """Per part of the rounds, every process's mean time per token in it, averaged. Pure."""
+    rounds = min(len(p) for p in ms_per_token)
+    out = []
+    for part in range(parts):
+        lo, hi = rounds * part // parts, rounds * (part + 1) // parts
+        if hi > lo:
+            out.append(round(statistics.fmean(statistics.fmean(p[lo:hi]) for p in ms_per_token), 3))
+    return out
+
+
+def run(processes: int, rounds: int, max_tokens: int, idle: int = 0) -> dict[str, Any]:
     settings = Settings()
     binary = locate_llama_server(settings.llama_server, settings.cache_dir, build=False)
     model, _ = resolve_model(settings)
@@ -61,7 +78,7 @@ def run(processes: int, rounds: int, max_tokens: int) -> dict[str, Any]:
     started: list[tuple[subprocess.Popen[bytes], str]] = []
     times: list[list[float]] = [[] for _ in range(processes)]
     try:
-        for n in range(processes):
+        for n in range(processes + idle):
             with (logs / f"{n}.log").open("wb") as log:
                 started.append(start_llama_server(argv, log=log, timeout_s=180))
         with httpx.Client(timeout=600) as client:
@@ -82,9 +99,11 @@ def run(processes: int, rounds: int, max_tokens: int) -> dict[str, Any]:
     return {
         "hardware": hardware_fingerprint(),
         "processes": processes,
+        "idle": idle,
         "rounds": rounds,
         "max_tokens": max_tokens,
         "ms_per_token": [round(statistics.fmean(t), 3) for t in times],
+        "ms_per_token_by_quarter": quarter_means(times),
         "spread_by_quarter": spread(times),
     }
 
@@ -94,11 +113,12 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--idle", type=int, default=0)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    if args.processes < 2 or args.rounds < 4 or args.max_tokens < 1:
-        parser.error("need --processes >= 2, --rounds >= 4, --max-tokens >= 1")
-    emit(run(args.processes, args.rounds, args.max_tokens), args.out)
+    if args.processes < 2 or args.rounds < 4 or args.max_tokens < 1 or args.idle < 0:
+        parser.error("need --processes >= 2, --rounds >= 4, --max-tokens >= 1, --idle >= 0")
+    emit(run(args.processes, args.rounds, args.max_tokens, args.idle), args.out)
 
 
 if __name__ == "__main__":

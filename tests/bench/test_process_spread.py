@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from benchmarks.process_spread import spread
+from benchmarks.process_spread import quarter_means, spread
 
 
 def test_a_process_slower_in_one_quarter_reads_slower_there_only() -> None:
@@ -33,3 +33,11 @@ def test_spread_is_relative_and_averages_to_one(times: list[list[float]], scale:
     scaled = spread([[t * scale for t in p] for p in times])
     for mine, theirs in zip(scaled, found, strict=True):
         assert mine == pytest.approx(theirs, abs=0.0015)  # each rounded to 3 places
+
+
+def test_quarter_means_average_the_processes_per_quarter() -> None:
+    """Two processes at 20 and 30 ms a token, the machine twice as slow in the second half:
+    25 in the first two quarters, 50 in the last two."""
+    first = [20.0] * 4 + [40.0] * 4
+    second = [30.0] * 4 + [60.0] * 4
+    assert quarter_means([first, second]) == [25.0, 25.0, 50.0, 50.0]
