@@ -1,0 +1,167 @@
+"""How the machine's own speed moved through a bench run, and what it did to the daemons' ratios.
+
+The no-speculation arm decodes the same way all run long, so its time per token, over its
+class's median, traces the machine's speed (``drift``: the geometric mean per eighth of
+the run, 1.00 = the run's typical speed; a 20-request rolling median in between). Each
+daemon request is compared with the request of the same prompt on a static arm (the one
+nearest in time), raw and with both moved to one machine speed (``adjusted``: the static
+request's time scaled by the drift at the daemon's moment over the drift at its own):
+
+- ``minutes_apart``: the median time between a daemon request and the static one it is
+  compared with (a schedule that runs a prompt's static arms beside the tuner's request
+  puts this near 0, and then ``adjusted`` equals ``raw``);
+- ``vs_static``: per static arm, the daemon's whole-run speed over the arm's (decode time
+  for the daemon's tokens at the arm's time per token, over the daemon's), raw and adjusted;
+- ``plain_quarters``: per quarter of the daemon's stream, its requests that drafted nothing
+  against the no-speculation arm's, raw and adjusted (no choice changes those requests, so
+  an adjusted reading near 1 says the raw reading's swing was the machine's).
+
+An estimate, not a measurement: it assumes the machine's speed moved every process alike
+(``benchmarks/process_spread.py`` measured that for identical processes).
+
+Usage: python -m benchmarks.drift DIR [--out FILE.json]
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from benchmarks.common import run_main, usable
+
+DAEMONS = ("tuner", "challenger")
+WINDOW = 20  # requests of the no-speculation arm each side of a moment
+
+
+@dataclass(frozen=True)
+class Drift:
+    """The machine's log speed factor through a run, from the no-speculation arm's requests
+    (their times ``t`` and log time per token over their class's median)."""
+
+    times: Sequence[float]
+    logs: Sequence[float]
+
+    def at(self, t: float) -> float:
+        """The log factor at moment ``t``: the median of the nearest requests'."""
+        i = bisect.bisect_left(self.times, t)
+        return statistics.median(self.logs[max(0, i - WINDOW) : i + WINDOW])
+
+    def by_part(self, parts: int = 8) -> list[float]:
+        n = len(self.logs)
+        return [
+            round(math.exp(statistics.fmean(self.logs[n * k // parts : n * (k + 1) // parts])), 3)
+            for k in range(parts)
+            if n * (k + 1) // parts > n * k // parts
+        ]
+
+
+def _per_token(row: dict[str, Any]) -> float:
+    return float(row["ms"]) / float(row["tokens"])
+
+
+def drift(rows: Iterable[dict[str, Any]]) -> Drift:
+    """The machine's speed through the run, from the ``none`` arm. Pure."""
+    plain = sorted(
+        (r for r in rows if r["arm"] == "none" and usable(r) and "t" in r), key=lambda r: r["t"]
+    )
+    by_class: dict[str, list[float]] = defaultdict(list)
+    for row in plain:
+        by_class[row["class"]].append(math.log(_per_token(row)))
+    median = {c: statistics.median(v) for c, v in by_class.items()}
+    return Drift(
+        [float(r["t"]) for r in plain],
+        [math.log(_per_token(r)) - median[r["class"]] for r in plain],
+    )
+
+
+def _nearest(rows: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        out[row["id"]].append(row)
+    return out
+
+
+def _partner(found: dict[str, list[dict[str, Any]]], row: dict[str, Any]) -> dict[str, Any] | None:
+    same = found.get(row["id"])
+    return min(same, key=lambda r: abs(r["t"] - row["t"])) if same else None
+
+
+def compare(rows: list[dict[str, Any]], machine: Drift) -> dict[str, Any]:
+    """Per daemon: how far apart its requests and their static partners ran, its whole-run
+    speed over each static arm, and its plain requests by quarter, raw and adjusted. Pure."""
+    usable_rows = [r for r in rows if usable(r) and "t" in r]
+    static = sorted({r["arm"] for r in usable_rows} - {"none", *DAEMONS})
+    arms = {arm: _nearest(r for r in usable_rows if r["arm"] == arm) for arm in ["none", *static]}
+    out: dict[str, Any] = {}
+    for daemon in DAEMONS:
+        mine = [r for r in usable_rows if r["arm"] == daemon]
+        if not mine:
+            continue
+        apart: list[float] = []
+        vs: dict[str, Any] = {}
+        for arm in static:
+            ours = raw = adjusted = 0.0
+            for row in mine:
+                other = _partner(arms[arm], row)
+                if other is None:
+                    continue
+                theirs = _per_token(other) * float(row["tokens"])
+                ours += float(row["ms"])
+                raw += theirs
+                adjusted += theirs * math.exp(machine.at(row["t"]) - machine.at(other["t"]))
+                apart.append(abs(row["t"] - other["t"]) / 60)
+            if ours:
+                vs[arm] = {"raw": round(raw / ours, 4), "adjusted": round(adjusted / ours, 4)}
+        out[daemon] = {
+            "minutes_apart": round(statistics.median(apart), 2) if apart else None,
+            "vs_static": vs,
+            "plain_quarters": _plain_quarters(mine, arms["none"], machine),
+        }
+    return out
+
+
+def _plain_quarters(
+    mine: list[dict[str, Any]], none: dict[str, list[dict[str, Any]]], machine: Drift
+) -> list[dict[str, Any] | None]:
+    out: list[dict[str, Any] | None] = []
+    n = len(mine)
+    for q in range(4):
+        raw: list[float] = []
+        adjusted: list[float] = []
+        for row in mine[n * q // 4 : n * (q + 1) // 4]:
+            other = _partner(none, row)
+            if row.get("drafted") or other is None:
+                continue
+            log = math.log(_per_token(row) / _per_token(other))
+            raw.append(log)
+            adjusted.append(log - machine.at(row["t"]) + machine.at(other["t"]))
+        out.append(
+            {
+                "requests": len(raw),
+                "raw": round(math.exp(statistics.fmean(raw)), 3),
+                "adjusted": round(math.exp(statistics.fmean(adjusted)), 3),
+            }
+            if raw
+            else None
+        )
+    return out
+
+
+def analyse(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    machine = drift(rows)
+    if not machine.logs:
+        return {"drift_by_eighth": [], "daemons": {}}
+    return {"drift_by_eighth": machine.by_part(), "daemons": compare(rows, machine)}
+
+
+def main() -> None:
+    run_main(__doc__ or "", analyse)
+
+
+if __name__ == "__main__":
+    main()

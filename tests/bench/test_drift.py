@@ -1,0 +1,76 @@
+"""``benchmarks/drift.py``: the machine's speed through a run, and ratios at one speed."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from benchmarks.drift import analyse, drift
+
+PROMPTS = 200
+
+
+def _run(aligned: bool, seed: int = 0, slow: float = 1.5) -> list[dict[str, Any]]:
+    """A run of 200 prompts in two classes (20 and 30 ms a token at the machine's normal
+    speed). The machine starts ``slow`` times as slow and speeds up linearly to normal. The
+    tuner decodes every prompt plainly, a minute apart; the static arm takes 0.8 of the
+    time per token. The matrix (no speculation, then the static arm) runs each prompt
+    beside the tuner's request (``aligned``) or at a shuffled moment of the run."""
+    moments = list(range(PROMPTS))
+    if not aligned:
+        random.Random(seed).shuffle(moments)
+
+    def machine(t: float) -> float:
+        return slow - (slow - 1.0) * t / (PROMPTS * 60)
+
+    rows: list[dict[str, Any]] = []
+    for i in range(PROMPTS):
+        cls, base = ("a", 20.0) if i % 2 else ("b", 30.0)
+        at = moments[i] * 60.0 + 1
+        for arm, t, per_token in (
+            ("tuner", i * 60.0, base * machine(i * 60.0)),
+            ("none", at, base * machine(at)),
+            ("static", at + 1, 0.8 * base * machine(at + 1)),
+        ):
+            rows.append({"arm": arm, "id": f"p{i}", "class": cls, "t": t, "tokens": 100,
+                         "ms": per_token * 100, "drafted": 0})  # fmt: skip
+    return sorted(rows, key=lambda r: r["t"])
+
+
+def test_the_machine_s_speed_is_traced_from_the_no_speculation_arm() -> None:
+    eighths = analyse(_run(aligned=True))["drift_by_eighth"]
+    assert len(eighths) == 8
+    assert eighths == sorted(eighths, reverse=True)  # it speeds up all run
+    assert eighths[0] / eighths[-1] == pytest.approx(1.5 / 1.03, rel=0.05)
+
+
+@given(seed=st.integers(0, 50), slow=st.floats(1.1, 2.0))
+@settings(max_examples=20, deadline=None)
+def test_drift_moves_raw_readings_and_adjusted_ones_undo_it(seed: int, slow: float) -> None:
+    found = analyse(_run(aligned=False, seed=seed, slow=slow))["daemons"]["tuner"]
+    quarters = found["plain_quarters"]
+    assert quarters[0]["raw"] > 1.02  # early requests, slow machine, partners at any moment
+    assert quarters[-1]["raw"] < 0.98
+    for quarter in quarters:
+        assert quarter["adjusted"] == pytest.approx(1.0, abs=0.02)
+    assert found["vs_static"]["static"]["adjusted"] == pytest.approx(0.8, abs=0.02)
+    assert found["minutes_apart"] > 10
+
+
+def test_beside_each_other_raw_is_adjusted() -> None:
+    found = analyse(_run(aligned=True))["daemons"]["tuner"]
+    assert found["minutes_apart"] < 0.1
+    assert found["vs_static"]["static"]["raw"] == pytest.approx(0.8, abs=0.005)
+    assert found["vs_static"]["static"]["adjusted"] == pytest.approx(0.8, abs=0.005)
+    for quarter in found["plain_quarters"]:
+        assert quarter["raw"] == pytest.approx(1.0, abs=0.005)
+
+
+def test_a_run_without_a_no_speculation_arm_has_nothing_to_trace() -> None:
+    rows = [r for r in _run(aligned=True) if r["arm"] != "none"]
+    assert analyse(rows) == {"drift_by_eighth": [], "daemons": {}}
+    assert drift(rows).logs == []
