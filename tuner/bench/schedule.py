@@ -1,4 +1,4 @@
-"""The order of a bench run: the tuner's request stream with the static matrix spread through it.
+"""The order of a bench run: the tuner's request stream, each prompt's static arms beside it.
 
 - The tuner arm sees the workload as live traffic: every item once per cycle, each
   cycle shuffled, cycles repeated until ``requests`` are reached.
