@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from benchmarks.common import run_main, usable
+from tuner.bench.analyse import charged_seconds
 
 DAEMONS = ("tuner", "challenger")
 WINDOW = 20  # requests of the no-speculation arm each side of a moment
@@ -61,14 +62,14 @@ class Drift:
 
 
 def _per_token(row: dict[str, Any]) -> float:
-    return float(row["ms"]) / float(row["tokens"])
+    """Milliseconds a token, a daemon's warm seconds charged as every bench ratio does."""
+    return charged_seconds(row) * 1000.0 / float(row["tokens"])
 
 
 def drift(rows: Iterable[dict[str, Any]]) -> Drift:
-    """The machine's speed through the run, from the ``none`` arm. Pure."""
-    plain = sorted(
-        (r for r in rows if r["arm"] == "none" and usable(r) and "t" in r), key=lambda r: r["t"]
-    )
+    """The machine's speed through the run, from the ``none`` arm's answered, timestamped
+    requests. Pure."""
+    plain = sorted((r for r in rows if r["arm"] == "none"), key=lambda r: r["t"])
     by_class: dict[str, list[float]] = defaultdict(list)
     for row in plain:
         by_class[row["class"]].append(math.log(_per_token(row)))
@@ -79,7 +80,7 @@ def drift(rows: Iterable[dict[str, Any]]) -> Drift:
     )
 
 
-def _nearest(rows: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+def _by_prompt(rows: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         out[row["id"]].append(row)
@@ -93,13 +94,13 @@ def _partner(found: dict[str, list[dict[str, Any]]], row: dict[str, Any]) -> dic
 
 def compare(rows: list[dict[str, Any]], machine: Drift) -> dict[str, Any]:
     """Per daemon: how far apart its requests and their static partners ran, its whole-run
-    speed over each static arm, and its plain requests by quarter, raw and adjusted. Pure."""
-    usable_rows = [r for r in rows if usable(r) and "t" in r]
-    static = sorted({r["arm"] for r in usable_rows} - {"none", *DAEMONS})
-    arms = {arm: _nearest(r for r in usable_rows if r["arm"] == arm) for arm in ["none", *static]}
+    speed over each static arm, and its plain requests by quarter, raw and adjusted (answered,
+    timestamped ``rows``). Pure."""
+    static = sorted({r["arm"] for r in rows} - {"none", *DAEMONS})
+    arms = {arm: _by_prompt(r for r in rows if r["arm"] == arm) for arm in ["none", *static]}
     out: dict[str, Any] = {}
     for daemon in DAEMONS:
-        mine = [r for r in usable_rows if r["arm"] == daemon]
+        mine = [r for r in rows if r["arm"] == daemon]
         if not mine:
             continue
         apart: list[float] = []
@@ -111,7 +112,7 @@ def compare(rows: list[dict[str, Any]], machine: Drift) -> dict[str, Any]:
                 if other is None:
                     continue
                 theirs = _per_token(other) * float(row["tokens"])
-                ours += float(row["ms"])
+                ours += _per_token(row) * float(row["tokens"])
                 raw += theirs
                 adjusted += theirs * math.exp(machine.at(row["t"]) - machine.at(other["t"]))
                 apart.append(abs(row["t"] - other["t"]) / 60)
@@ -153,6 +154,7 @@ def _plain_quarters(
 
 
 def analyse(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    rows = [r for r in rows if usable(r) and "t" in r]
     machine = drift(rows)
     if not machine.logs:
         return {"drift_by_eighth": [], "daemons": {}}

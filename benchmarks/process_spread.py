@@ -26,6 +26,7 @@ import statistics
 import subprocess
 import tempfile
 from collections.abc import Sequence
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -40,16 +41,21 @@ from tuner.upstream.provision import locate_llama_server
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 
 
+def _part_means(ms_per_token: Sequence[Sequence[float]], parts: int) -> list[list[float]]:
+    """Per part of the rounds (``parts`` equal stretches; an empty one left out), each
+    process's mean time per token in it."""
+    rounds = min(len(p) for p in ms_per_token)
+    cuts = [rounds * part // parts for part in range(parts + 1)]
+    return [
+        [statistics.fmean(p[lo:hi]) for p in ms_per_token] for lo, hi in pairwise(cuts) if hi > lo
+    ]
+
+
 def spread(ms_per_token: Sequence[Sequence[float]], parts: int = 4) -> list[list[float]]:
     """Per process, per part of the rounds: its mean time per token over every process's
     mean in that part (rounds split into ``parts`` equal stretches). Pure."""
-    rounds = min(len(p) for p in ms_per_token)
     out: list[list[float]] = [[] for _ in ms_per_token]
-    for part in range(parts):
-        lo, hi = rounds * part // parts, rounds * (part + 1) // parts
-        if hi <= lo:
-            continue
-        means = [statistics.fmean(p[lo:hi]) for p in ms_per_token]
+    for means in _part_means(ms_per_token, parts):
         overall = statistics.fmean(means)
         for mine, mean in zip(out, means, strict=True):
             mine.append(round(mean / overall, 3))
@@ -58,13 +64,7 @@ def spread(ms_per_token: Sequence[Sequence[float]], parts: int = 4) -> list[list
 
 def quarter_means(ms_per_token: Sequence[Sequence[float]], parts: int = 4) -> list[float]:
     """Per part of the rounds, every process's mean time per token in it, averaged. Pure."""
-    rounds = min(len(p) for p in ms_per_token)
-    out = []
-    for part in range(parts):
-        lo, hi = rounds * part // parts, rounds * (part + 1) // parts
-        if hi > lo:
-            out.append(round(statistics.fmean(statistics.fmean(p[lo:hi]) for p in ms_per_token), 3))
-    return out
+    return [round(statistics.fmean(means), 3) for means in _part_means(ms_per_token, parts)]
 
 
 def run(processes: int, rounds: int, max_tokens: int, idle: int = 0) -> dict[str, Any]:

@@ -74,3 +74,12 @@ def test_a_run_without_a_no_speculation_arm_has_nothing_to_trace() -> None:
     rows = [r for r in _run(aligned=True) if r["arm"] != "none"]
     assert analyse(rows) == {"drift_by_eighth": [], "daemons": {}}
     assert drift(rows).logs == []
+
+
+def test_a_daemon_s_warm_seconds_are_charged_to_it_as_every_bench_ratio_does() -> None:
+    rows = _run(aligned=True)
+    for row in rows:
+        if row["arm"] == "tuner":
+            row["warm_ms"] = row["ms"] / 4  # a quarter more time on the daemon's side
+    found = analyse(rows)["daemons"]["tuner"]
+    assert found["vs_static"]["static"]["raw"] == pytest.approx(0.8 / 1.25, abs=0.005)
