@@ -80,15 +80,15 @@ def drift(rows: Iterable[dict[str, Any]]) -> Drift:
     )
 
 
-def _by_prompt(rows: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+def _by_prompt(rows: Iterable[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    out: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
-        out[row["id"]].append(row)
+        out[row["item"]].append(row)
     return out
 
 
-def _partner(found: dict[str, list[dict[str, Any]]], row: dict[str, Any]) -> dict[str, Any] | None:
-    same = found.get(row["id"])
+def _partner(found: dict[int, list[dict[str, Any]]], row: dict[str, Any]) -> dict[str, Any] | None:
+    same = found.get(row["item"])
     return min(same, key=lambda r: abs(r["t"] - row["t"])) if same else None
 
 
@@ -127,7 +127,7 @@ def compare(rows: list[dict[str, Any]], machine: Drift) -> dict[str, Any]:
 
 
 def _plain_quarters(
-    mine: list[dict[str, Any]], none: dict[str, list[dict[str, Any]]], machine: Drift
+    mine: list[dict[str, Any]], none: dict[int, list[dict[str, Any]]], machine: Drift
 ) -> list[dict[str, Any] | None]:
     out: list[dict[str, Any] | None] = []
     n = len(mine)

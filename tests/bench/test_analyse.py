@@ -355,6 +355,8 @@ def test_the_rows_the_bench_writes_pass_the_row_check() -> None:
         ({"drafted": [1]}, "'drafted' is [1]"),
         ({"repeat": 0.5}, "'repeat' is 0.5, not int"),
         ({"variant": 3}, "'variant' is 3, not str"),
+        ({"t": "x"}, "'t' is 'x', not int or float"),
+        ({"id": 4}, "'id' is 4, not str"),
     ],
 )
 def test_a_row_missing_or_mistyping_a_field_says_which(

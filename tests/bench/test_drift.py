@@ -36,7 +36,7 @@ def _run(aligned: bool, seed: int = 0, slow: float = 1.5) -> list[dict[str, Any]
             ("none", at, base * machine(at)),
             ("static", at + 1, 0.8 * base * machine(at + 1)),
         ):
-            rows.append({"arm": arm, "id": f"p{i}", "class": cls, "t": t, "tokens": 100,
+            rows.append({"arm": arm, "item": i, "id": f"p{i}", "class": cls, "t": t, "tokens": 100,
                          "ms": per_token * 100, "drafted": 0})  # fmt: skip
     return sorted(rows, key=lambda r: r["t"])
 

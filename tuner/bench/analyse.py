@@ -521,14 +521,15 @@ _NUMBER = (int, float)
 _REQUIRED: dict[str, tuple[type, ...]] = {"arm": (str,), "item": (int,), "class": (str,)}
 _OPTIONAL: dict[str, tuple[type, ...]] = {
     "repeat": (int,), "variant": (str,), "tokens": _NUMBER, "ms": _NUMBER,
-    "drafted": _NUMBER, "accepted": _NUMBER, "warm_ms": _NUMBER,
+    "drafted": _NUMBER, "accepted": _NUMBER, "warm_ms": _NUMBER, "id": (str,), "t": _NUMBER,
 }  # fmt: skip
 
 
 def check_row(row: object) -> str | None:
     """What is wrong with one ``requests.jsonl`` row, or None: the fields the analysis
     reads must be there (``arm``, ``item``, ``class``; ``tokens`` and ``ms`` on an answered
-    row) and of their type where present (``null`` stands for absent in the optional ones)."""
+    row) and of their type where present, the benchmark scripts' ``id`` and ``t`` included
+    (``null`` stands for absent in the optional ones)."""
     if not isinstance(row, Mapping):
         return f"not an object: {type(row).__name__}"
     required = dict(_REQUIRED)
