@@ -1,8 +1,14 @@
 """How the machine's own speed moved through a bench run, and what it did to the daemons' ratios.
 
 The no-speculation arm decodes the same way all run long, so its time per token, over its
-class's median, traces the machine's speed (``drift``: the geometric mean per eighth of
-the run, 1.00 = the run's typical speed; a 20-request rolling median in between). Each
+class's level, traces the machine's speed (``drift``: the geometric mean per eighth of
+the run, 1.00 = the run's typical speed). The model: log time per token = the class's level
++ the machine's speed at that moment. Both are fitted in turn: each class's level as a
+trimmed mean net of the machine, the machine at each moment as a line (least squares,
+refitted without the farthest tenth) through the 40 requests nearest it, net of the
+levels. A line rather than a rolling median reads a machine that speeds up all run right
+at the run's ends too, and fitting the levels net of the machine keeps two classes whose
+requests happened to fall early and late from reading as a step of the machine. Each
 daemon request is compared with the request of the same prompt on a static arm (the one
 nearest in time), raw and with both moved to one machine speed (``adjusted``: the static
 request's time scaled by the drift at the daemon's moment over the drift at its own):
@@ -29,7 +35,7 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from benchmarks.common import run_main, usable
@@ -37,20 +43,30 @@ from tuner.bench.analyse import charged_seconds
 
 DAEMONS = ("tuner", "challenger")
 WINDOW = 20  # requests of the no-speculation arm each side of a moment
+FITS = 5  # rounds of fitting the classes' levels and the machine's speed in turn
+TRIM = 0.1  # the share of outlying requests a fit leaves out
 
 
 @dataclass(frozen=True)
 class Drift:
     """The machine's log speed factor through a run, from the no-speculation arm's requests
-    (their times ``t`` and log time per token over their class's median)."""
+    (their times ``t`` and log time per token over their class's level)."""
 
     times: Sequence[float]
     logs: Sequence[float]
+    _lines: dict[int, tuple[float, float]] = field(default_factory=dict, compare=False, repr=False)
 
     def at(self, t: float) -> float:
-        """The log factor at moment ``t``: the median of the nearest requests'."""
-        i = bisect.bisect_left(self.times, t)
-        return statistics.median(self.logs[max(0, i - WINDOW) : i + WINDOW])
+        """The log factor at moment ``t``: a robust line through the ``2 * WINDOW``
+        requests nearest ``t`` (a full window at the run's ends too), read at ``t`` (at
+        the window's first or last request where ``t`` lies outside it: no extrapolation)."""
+        n = len(self.logs)
+        lo = max(0, min(bisect.bisect_left(self.times, t) - WINDOW, n - 2 * WINDOW))
+        hi = min(n, lo + 2 * WINDOW)
+        if lo not in self._lines:
+            self._lines[lo] = robust_line(self.times[lo:hi], self.logs[lo:hi])
+        slope, intercept = self._lines[lo]
+        return intercept + slope * min(max(t, self.times[lo]), self.times[hi - 1])
 
     def by_part(self, parts: int = 8) -> list[float]:
         n = len(self.logs)
@@ -59,6 +75,31 @@ class Drift:
             for k in range(parts)
             if n * (k + 1) // parts > n * k // parts
         ]
+
+
+def _least_squares(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    x0, y0 = statistics.fmean(xs), statistics.fmean(ys)
+    spread = sum((x - x0) ** 2 for x in xs)
+    if not spread:
+        return 0.0, y0
+    slope = sum((x - x0) * (y - y0) for x, y in zip(xs, ys, strict=True)) / spread
+    return slope, y0 - slope * x0
+
+
+def robust_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """A line through the points (slope, intercept): least squares, then least squares again
+    without the ``TRIM`` share of points farthest from the first line (a hiccup of the
+    machine moves it little). Pure."""
+    slope, intercept = _least_squares(xs, ys)
+    keep = sorted(range(len(xs)), key=lambda k: abs(ys[k] - intercept - slope * xs[k]))
+    keep = keep[: len(keep) - int(TRIM * len(keep))]
+    return _least_squares([xs[k] for k in keep], [ys[k] for k in keep])
+
+
+def trimmed_mean(values: Sequence[float]) -> float:
+    """The mean without the ``TRIM`` share of lowest and of highest values. Pure."""
+    cut = int(TRIM * len(values))
+    return statistics.fmean(sorted(values)[cut : len(values) - cut])
 
 
 def _per_token(row: dict[str, Any]) -> float:
@@ -70,14 +111,17 @@ def drift(rows: Iterable[dict[str, Any]]) -> Drift:
     """The machine's speed through the run, from the ``none`` arm's answered, timestamped
     requests. Pure."""
     plain = sorted((r for r in rows if r["arm"] == "none"), key=lambda r: r["t"])
-    by_class: dict[str, list[float]] = defaultdict(list)
-    for row in plain:
-        by_class[row["class"]].append(math.log(_per_token(row)))
-    median = {c: statistics.median(v) for c, v in by_class.items()}
-    return Drift(
-        [float(r["t"]) for r in plain],
-        [math.log(_per_token(r)) - median[r["class"]] for r in plain],
-    )
+    times = [float(r["t"]) for r in plain]
+    raw = [math.log(_per_token(r)) for r in plain]
+    machine = Drift(times, [0.0] * len(plain))
+    for _ in range(FITS):  # each class's level net of the machine, then the machine net of those
+        by_class: dict[str, list[float]] = defaultdict(list)
+        for row, t, value in zip(plain, times, raw, strict=True):
+            by_class[row["class"]].append(value - machine.at(t))
+        level = {c: trimmed_mean(v) for c, v in by_class.items()}
+        machine = Drift(times, [v - level[r["class"]] for r, v in zip(plain, raw, strict=True)])
+    typical = statistics.median(machine.logs) if plain else 0.0  # 1.00: the run's typical speed
+    return Drift(times, [v - typical for v in machine.logs])
 
 
 def _by_prompt(rows: Iterable[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
