@@ -31,7 +31,10 @@ pytestmark = pytest.mark.llama
 PROFILES = Path(__file__).resolve().parents[2] / "profiles"
 
 # A small space so the test settles in minutes on 2 cores; explore_share = 1 means every
-# request is a trial or a control (the default budget is 10 %).
+# request is a trial or a control (the default budget is 10 %). min_gain = 1.25: on sampled
+# stories ngram-simple.n3.m8 really measures 1.03-1.12 [0.96-1.02, 1.11-1.24] from 24
+# requests (it accepted 0.43 of its drafted tokens in one run), so at the default 1.02, and
+# even at 1.10, whether it cleared the guard was a coin's toss; the edits measure 1.7-2.2.
 TUNING = """
 [budget]
 explore_share = 1.0
@@ -41,7 +44,7 @@ max_trials = 3
 min_class_requests = 2
 [guard]
 confidence = 0.90
-min_gain = 1.02
+min_gain = 1.25
 control_share = 0.5
 [prior]
 enqueue = 3
@@ -102,8 +105,11 @@ def test_engine_settles_per_class_on_real_llama_server(tmp_path: Path) -> None:
     # still clear of baseline after every other request moved the calibrated draft cost
     value, low, high = policies[edit_class]["speedups"][edit_policy["variant"]]
     assert 1.0 < low <= value <= high, policies[edit_class]["speedups"]
-    # Sampled stories: nothing clears the guard, speculation stays off.
+    # Sampled stories: nothing clears a 25 % guard, speculation stays off; the edits' choice
+    # measured, at its lower bound, above every story variant's own measure.
     assert story_policy["variant"] == "none" and not story_policy["speculation"], story_policy
+    story_best = max(value for value, _, _ in policies[story_class]["speedups"].values())
+    assert story_best < edit_policy["speedup_low"], policies[story_class]["speedups"]
     # replays measured both ngram-simple variants there on every request, trials or not
     assert policies[story_class]["trials_done"] >= 2
     assert {"ngram-simple.n3.m8", "ngram-simple.n3.m16"} <= set(policies[story_class]["speedups"])
