@@ -348,17 +348,23 @@ def test_classes_split_by_form_on_real_llama_server(tmp_path: Path) -> None:
     assert {chat_key, plain_key, shared} <= rows
 
 
-@pytest.mark.parametrize("class_cost", [False, True])
+@pytest.mark.parametrize(
+    ("class_cost", "class_factor"), [(False, False), (True, False), (True, True)]
+)
 def test_a_fitted_baseline_runs_without_controls_on_real_llama_server(
-    tmp_path: Path, class_cost: bool
+    tmp_path: Path, class_cost: bool, class_factor: bool
 ) -> None:
     """``[guard] baseline = "fitted"`` on the real server: the first two requests run without
     speculation to anchor the fitted step time; after them, at a budget where every request
     may explore, none is a control (with ``"controls"`` half a trial's requests are) and,
     once a trial has served, none runs without speculation; the echo-heavy edit settles on a
     speculative variant measured faster than the fitted baseline, whether a drafted token is
-    priced over all traffic or in its class (``class_cost``)."""
-    guard = f'[guard]\nbaseline = "fitted"\nclass_cost = {str(class_cost).lower()}\n'
+    priced over all traffic or in its class (``class_cost``, also at its spec type's level
+    there: ``class_factor``)."""
+    guard = (
+        f'[guard]\nbaseline = "fitted"\nclass_cost = {str(class_cost).lower()}\n'
+        f"class_factor = {str(class_factor).lower()}\n"
+    )
     tuning = TUNING.replace("[guard]\n", guard)
     state, env = _tuned(tmp_path, tuning)
     edit = WorkloadItem(id="edit", prompt=CODE_EDIT, temperature=0.0)

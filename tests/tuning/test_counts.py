@@ -174,6 +174,41 @@ def test_a_class_prices_a_variant_by_its_own_requests_shrunk_toward_all_traffic(
         assert found == pytest.approx(local, abs=0.2 * abs(overall[0] - local) + 1e-6)
 
 
+@given(
+    cheap=st.floats(0.1, 0.4),
+    dear=st.floats(0.5, 1.0),
+    served=st.integers(0, 3),
+    seed=st.integers(0, 1000),
+)
+def test_a_sibling_that_served_little_in_a_class_is_priced_at_that_class_s_level(
+    cheap: float, dear: float, served: int, seed: int
+) -> None:
+    """Two variants of one kind (``v`` and ``w``) whose drafted tokens cost ``cheap`` in
+    class ``a`` and ``dear`` in class ``b``; ``v`` served 40 requests in each, ``w`` 40 in
+    ``b`` and ``served`` in ``a``. Priced in ``a`` with ``class_cost`` alone, ``w`` is near
+    its ``b`` cost, and ``v`` looks the cheaper there by most of the classes' difference (the
+    lock-in ``benchmarks/lock_in.py`` found); with its kind's factor, ``w`` is priced near
+    ``cheap`` like ``v``. A variant of another kind keeps its own price."""
+    rng, calibration = random.Random(seed), Calibration()
+    for key, c, counts in (("a", cheap, {"v": 40, "w": served}), ("b", dear, {"v": 40, "w": 40})):
+        for variant, count in counts.items():
+            for _ in range(count):
+                n, d = 128, rng.randint(20, 120)
+                a = rng.randint(0, min(d, n - 1))
+                calibration.add(key, variant, (n, d, a), (n - a + c * d) / 60.0)
+    calibration.add("b", "x", (128, 60, 30), (98 + dear * 60) / 60.0)  # another kind
+    speed, names = (lambda _: 60.0), ["v", "w", "x"]
+    kind = {"v": "k", "w": "k", "x": "other"}.__getitem__
+    alone = calibration.costs(names, speed, within="a".__eq__)
+    shared = calibration.costs(names, speed, within="a".__eq__, kind=kind)
+    gap = dear - cheap
+    assert alone["w"][0] - alone["v"][0] > 0.3 * gap
+    assert abs(shared["w"][0] - shared["v"][0]) < 0.15 * gap + 0.02
+    assert shared["v"][0] == pytest.approx(alone["v"][0], abs=0.1 * gap)  # its own requests
+    assert shared["x"] == alone["x"]  # no variant of its kind served in a
+    assert calibration.costs(names, speed, kind=kind) == calibration.costs(names, speed)
+
+
 def test_the_baseline_speed_is_applied_when_asked_not_when_added() -> None:
     """The class's baseline speed is an estimate that improves: the cost uses the latest,
     so an early guess of it (two noisy requests) is not baked in."""

@@ -101,6 +101,13 @@ class Guard(_Strict):
     # 1.0085, 1.0049 and 1.015 [1.00, 1.03] by time, 0.992, 1.003 and 1.020 by counts: the
     # default since, BENCHMARKS.md)
     class_cost: bool = True
+    # counts mode with class_cost: price a variant that served little in a class at its cost
+    # over all traffic times what the variants of its spec type that served there cost
+    # over theirs (Calibration.class_factors), not at its cost over all traffic alone; two
+    # identical daemons of one bench run each rated its own class's variant 5-20 % above the
+    # other's in 6 of 10 and 10 of 11 classes they chose apart (benchmarks/lock_in.py):
+    # an option, not measured side by side yet, BENCHMARKS.md
+    class_factor: bool = False
     # counts mode: leave a request that waited for its llama-server instance to load (its
     # upstream time beyond its prompt and decode time over half a second, engine.LOAD_MS)
     # out of the drafted-token cost: that first decode of a fresh instance ran slower (one

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -48,6 +48,7 @@ __all__ = [
 
 Counts = tuple[int, int, int]  # generated tokens, drafted, accepted (one request)
 Row = tuple[str, str, Counts, float]  # a kept request: class, variant, counts, decode seconds
+FIT_ROUNDS = 8  # rounds of fitting costs per variant and levels per class in turn
 PRIOR_REQUESTS = 4.0  # weight of the pooled (or prior) cost against a variant's own
 STALL = 1.5  # the step-time fit counts a request at most this many times its expected time
 STALL_WINDOW = 64  # recent requests whose median time over expected time sets that
@@ -224,6 +225,77 @@ class _Raw:
         )
 
 
+def class_factors(
+    cells: dict[tuple[str, str], _Sums],
+    within: Callable[[str], bool],
+    kind: Callable[[str], str],
+) -> dict[str, float]:
+    """Per variant, its drafted token's cost in the classes ``within`` selects over its cost
+    over all traffic, as a two-way fit per kind of variant predicts it: ``cells`` (per class
+    and variant, extra steps and drafted tokens) fitted as a cost per variant times a level
+    per class, in turn ``FIT_ROUNDS`` times. A variant's ratio over all traffic mixes the
+    classes it happened to serve in; the fit takes them apart, so a variant that never
+    served in those classes is priced at their level through its siblings that did. Each
+    factor is shrunk toward 1 by ``PRIOR_REQUESTS`` requests' worth of its kind's requests
+    there and kept within [1/4, 4]; a kind with none there, or whose fit is not positive,
+    has none. Pure.
+
+    >>> cells = {("a", "v"): _Sums(n=9, x=9 * 20 * 0.2, d=9 * 20),
+    ...          ("b", "v"): _Sums(n=9, x=9 * 20 * 0.8, d=9 * 20),
+    ...          ("b", "w"): _Sums(n=9, x=9 * 20 * 0.8, d=9 * 20)}
+    >>> found = class_factors(cells, "a".__eq__, lambda name: "k")
+    >>> round(found["w"], 3)  # w costs 0.8 where it served; here 0.25 of that, shrunk
+    0.481
+    """
+    by_kind: dict[str, dict[tuple[str, str], _Sums]] = defaultdict(dict)
+    for (key, name), sums in cells.items():
+        if sums.d > 0:
+            by_kind[kind(name)][(key, name)] = sums
+    out: dict[str, float] = {}
+    for found in by_kind.values():
+        here = [(cell, sums) for cell, sums in found.items() if within(cell[0])]
+        requests = sum(sums.n for _, sums in here)
+        if not requests:
+            continue
+        cost, level = _two_way(found)
+        if cost is None or level is None:
+            continue
+        priced = sum(cost[name] * sums.d for (_, name), sums in here)
+        extra = sum(sums.x for _, sums in here)
+        if priced <= 0 or extra <= 0:
+            continue
+        for name in cost:
+            x = sum(s.x for (_, n), s in found.items() if n == name)
+            d = sum(s.d for (_, n), s in found.items() if n == name)
+            if x <= 0:
+                continue
+            ratio = cost[name] * (extra / priced) / (x / d)
+            shrunk = (requests * ratio + PRIOR_REQUESTS) / (requests + PRIOR_REQUESTS)
+            out[name] = min(4.0, max(0.25, shrunk))
+    return out
+
+
+def _two_way(
+    cells: dict[tuple[str, str], _Sums],
+) -> tuple[dict[str, float] | None, dict[str, float] | None]:
+    """Extra steps per drafted token as a cost per variant times a level per class, fitted
+    in turn (None, None where a fitted value is not positive)."""
+    cost: dict[str, float] = {name: 1.0 for _, name in cells}
+    level: dict[str, float] = {key: 1.0 for key, _ in cells}
+    for _ in range(FIT_ROUNDS):
+        for which, other, index in ((cost, level, 1), (level, cost, 0)):
+            x: dict[str, float] = defaultdict(float)
+            priced: dict[str, float] = defaultdict(float)
+            for cell, sums in cells.items():
+                x[cell[index]] += sums.x
+                priced[cell[index]] += other[cell[1 - index]] * sums.d
+            for name in which:
+                if priced[name] <= 0 or x[name] <= 0:
+                    return None, None
+                which[name] = x[name] / priced[name]
+    return cost, level
+
+
 @dataclass(slots=True)
 class Calibration:
     """What one drafted token costs, per variant, from requests of every class.
@@ -350,6 +422,7 @@ class Calibration:
         speed: Callable[[str], float | None],
         group: Callable[[str], str] | None = None,
         within: Callable[[str], bool] | None = None,
+        kind: Callable[[str], str] | None = None,
     ) -> dict[str, tuple[float, float]]:
         """``c`` and its standard error for each variant; ``speed(class_key)``: the class's
         baseline decode speed now (None: not known yet; its requests wait).
@@ -364,6 +437,14 @@ class Calibration:
         ``PRIOR_REQUESTS`` requests' worth (what a drafted token costs can depend on the
         prompts: an ``ngram-simple`` lookup scans the whole context each round).
 
+        With ``within`` and ``kind`` (a variant's name -> its kind, e.g. its spec type), a
+        variant is shrunk toward its cost over all traffic times its factor in those classes
+        (``class_factors``: a cost per variant times a level per class, fitted per kind), so
+        one that served little there is priced at those classes' level, which its siblings
+        that served there show, not at the level of the classes it happened to serve in
+        (without it, a class's incumbent is priced on its own requests and a sibling on all
+        traffic, and where drafting is cheap the sibling never looks as good as it is).
+
         >>> cal = Calibration()
         >>> for key, c in [("a", 0.3), ("b", 0.6)]:
         ...     for n, d, a in [(100, 40, 30), (100, 60, 20), (80, 20, 18), (90, 0, 0)] * 20:
@@ -375,13 +456,14 @@ class Calibration:
         speeds: dict[str, float | None] = {}
         by_variant: dict[str, _Sums] = {}
         inside: dict[str, _Sums] = {}
+        cells: dict[tuple[str, str], _Sums] = {}
         for (key, variant), raw in self.raw.items():
             if key not in speeds:
                 speeds[key] = speed(key)
             found = speeds[key]
             if found is not None:
                 sums = by_variant.setdefault(variant, _Sums())
-                at = raw.at(found)
+                at = cells[(key, variant)] = raw.at(found)
                 sums += at
                 if within is not None and within(key):
                     here = inside.setdefault(variant, _Sums())
@@ -407,7 +489,17 @@ class Calibration:
             else toward(name)
             for name in variants
         }
+        if within is None:
+            return overall
+        factors = class_factors(cells, within, kind) if kind is not None else {}
+
+        def scaled(name: str, cost: tuple[float, float]) -> tuple[float, float]:
+            f = factors.get(name, 1.0)
+            return cost[0] * f, cost[1] * f
+
         return {
-            name: local.ratio(*cost, PRIOR_REQUESTS) if (local := inside.get(name)) else cost
+            name: local.ratio(*scaled(name, cost), PRIOR_REQUESTS)
+            if (local := inside.get(name))
+            else scaled(name, cost)
             for name, cost in overall.items()
         }

@@ -709,14 +709,17 @@ class Engine:
     ) -> dict[str, tuple[float, float]]:
         """What a drafted token of each variant costs, in plain decode steps, and its
         standard error: over all traffic, or with ``guard.class_cost`` in class ``key``
-        (its requests and those of the classes under it, shrunk toward all traffic's)."""
+        (its requests and those of the classes under it, shrunk toward all traffic's; with
+        ``guard.class_factor`` toward all traffic's at the level its spec type's variants
+        cost there)."""
         guard = self.config.guard
         groups = {"spec_type": self._spec_type, "draft_length": self._draft_length}
         group = groups.get(guard.cost_pool)
         within = None
         if guard.class_cost and key is not None and key != ROOT:
             within = functools.partial(_under, key)
-        return self.calibration.costs(variants, self._baseline_speed, group, within)
+        kind = self._spec_type if guard.class_factor else None
+        return self.calibration.costs(variants, self._baseline_speed, group, within, kind)
 
     def _spec_type(self, name: str) -> str:
         variant = self.variants.get(name)
