@@ -145,6 +145,18 @@ def test_a_variant_that_has_served_little_is_priced_like_its_own_kind() -> None:
     assert by_type["ngram-cache"] == pooled["ngram-cache"]
 
 
+def _served(seed: int, plan: list[tuple[str, str, float, int]]) -> Calibration:
+    """A calibration fed, per (class, variant, cost, count) of ``plan``, ``count`` requests
+    of 128 tokens with random drafts, decoding ``n - a + cost * d`` steps at 60 a second."""
+    rng, calibration = random.Random(seed), Calibration()
+    for key, variant, c, count in plan:
+        for _ in range(count):
+            n, d = 128, rng.randint(20, 120)
+            a = rng.randint(0, min(d, n - 1))
+            calibration.add(key, variant, (n, d, a), (n - a + c * d) / 60.0)
+    return calibration
+
+
 @given(
     local=st.floats(0.1, 1.0),
     other=st.floats(0.1, 1.0),
@@ -158,12 +170,7 @@ def test_a_class_prices_a_variant_by_its_own_requests_shrunk_toward_all_traffic(
     (60 requests): priced in ``a``, its cost lies between all traffic's cost and ``local``,
     nearer ``local`` the more requests ``a`` has; a class with none of its requests gets all
     traffic's cost exactly, and so does asking without a class."""
-    rng, calibration = random.Random(seed), Calibration()
-    for key, c, count in (("a", local, mine), ("b", other, 60)):
-        for _ in range(count):
-            n, d = 128, rng.randint(20, 120)
-            a = rng.randint(0, min(d, n - 1))
-            calibration.add(key, "v", (n, d, a), (n - a + c * d) / 60.0)
+    calibration = _served(seed, [("a", "v", local, mine), ("b", "v", other, 60)])
     speed = lambda _: 60.0  # noqa: E731
     overall = calibration.costs(["v"], speed)["v"]
     assert calibration.costs(["v"], speed, within="c".__eq__)["v"] == overall
@@ -189,13 +196,8 @@ def test_a_sibling_that_served_little_in_a_class_is_priced_at_that_class_s_level
     its ``b`` cost, and ``v`` looks the cheaper there by most of the classes' difference (the
     lock-in ``benchmarks/lock_in.py`` found); with its kind's factor, ``w`` is priced near
     ``cheap`` like ``v``. A variant of another kind keeps its own price."""
-    rng, calibration = random.Random(seed), Calibration()
-    for key, c, counts in (("a", cheap, {"v": 40, "w": served}), ("b", dear, {"v": 40, "w": 40})):
-        for variant, count in counts.items():
-            for _ in range(count):
-                n, d = 128, rng.randint(20, 120)
-                a = rng.randint(0, min(d, n - 1))
-                calibration.add(key, variant, (n, d, a), (n - a + c * d) / 60.0)
+    plan = [("a", "v", cheap, 40), ("a", "w", cheap, served), ("b", "v", dear, 40)]
+    calibration = _served(seed, [*plan, ("b", "w", dear, 40)])
     calibration.add("b", "x", (128, 60, 30), (98 + dear * 60) / 60.0)  # another kind
     speed, names = (lambda _: 60.0), ["v", "w", "x"]
     kind = {"v": "k", "w": "k", "x": "other"}.__getitem__

@@ -105,8 +105,8 @@ class Guard(_Strict):
     # over all traffic times what the variants of its spec type that served there cost
     # over theirs (Calibration.class_factors), not at its cost over all traffic alone; two
     # identical daemons of one bench run each rated its own class's variant 5-20 % above the
-    # other's in 6 of 10 and 10 of 11 classes they chose apart (benchmarks/lock_in.py):
-    # an option, not measured side by side yet, BENCHMARKS.md
+    # other's in 6 of 10 and 10 of 11 classes they chose apart (benchmarks/lock_in.py);
+    # side by side on one seed 1.002 [0.99, 1.01], still locking in: an option, BENCHMARKS.md
     class_factor: bool = False
     # counts mode: leave a request that waited for its llama-server instance to load (its
     # upstream time beyond its prompt and decode time over half a second, engine.LOAD_MS)
