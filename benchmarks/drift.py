@@ -39,9 +39,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from benchmarks.common import run_main, usable
+from benchmarks.exploration_cost import DAEMONS
 from tuner.bench.analyse import charged_seconds
 
-DAEMONS = ("tuner", "challenger")
 WINDOW = 20  # requests of the no-speculation arm each side of a moment
 FITS = 5  # rounds of fitting the classes' levels and the machine's speed in turn
 TRIM = 0.1  # the share of outlying requests a fit leaves out

@@ -29,10 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import emit, read_requests, usable
-from benchmarks.exploration_cost import static_ratios
+from benchmarks.exploration_cost import DAEMONS, static_ratios
 from tuner.bench.analyse import charged_seconds
-
-DAEMONS = ("tuner", "challenger")
 
 
 def _leaves(policies: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -264,12 +264,15 @@ def class_factors(
         extra = sum(sums.x for _, sums in here)
         if priced <= 0 or extra <= 0:
             continue
+        x: dict[str, float] = defaultdict(float)  # each variant's over all traffic
+        d: dict[str, float] = defaultdict(float)
+        for (_, name), sums in found.items():
+            x[name] += sums.x
+            d[name] += sums.d
         for name in cost:
-            x = sum(s.x for (_, n), s in found.items() if n == name)
-            d = sum(s.d for (_, n), s in found.items() if n == name)
-            if x <= 0:
+            if x[name] <= 0:
                 continue
-            ratio = cost[name] * (extra / priced) / (x / d)
+            ratio = cost[name] * (extra / priced) / (x[name] / d[name])
             shrunk = (requests * ratio + PRIOR_REQUESTS) / (requests + PRIOR_REQUESTS)
             out[name] = min(4.0, max(0.25, shrunk))
     return out
