@@ -113,6 +113,10 @@ def main() -> None:
             policies[daemon] = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
             parser.error(f"{path}: {exc}")
+        if not isinstance(policies[daemon], dict) or not isinstance(
+            policies[daemon].get("classes"), dict
+        ):
+            parser.error(f"{path}: not a policies file (no 'classes' object)")
     rows = read_requests(parser, args.run) if (args.run / "requests.jsonl").exists() else None
     emit({"run": str(args.run), **compare(policies, rows)}, args.out)
 

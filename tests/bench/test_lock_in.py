@@ -90,6 +90,9 @@ def test_the_command_line_reads_a_run_and_a_missing_state_is_a_usage_error(
     command = [sys.executable, "-m", "benchmarks.lock_in", str(tmp_path)]
     done = subprocess.run(command, capture_output=True, text=True, check=True)
     assert json.loads(done.stdout)["lock_in"] == 1
+    (tmp_path / "challenger-state" / "policies.json").write_text("[1, 2]")
+    failed = subprocess.run(command, capture_output=True, text=True, check=False)
+    assert failed.returncode == 2 and "not a policies file" in failed.stderr
     (tmp_path / "challenger-state" / "policies.json").unlink()
     failed = subprocess.run(command, capture_output=True, text=True, check=False)
     assert failed.returncode == 2 and "challenger-state" in failed.stderr
