@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 from typing import Any
@@ -789,3 +790,52 @@ def test_a_drafted_tokens_cost_before_any_request_is_the_chosen_prior(
     assert engine._costs([name])[name] == prior  # nothing served yet: the prior alone
     engine.restore({})
     assert (engine.calibration.prior, engine.calibration.prior_se) == prior
+
+
+def _held(
+    tmp_path: Path, caps: Capabilities, revisit: bool, seed: int, leader: float, cost: float
+) -> tuple[str, int]:
+    """``TEXT``'s variant after it has seen 150 requests (and ``CODE`` three times as many),
+    and how many of them ``LEADER`` served. ``CODE`` runs ``RUNNER_UP`` at 1.6x and
+    ``LEADER`` at 1.2x, a drafted token costing 0.45 of a step; ``TEXT``, whose search is
+    over before it starts (it only exploits), runs ``RUNNER_UP`` at 1.5x and ``LEADER`` at
+    ``leader``, a drafted token of ``LEADER`` costing ``cost`` there. Every answer replays
+    the other variant (as the counterfactual does), priced per class (``class_cost``)."""
+    cfg = config({"revisit": revisit})
+    search = {"ngram-mod": {"n_match": [12, 24], "n_max": [16]}}
+    engine = make(tmp_path, cfg.model_copy(update={"search": search}), caps)
+    truths = {CODE: {LEADER: 1.2, RUNNER_UP: 1.6}, TEXT: {LEADER: leader, RUNNER_UP: 1.5}}
+    sim = SimUpstream(truths, class_costs={TEXT: {LEADER: cost}}, count_noise=0.05, seed=seed)
+    engine._state(TEXT).converged = True
+    served = 0
+    for key in [CODE] * 150 + ([CODE] * 3 + [TEXT]) * 150:
+        decision = engine.route(key)
+        engine.observe(sim.answer(key, decision))
+        served += key == TEXT and decision.variant == LEADER
+        if decision.variant != "none":
+            other = RUNNER_UP if decision.variant == LEADER else LEADER
+            drafted, accepted, _ = sim.counts(key, other)
+            engine.observe_replayed(key, decision.variant, {other: (64, drafted, accepted)})
+    policy = engine.classes[TEXT].policy
+    assert policy is not None and policy.speculation
+    return policy.variant, served
+
+
+def test_a_revisit_frees_a_class_locked_on_a_variant_priced_on_other_classes(
+    tmp_path: Path, caps: Capabilities
+) -> None:
+    """A variant that never served in a class is priced there at its cost over all traffic;
+    where it drafts cheaper in that class, the class never serves it and never learns so.
+    With ``guard.revisit`` a class whose search is over gives such a close rival a trial's
+    worth of requests, its cost there is measured, and the class moves to it. A rival that
+    is close and truly slower gets that one trial and no more."""
+    trial = Budget().trial_requests
+    for seed in range(3):
+        # LEADER drafts cheaper in TEXT (0.3), runs 1.75x there, and is rated below 1.5x
+        cheaper = functools.partial(_held, seed=seed, leader=1.75, cost=0.3)
+        assert cheaper(tmp_path / f"off-{seed}", caps, False) == (RUNNER_UP, 0)
+        variant, served = cheaper(tmp_path / f"on-{seed}", caps, True)
+        assert variant == LEADER and served > 120, (variant, served)
+        slower = functools.partial(_held, seed=seed, leader=1.45, cost=0.45)
+        variant, served = slower(tmp_path / f"slower-{seed}", caps, True)
+        assert variant == RUNNER_UP and served == trial, (variant, served)

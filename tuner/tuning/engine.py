@@ -115,6 +115,11 @@ Decisions, per class:
   With ``guard.paired``, the test for leaving a held variant is paired instead: on the
   class's last ``drift_window`` requests replayed under both, the other ran ``min_gain``
   faster (``_clearly_better``; the spread between prompts cancels in the pairs). With
+  ``guard.revisit``, a class whose search is over gives a trial's worth of requests
+  (``REVISIT``, not told to its study) to the best rated variant it has served fewer times
+  than that whose interval reaches above the held one's speedup (``_rival``): priced at
+  its cost over all traffic, a variant never served in a class may be rated below what it
+  runs there, and only serving it there measures its cost there. With
   ``guard.warm_tables`` the replayer
   feeds each answer to the other ``ngram-mod`` instances classes exploit
   (``warm_targets``), so their tables learn from all traffic. A policy is settled when
@@ -189,6 +194,7 @@ SAMPLES = 256  # decode speeds kept per (class, variant)
 # a drafted token's cost before served drafts price it, measured by the profile's variant
 # checks: on the EPYC, Gemma's gave 0.31-0.46 by variant, its served drafts 0.35-0.55
 CHECKED_COST_SE = 0.1
+REVISIT = -1  # the trial number of a revisit (guard.revisit), never told to a study
 MAX_COST = 3.0  # most one exploring request is charged, in requests at the policy's speed
 # upstream time beyond prompt and decode that means the request waited for its instance to
 # load (a router loads a preset on first use; on Gemma CPU runs loads took 1.1-2.0 s, every
@@ -591,7 +597,39 @@ class Engine:
         ):
             state.last_control = state.seen  # keep the baseline fresh for drift checks
             return Decision(BASELINE.name, "control", policy_class=key)
+        elif state.converged and (rival := self._rival(state)) is not None:
+            mark = state.arm(BASELINE.name).requests
+            state.trial = Trial(REVISIT, rival, mark, state.none_routed, sent=1)
+            return Decision(rival.name, "trial", REVISIT, key)
         return None
+
+    def _rival(self, state: ClassState) -> Variant | None:
+        """``guard.revisit``: the variant a search that is over gives another trial (caller
+        holds the lock): the best rated one in the class, other than the held one, whose
+        interval there reaches above the held one's speedup and that has served fewer than
+        ``trial_requests`` of the class's requests, so that its drafted-token cost there rests
+        on all traffic's; None when there is none."""
+        guard, budget = self.config.guard, self.config.budget
+        policy = state.policy
+        if not guard.revisit or guard.speedup_from != "counts" or policy is None:
+            return None
+        base = self._base(state)
+        if not policy.speculation or base is None:
+            return None
+        speedups = self._speedups(state, base, budget.min_trial_requests)
+        held = speedups.get(policy.variant)
+        if held is None:
+            return None
+        rivals = [
+            (found.value, name)
+            for name, found in speedups.items()
+            if name != policy.variant
+            and found.high > held.value
+            and state.arms[name].requests < budget.trial_requests
+            and not self._forbidden(state.key, name)
+            and self._exploitable(name)
+        ]
+        return self.variants[max(rivals)[1]] if rivals else None
 
     def _needs_controls(self, state: ClassState) -> bool:
         """Whether a trial interleaves controls: always when speedups come from timing (the
@@ -1154,6 +1192,21 @@ class Engine:
 
     def _finish_trial(self, key: str, trial: Trial) -> None:
         """Tell the study and re-decide (IO thread)."""
+        if trial.number == REVISIT:
+            with self._lock:
+                state = self._state(key)
+                found = self._trial_speedup(state, trial)
+                changed = self._decide_all(key)
+            log.info(
+                "revisit_finished",
+                class_key=key,
+                variant=trial.variant.name,
+                speedup=round(found.value, 3) if found else None,
+                requests=len(trial.samples),
+            )
+            if changed:
+                self._changed()
+            return
         with self._lock:
             state = self._state(key)
             found = self._trial_speedup(state, trial)
