@@ -115,9 +115,10 @@ Decisions, per class:
   With ``guard.paired``, the test for leaving a held variant is paired instead: on the
   class's last ``drift_window`` requests replayed under both, the other ran ``min_gain``
   faster (``_clearly_better``; the spread between prompts cancels in the pairs). With
-  ``guard.revisit``, a class whose search is over gives a trial's worth of requests
-  (``REVISIT``, not told to its study) to the best rated variant it has served fewer times
-  than that whose interval reaches above the held one's speedup (``_rival``): priced at
+  ``guard.revisit``, before its study's next trial (or once its search is over) a class
+  gives a trial's worth of requests (``REVISIT``, not told to its study) to the best rated
+  variant it has served fewer times than that whose interval reaches above the held one's
+  speedup (``_rival``): priced at
   its cost over all traffic, a variant never served in a class may be rated below what it
   runs there, and only serving it there measures its cost there. With
   ``guard.warm_tables`` the replayer
@@ -583,6 +584,11 @@ class Engine:
         if replays and policy.speculation and state.baseline_requests < 2 and not fitted:
             # replays measure a class's variants only against its own baseline speed
             return Decision(BASELINE.name, "control", policy_class=key)
+        if not state.preparing and (rival := self._rival(state)) is not None:
+            # a close rival's cost in this class is measured before anything new is tried
+            mark = state.arm(BASELINE.name).requests
+            state.trial = Trial(REVISIT, rival, mark, state.none_routed, sent=1)
+            return Decision(rival.name, "trial", REVISIT, key)
         # with replays, a class's first requests measure every replayed variant before a
         # trial asks for what they cannot
         young = replays and self._calibrated() and state.seen <= self.config.budget.trial_requests
@@ -597,18 +603,14 @@ class Engine:
         ):
             state.last_control = state.seen  # keep the baseline fresh for drift checks
             return Decision(BASELINE.name, "control", policy_class=key)
-        elif state.converged and (rival := self._rival(state)) is not None:
-            mark = state.arm(BASELINE.name).requests
-            state.trial = Trial(REVISIT, rival, mark, state.none_routed, sent=1)
-            return Decision(rival.name, "trial", REVISIT, key)
         return None
 
     def _rival(self, state: ClassState) -> Variant | None:
-        """``guard.revisit``: the variant a search that is over gives another trial (caller
-        holds the lock): the best rated one in the class, other than the held one, whose
-        interval there reaches above the held one's speedup and that has served fewer than
-        ``trial_requests`` of the class's requests, so that its drafted-token cost there rests
-        on all traffic's; None when there is none."""
+        """``guard.revisit``: the variant a class tries again before its study's next trial,
+        or once its search is over (caller holds the lock): the best rated one in the class,
+        other than the held one, whose interval there reaches above the held one's speedup
+        and that has served fewer than ``trial_requests`` of the class's requests, so that
+        its drafted-token cost there rests on all traffic's; None when there is none."""
         guard, budget = self.config.guard, self.config.budget
         policy = state.policy
         if not guard.revisit or guard.speedup_from != "counts" or policy is None:
