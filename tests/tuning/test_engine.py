@@ -793,7 +793,13 @@ def test_a_drafted_tokens_cost_before_any_request_is_the_chosen_prior(
 
 
 def _held(
-    tmp_path: Path, caps: Capabilities, revisit: bool, seed: int, leader: float, cost: float
+    tmp_path: Path,
+    caps: Capabilities,
+    revisit: bool,
+    seed: int,
+    leader: float,
+    cost: float,
+    over: bool = True,
 ) -> tuple[str, int]:
     """``TEXT``'s variant after it has seen 150 requests (and ``CODE`` three times as many),
     and how many of them ``LEADER`` served. ``CODE`` runs ``RUNNER_UP`` at 1.6x and
@@ -806,7 +812,7 @@ def _held(
     engine = make(tmp_path, cfg.model_copy(update={"search": search}), caps)
     truths = {CODE: {LEADER: 1.2, RUNNER_UP: 1.6}, TEXT: {LEADER: leader, RUNNER_UP: 1.5}}
     sim = SimUpstream(truths, class_costs={TEXT: {LEADER: cost}}, count_noise=0.05, seed=seed)
-    engine._state(TEXT).converged = True
+    engine._state(TEXT).converged = over
     served = 0
     for key in [CODE] * 150 + ([CODE] * 3 + [TEXT]) * 150:
         decision = engine.route(key)

@@ -586,8 +586,7 @@ class Engine:
             return Decision(BASELINE.name, "control", policy_class=key)
         if not state.preparing and (rival := self._rival(state)) is not None:
             # a close rival's cost in this class is measured before anything new is tried
-            mark = state.arm(BASELINE.name).requests
-            state.trial = Trial(REVISIT, rival, mark, state.none_routed, sent=1)
+            state.trial = self._revisit(state, rival, sent=1)
             return Decision(rival.name, "trial", REVISIT, key)
         # with replays, a class's first requests measure every replayed variant before a
         # trial asks for what they cannot
@@ -604,6 +603,11 @@ class Engine:
             state.last_control = state.seen  # keep the baseline fresh for drift checks
             return Decision(BASELINE.name, "control", policy_class=key)
         return None
+
+    def _revisit(self, state: ClassState, rival: Variant, sent: int = 0) -> Trial:
+        """A revisit of ``rival`` in this class (``guard.revisit``; caller holds the lock)."""
+        log.info("revisit", class_key=state.key, variant=rival.name)
+        return Trial(REVISIT, rival, state.arm(BASELINE.name).requests, state.none_routed, sent)
 
     def _rival(self, state: ClassState) -> Variant | None:
         """``guard.revisit``: the variant a class tries again before its study's next trial,
@@ -1072,6 +1076,9 @@ class Engine:
             if first:
                 self.studies.fail_running(key, space)
             with self._lock:
+                if (rival := self._rival(state)) is not None:
+                    state.trial = self._revisit(state, rival)
+                    return
                 pick = self._suggest(key, space, prior)
             if pick is not None:
                 self.studies.enqueue(key, space, [pick])
