@@ -13,7 +13,7 @@ from tests.tuning.sim import CODE, HELP, PROSE, SimUpstream, config, drive, make
 from tuner.model.envelope import cost_model
 from tuner.model.speedup import CostModel
 from tuner.tuning.config import Budget, Guard, Override
-from tuner.tuning.engine import Arm, Decision, Engine
+from tuner.tuning.engine import REVISIT, Arm, Decision, Engine
 from tuner.tuning.state import load_policies, save_policies
 from tuner.upstream.capabilities import Capabilities, parse_capabilities
 
@@ -792,16 +792,10 @@ def test_a_drafted_tokens_cost_before_any_request_is_the_chosen_prior(
     assert (engine.calibration.prior, engine.calibration.prior_se) == prior
 
 
-def _held(
-    tmp_path: Path,
-    caps: Capabilities,
-    revisit: bool,
-    seed: int,
-    leader: float,
-    cost: float,
-    over: bool = True,
-) -> tuple[str, int]:
-    """``TEXT``'s variant after it has seen 150 requests (and ``CODE`` three times as many),
+def _locked(
+    tmp_path: Path, caps: Capabilities, revisit: bool, seed: int, leader: float, cost: float
+) -> tuple[Engine, int]:
+    """The engine after ``TEXT`` has seen 150 requests (and ``CODE`` three times as many),
     and how many of them ``LEADER`` served. ``CODE`` runs ``RUNNER_UP`` at 1.6x and
     ``LEADER`` at 1.2x, a drafted token costing 0.45 of a step; ``TEXT``, whose search is
     over before it starts (it only exploits), runs ``RUNNER_UP`` at 1.5x and ``LEADER`` at
@@ -812,7 +806,7 @@ def _held(
     engine = make(tmp_path, cfg.model_copy(update={"search": search}), caps)
     truths = {CODE: {LEADER: 1.2, RUNNER_UP: 1.6}, TEXT: {LEADER: leader, RUNNER_UP: 1.5}}
     sim = SimUpstream(truths, class_costs={TEXT: {LEADER: cost}}, count_noise=0.05, seed=seed)
-    engine._state(TEXT).converged = over
+    engine._state(TEXT).converged = True
     served = 0
     for key in [CODE] * 150 + ([CODE] * 3 + [TEXT]) * 150:
         decision = engine.route(key)
@@ -822,6 +816,14 @@ def _held(
             other = RUNNER_UP if decision.variant == LEADER else LEADER
             drafted, accepted, _ = sim.counts(key, other)
             engine.observe_replayed(key, decision.variant, {other: (64, drafted, accepted)})
+    return engine, served
+
+
+def _held(
+    tmp_path: Path, caps: Capabilities, revisit: bool, seed: int, leader: float, cost: float
+) -> tuple[str, int]:
+    """``TEXT``'s variant at the end of ``_locked`` and how many requests ``LEADER`` served."""
+    engine, served = _locked(tmp_path, caps, revisit, seed, leader, cost)
     policy = engine.classes[TEXT].policy
     assert policy is not None and policy.speculation
     return policy.variant, served
@@ -845,3 +847,21 @@ def test_a_revisit_frees_a_class_locked_on_a_variant_priced_on_other_classes(
         slower = functools.partial(_held, seed=seed, leader=1.45, cost=0.45)
         variant, served = slower(tmp_path / f"slower-{seed}", caps, True)
         assert variant == RUNNER_UP and served == trial, (variant, served)
+
+
+def test_a_revisit_comes_before_the_studys_next_trial(tmp_path: Path, caps: Capabilities) -> None:
+    """Where a class's search is open, a finished trial starts the next one at once
+    (``_next_trial``); with ``guard.revisit`` that is the close rival's revisit, not what the
+    study asks for next, and it is not told to the study."""
+    engine, _ = _locked(tmp_path, caps, False, 0, 1.75, 0.3)
+    state = engine.classes[TEXT]
+    assert state.policy is not None and state.policy.variant == RUNNER_UP
+    state.converged = False
+    engine._next_trial(TEXT)  # revisit off: the study's pick, or its search is over
+    assert state.trial is None or state.trial.number != REVISIT, state.trial
+    state.trial, state.converged = None, False
+    guard = engine.config.guard.model_copy(update={"revisit": True})
+    engine.config = engine.config.model_copy(update={"guard": guard})
+    engine._next_trial(TEXT)
+    assert state.trial is not None and state.trial.number == REVISIT, state.trial
+    assert state.trial.variant.name == LEADER

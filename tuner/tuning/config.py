@@ -115,7 +115,8 @@ class Guard(_Strict):
     # over all traffic, and where that overstates it the class never serves it to learn
     # otherwise (two identical daemons held ngram-simple n6.m8 and n6.m16 in the same greedy
     # classes, neither having served the other's, and n6.m16 ran 6-7 % faster there,
-    # benchmarks/lock_in.py); an option, BENCHMARKS.md
+    # benchmarks/lock_in.py); side by side over 300 prompts 0.975 [0.96, 0.99] of off (it
+    # fired in one class and moved it to a slower variant): an option, BENCHMARKS.md
     revisit: bool = False
     # counts mode: leave a request that waited for its llama-server instance to load (its
     # upstream time beyond its prompt and decode time over half a second, engine.LOAD_MS)

@@ -275,6 +275,17 @@ def _z(confidence: float) -> float:
 DRIFT_Z = _z(0.99)  # drift: two 99 % intervals must part (checked again and again)
 
 
+def _log_finished(event: str, key: str, trial: Trial, found: Interval | None, **extra: Any) -> None:
+    log.info(
+        event,
+        class_key=key,
+        variant=trial.variant.name,
+        speedup=round(found.value, 3) if found else None,
+        requests=len(trial.samples),
+        **extra,
+    )
+
+
 def _inline(job: Callable[[], None]) -> None:
     job()
 
@@ -1206,13 +1217,7 @@ class Engine:
                 state = self._state(key)
                 found = self._trial_speedup(state, trial)
                 changed = self._decide_all(key)
-            log.info(
-                "revisit_finished",
-                class_key=key,
-                variant=trial.variant.name,
-                speedup=round(found.value, 3) if found else None,
-                requests=len(trial.samples),
-            )
+            _log_finished("revisit_finished", key, trial, found)
             if changed:
                 self._changed()
             return
@@ -1246,14 +1251,7 @@ class Engine:
                 )
             except Exception:
                 log.exception("tuning_tell_failed", class_key=key)
-        log.info(
-            "trial_finished",
-            class_key=key,
-            variant=trial.variant.name,
-            speedup=round(found.value, 3) if found else None,
-            requests=len(trial.samples),
-            pruned=pruned,
-        )
+        _log_finished("trial_finished", key, trial, found, pruned=pruned)
         self._changed()
         if not state.converged:
             with self._lock:
