@@ -108,15 +108,15 @@ class Guard(_Strict):
     # other's in 6 of 10 and 10 of 11 classes they chose apart (benchmarks/lock_in.py);
     # side by side on one seed 1.002 [0.99, 1.01], still locking in: an option, BENCHMARKS.md
     class_factor: bool = False
-    # counts mode: a class whose search is over gives a trial's worth of requests to a
-    # variant it has served fewer than that many times when its speedup interval there reaches
-    # above the held variant's speedup (its best rival first; inside the explore budget, not
-    # told to the study): a variant that never served in a class is priced there at its cost
-    # over all traffic, and where that overstates it the class never serves it to learn
-    # otherwise (two identical daemons held ngram-simple n6.m8 and n6.m16 in the same greedy
+    # counts mode: before its study's next trial, or once its search is over, a class gives a
+    # trial's worth of requests to a variant it has served fewer than that many times when its
+    # speedup interval there reaches above the held variant's speedup (its best rival first; inside
+    # the explore budget, not told to the study): a variant that never served in a class is priced
+    # there at its cost over all traffic, and where that overstates it the class never serves it to
+    # learn otherwise (two identical daemons held ngram-simple n6.m8 and n6.m16 in the same greedy
     # classes, neither having served the other's, and n6.m16 ran 6-7 % faster there,
-    # benchmarks/lock_in.py); side by side over 300 prompts 0.975 [0.96, 0.99] of off (it
-    # fired in one class and moved it to a slower variant): an option, BENCHMARKS.md
+    # benchmarks/lock_in.py); side by side over 300 prompts 0.975 [0.96, 0.99] of off (it fired in
+    # one class and moved it to a slower variant): an option, BENCHMARKS.md
     revisit: bool = False
     # counts mode: leave a request that waited for its llama-server instance to load (its
     # upstream time beyond its prompt and decode time over half a second, engine.LOAD_MS)

@@ -118,9 +118,9 @@ Decisions, per class:
   ``guard.revisit``, before its study's next trial (or once its search is over) a class
   gives a trial's worth of requests (``REVISIT``, not told to its study) to the best rated
   variant it has served fewer times than that whose interval reaches above the held one's
-  speedup (``_rival``): priced at
-  its cost over all traffic, a variant never served in a class may be rated below what it
-  runs there, and only serving it there measures its cost there. With
+  speedup (``_rival``): priced at its cost over all traffic, a variant never served in a
+  class may be rated below what it runs there, and only serving it there measures its cost
+  there. With
   ``guard.warm_tables`` the replayer
   feeds each answer to the other ``ngram-mod`` instances classes exploit
   (``warm_targets``), so their tables learn from all traffic. A policy is settled when
