@@ -865,3 +865,34 @@ def test_a_revisit_comes_before_the_studys_next_trial(tmp_path: Path, caps: Capa
     engine._next_trial(TEXT)
     assert state.trial is not None and state.trial.number == REVISIT, state.trial
     assert state.trial.variant.name == LEADER
+
+
+@pytest.mark.parametrize("check_order", [False, True])
+def test_first_trials_skip_what_the_profile_checks_measured_slower(
+    tmp_path: Path, caps: Capabilities, check_order: bool
+) -> None:
+    """``[prior] check_order``: eight young classes split the prior's list for their first
+    trials; where the profile's checks measured ngram-map-k slower than no speculation (the
+    Xeon's 0.986), none of them is an ngram-map-k or ngram-map-k4v variant (the same
+    drafter), and without the option some are."""
+    import random
+
+    classes = [
+        f"{g}/{e}/greedy" for g in ("code", "data", "text", "chat") for e in ("echo", "fresh")
+    ]
+    cfg = config(explore_share=0.1)
+    cfg = cfg.model_copy(
+        update={"prior": cfg.prior.model_copy(update={"check_order": check_order})}
+    )
+    checked = {"ngram-simple": 1.20, "ngram-mod": 1.21, "ngram-map-k": 0.986, "ngram-cache": 0.78}
+    engine = make(tmp_path, cfg, caps, checked=checked)
+    sim = SimUpstream({c: {name: 1.1 for name in engine.variants} for c in classes}, noise=0.08)
+    rng = random.Random(7)
+    plan = [rng.choice(classes) for _ in range(400)]
+    firsts: dict[str, str] = {}
+    for c, d in zip(plan, drive(engine, sim, plan), strict=True):
+        if d.role == "trial":
+            firsts.setdefault(c, d.variant)
+    assert len(firsts) == len(classes), firsts
+    mapped = [v for v in firsts.values() if v.startswith("ngram-map-k")]
+    assert bool(mapped) is not check_order, firsts

@@ -12,7 +12,7 @@ from tuner.errors import ConfigError
 from tuner.model.envelope import cost_model
 from tuner.model.speedup import CostModel, interpolated_curve
 from tuner.tuning.config import Override, TuningConfig, load_tuning
-from tuner.tuning.prior import rank
+from tuner.tuning.prior import checked_loss, rank
 from tuner.tuning.variants import PARAMS, Variant, grid, parse_name, presets_ini, request_fields
 from tuner.upstream.capabilities import Capabilities, parse_capabilities
 
@@ -166,3 +166,44 @@ def test_prior_ranks_ngram_copies_by_what_they_copy() -> None:
     assert lengths == sorted(lengths, reverse=True)
     assert ranked.ranked[-1][0].spec_type == "ngram-cache"
     assert ranked.pays
+
+
+def test_prior_ranks_spec_types_the_profile_checks_measured_slower_last() -> None:
+    """The Xeon profile's checks (ngram-map-k 0.986 of no speculation, ngram-cache 0.775):
+    with them ngram-map-k, ngram-map-k4v (the same drafter) and ngram-cache come after every
+    other variant, each keeping its predicted speedup; the verdict is the same."""
+    variants = grid(load_tuning().search, caps_of("0c1e570"))
+    verify = interpolated_curve([(1, 1.06), (8, 2.45), (16, 3.69), (32, 6.40), (64, 11.9)])
+    cost, prior = CostModel(verify=verify), load_tuning().prior
+    checked = {
+        "ngram-simple": 1.201,
+        "ngram-mod": 1.207,
+        "ngram-map-k": 0.986,
+        "ngram-cache": 0.775,
+    }
+    plain = rank("code/echo/greedy", variants, prior, cost)
+    ordered = rank("code/echo/greedy", variants, prior, cost, checked=checked)
+    losing = {"ngram-map-k", "ngram-map-k4v", "ngram-cache"}
+    types = [v.spec_type in losing for v, _ in ordered.ranked]
+    assert any(v.spec_type == "ngram-map-k" for v, _ in plain.ranked[:4])  # without: early
+    assert types == sorted(types) and any(types)  # with: every losing one after the rest
+    assert dict(ordered.ranked) == dict(plain.ranked)
+    assert (ordered.pays, ordered.reason) == (plain.pays, plain.reason)
+
+
+@given(
+    st.dictionaries(
+        st.sampled_from(["ngram-simple", "ngram-mod", "ngram-map-k", "ngram-cache"]),
+        st.floats(0.5, 1.5),
+    )
+)
+def test_checked_order_keeps_the_prediction_order_within_each_group(
+    checked: dict[str, float],
+) -> None:
+    variants = grid(load_tuning().search, caps_of("0c1e570"))
+    view = rank("text/fresh/greedy", variants, load_tuning().prior, cost_model(), checked=checked)
+    groups = [checked_loss(v.spec_type, checked) for v, _ in view.ranked]
+    assert groups == sorted(groups)
+    for group in (False, True):
+        speeds = [s for (v, s), g in zip(view.ranked, groups, strict=True) if g is group]
+        assert speeds == sorted(speeds, reverse=True)

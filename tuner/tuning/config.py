@@ -185,6 +185,7 @@ class Prior(_Strict):
     ngram_match: float = Field(0.15, gt=0.0, le=1.0)
     ngram_copy_tokens: float = Field(16.0, ge=1.0)
     alpha_scale: dict[str, float] = Field(default_factory=dict)
+    check_order: bool = False
 
 
 class Single(_Strict):

@@ -159,7 +159,7 @@ import statistics
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -506,6 +506,7 @@ class Engine:
         cost: CostModel | None = None,
         draft_step: float = 0.0,
         checked_cost: float | None = None,
+        checked: Mapping[str, float] | None = None,
         io: IO = _inline,
         on_change: Callable[[Engine], None] | None = None,
         clock: Callable[[], float] = time.time,
@@ -517,6 +518,7 @@ class Engine:
         self.cost = cost or CostModel()
         self.draft_step = draft_step
         self.checked_cost = checked_cost  # a drafted token's cost, the profile's checks'
+        self.checked = dict(checked or {})  # spec type -> the profile's checks' speedup
         self.io = io
         self.on_change = on_change
         self.clock = clock
@@ -1629,8 +1631,14 @@ class Engine:
         }
 
     def _rank(self, key: str) -> PriorView:
+        prior = self.config.prior
         return rank(
-            key, list(self.variants.values()), self.config.prior, self.cost, self.draft_step
+            key,
+            list(self.variants.values()),
+            prior,
+            self.cost,
+            self.draft_step,
+            checked=self.checked if prior.check_order else None,
         )
 
     def _state(self, key: str) -> ClassState:

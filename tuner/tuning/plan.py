@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -21,6 +21,7 @@ from tuner.model.envelope import cost_model_from_facts
 from tuner.model.gguf_facts import ModelFacts, read_facts
 from tuner.model.profile import (
     Profile,
+    VariantCheck,
     drafted_token_cost,
     fingerprint_key,
     hardware_fingerprint,
@@ -113,6 +114,26 @@ def default_cost(facts: ModelFacts, draft: ModelFacts | None, profile: Profile |
     return replace(base, verify=verify)
 
 
+def checked_speedups(checks: Iterable[VariantCheck]) -> dict[str, float]:
+    """Each spec type's speedup as the profile's variant checks measured it (the best of its
+    checks where several ran), for the prior's order (``[prior] check_order``).
+
+    >>> from tuner.model.profile import VariantCheck
+    >>> def check(name: str, s: float) -> VariantCheck:
+    ...     return VariantCheck(variant=name, flags=[], requests=1, tokens=1, alpha=None,
+    ...                         rounds=0, mean_draft=None, measured_speedup=s,
+    ...                         predicted_speedup=None)
+    >>> checked_speedups([check("ngram-mod", 1.2), check("ngram-map-k", 0.98),
+    ...                   check("ngram-map-k.n12.m16", 1.01)])
+    {'ngram-mod': 1.2, 'ngram-map-k': 1.01}
+    """
+    found: dict[str, float] = {}
+    for check in checks:
+        spec_type = check.variant.split(".")[0]
+        found[spec_type] = max(found.get(spec_type, 0.0), check.measured_speedup)
+    return found
+
+
 def _variants(config: TuningConfig, caps: Capabilities, draft: Path | None) -> list[Variant]:
     variants = grid(
         config.search, caps, draft_model=draft, forbid=config.override_for("all").forbid
@@ -172,6 +193,7 @@ def plan_tuning(settings: Settings, prepared: Prepared) -> TuningPlan | None:
     profile = machine_profile(facts, settings, hardware_key)
     cost = default_cost(facts, draft_facts, profile)
     checked = drafted_token_cost(profile.checks) if profile else None
+    speedups = checked_speedups(profile.checks) if profile else {}
     meta: PolicyMeta = {
         "model": model_alias(settings, model),
         "model_key": model_key(model),
@@ -191,7 +213,13 @@ def plan_tuning(settings: Settings, prepared: Prepared) -> TuningPlan | None:
         seed=settings.seed,
     )
     engine = Engine(
-        config, variants, studies, cost=cost, draft_step=cost.draft_step, checked_cost=checked
+        config,
+        variants,
+        studies,
+        cost=cost,
+        draft_step=cost.draft_step,
+        checked_cost=checked,
+        checked=speedups,
     )
     log.info(
         "tuning_plan",
