@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from tuner.model.profile import load_profile
+from tuner.model.profile import checked_speedups, load_profile
 from tuner.settings import Settings
-from tuner.tuning.plan import checked_speedups, tuning_config
+from tuner.tuning.plan import tuning_config
 
 
 def test_the_shipped_shares_differ_per_mode(monkeypatch: pytest.MonkeyPatch) -> None:

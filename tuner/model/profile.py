@@ -29,6 +29,7 @@ __all__ = [
     "Profile",
     "TargetFacts",
     "VariantCheck",
+    "checked_speedups",
     "drafted_token_cost",
     "fingerprint_key",
     "hardware_fingerprint",
@@ -120,6 +121,25 @@ def drafted_token_cost(checks: Iterable[VariantCheck]) -> float | None:
         extra += check.tokens / check.measured_speedup - check.tokens + check.alpha * d
         drafted += d
     return max(0.0, extra / drafted) if drafted > 0 else None
+
+
+def checked_speedups(checks: Iterable[VariantCheck]) -> dict[str, float]:
+    """Each spec type's speedup as the profile's variant checks measured it (the best of its
+    checks where several ran), for the prior's order (``[prior] check_order``).
+
+    >>> def check(name: str, s: float) -> VariantCheck:
+    ...     return VariantCheck(variant=name, flags=[], requests=1, tokens=1, alpha=None,
+    ...                         rounds=0, mean_draft=None, measured_speedup=s,
+    ...                         predicted_speedup=None)
+    >>> checked_speedups([check("ngram-mod", 1.2), check("ngram-map-k", 0.98),
+    ...                   check("ngram-map-k.n12.m16", 1.01)])
+    {'ngram-mod': 1.2, 'ngram-map-k': 1.01}
+    """
+    found: dict[str, float] = {}
+    for check in checks:
+        spec_type = check.variant.split(".")[0]
+        found[spec_type] = max(found.get(spec_type, 0.0), check.measured_speedup)
+    return found
 
 
 def hardware_fingerprint() -> dict[str, Any]:

@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -21,7 +21,7 @@ from tuner.model.envelope import cost_model_from_facts
 from tuner.model.gguf_facts import ModelFacts, read_facts
 from tuner.model.profile import (
     Profile,
-    VariantCheck,
+    checked_speedups,
     drafted_token_cost,
     fingerprint_key,
     hardware_fingerprint,
@@ -112,26 +112,6 @@ def default_cost(facts: ModelFacts, draft: ModelFacts | None, profile: Profile |
         return base
     verify = profile.verify if profile else (lambda n: 1.0 + DEFAULT_VERIFY_SLOPE * (n - 1))
     return replace(base, verify=verify)
-
-
-def checked_speedups(checks: Iterable[VariantCheck]) -> dict[str, float]:
-    """Each spec type's speedup as the profile's variant checks measured it (the best of its
-    checks where several ran), for the prior's order (``[prior] check_order``).
-
-    >>> from tuner.model.profile import VariantCheck
-    >>> def check(name: str, s: float) -> VariantCheck:
-    ...     return VariantCheck(variant=name, flags=[], requests=1, tokens=1, alpha=None,
-    ...                         rounds=0, mean_draft=None, measured_speedup=s,
-    ...                         predicted_speedup=None)
-    >>> checked_speedups([check("ngram-mod", 1.2), check("ngram-map-k", 0.98),
-    ...                   check("ngram-map-k.n12.m16", 1.01)])
-    {'ngram-mod': 1.2, 'ngram-map-k': 1.01}
-    """
-    found: dict[str, float] = {}
-    for check in checks:
-        spec_type = check.variant.split(".")[0]
-        found[spec_type] = max(found.get(spec_type, 0.0), check.measured_speedup)
-    return found
 
 
 def _variants(config: TuningConfig, caps: Capabilities, draft: Path | None) -> list[Variant]:
