@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import doctest
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import tuner.measure
 from tuner.measure import arm_stats, compare, wilson
 from tuner.records import RequestRecord, Timings
 
@@ -67,7 +64,3 @@ def test_wilson_narrows_with_more_trials() -> None:
     small, large = wilson(8, 10), wilson(800, 1000)
     assert small and large and (large.high - large.low) < (small.high - small.low)
     assert wilson(0, 0) is None
-
-
-def test_doc_examples() -> None:
-    assert doctest.testmod(tuner.measure).failed == 0

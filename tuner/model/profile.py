@@ -107,7 +107,8 @@ def drafted_token_cost(checks: Iterable[VariantCheck]) -> float | None:
     round's overhead: 0.18 of a step on Gemma where served drafts cost 0.35-0.55).
 
     >>> check = VariantCheck(variant="v", flags=[], requests=1, tokens=100, alpha=0.8,
-    ...                      rounds=10, mean_draft=5.0, measured_speedup=100 / 80)
+    ...                      rounds=10, mean_draft=5.0, measured_speedup=100 / 80,
+    ...                      predicted_speedup=None)
     >>> round(drafted_token_cost([check]), 3)  # 80 steps = 100 - 40 plain + 50 c
     0.4
     >>> drafted_token_cost([]) is None
