@@ -444,6 +444,22 @@ def test_an_opening_speculates_before_the_guard_clears_on_real_llama_server(
     _assert_opened(_opening_roles(state, env), opening)
 
 
+def _save_profile(state: Path, checks: list[VariantCheck]) -> None:
+    """A calibration profile of the default model on this machine in the daemon's state dir:
+    a shipped Gemma profile's verify curve, with these variant checks."""
+    shipped = min(PROFILES.glob("gemma-3-270m*.json"))  # its verify curve; checks replaced
+    hardware = hardware_fingerprint()
+    profile = Profile.model_validate_json(shipped.read_text()).model_copy(
+        update={
+            "model_key": model_key(default_model_path()),
+            "hardware": hardware,
+            "hardware_key": fingerprint_key(hardware),
+            "checks": checks,
+        }
+    )
+    save_profile(state / "profiles", profile)
+
+
 @pytest.mark.parametrize(("cost", "opens"), [(0.3, True), (3.0, False)])
 def test_a_profiles_checks_price_a_drafted_token_on_real_llama_server(
     tmp_path: Path, cost: float, opens: bool
@@ -463,17 +479,7 @@ def test_a_profiles_checks_price_a_drafted_token_on_real_llama_server(
         variant="ngram-simple", flags=[], requests=10, tokens=1000, alpha=0.8, rounds=100,
         mean_draft=5.0, measured_speedup=1000 / (600 + cost * 500), predicted_speedup=None,
     )  # fmt: skip
-    shipped = min(PROFILES.glob("gemma-3-270m*.json"))  # its verify curve; checks replaced
-    hardware = hardware_fingerprint()
-    profile = Profile.model_validate_json(shipped.read_text()).model_copy(
-        update={
-            "model_key": model_key(default_model_path()),
-            "hardware": hardware,
-            "hardware_key": fingerprint_key(hardware),
-            "checks": [check],
-        }
-    )
-    save_profile(state / "profiles", profile)
+    _save_profile(state, [check])
     roles = _opening_roles(state, env)
     plans = [
         line for line in map(json.loads, (state / "daemon.log").read_text().splitlines())
@@ -481,3 +487,44 @@ def test_a_profiles_checks_price_a_drafted_token_on_real_llama_server(
     ]  # fmt: skip
     assert [(p["drafted_cost_prior"], p["drafted_cost_prior_se"]) for p in plans] == [(cost, 0.1)]
     _assert_opened(roles, opens)
+
+
+@pytest.mark.parametrize("check_order", [False, True])
+def test_a_profiles_checks_order_the_prior_on_real_llama_server(
+    tmp_path: Path, check_order: bool
+) -> None:
+    """``[prior] check_order`` on the real server: the daemon reads this machine's profile,
+    whose checks measured ngram-map-k slower than no speculation, and its prior ranks the
+    ngram-map-k variant (predicted best: it drafts the longest) after ngram-simple's; without
+    the option it stays first."""
+    tuning = (
+        OPENING_TUNING.format(opening="true")
+        + "[search.ngram-map-k]\nsize_n = [4]\nsize_m = [48]\n"
+        + f"[prior]\ncheck_order = {str(check_order).lower()}\n"
+    )
+    state, env = _tuned(tmp_path, tuning)
+    checks = [
+        VariantCheck(
+            variant=name,
+            flags=[],
+            requests=10,
+            tokens=1000,
+            alpha=0.8,
+            rounds=100,
+            mean_draft=5.0,
+            measured_speedup=speedup,
+            predicted_speedup=None,
+        )
+        for name, speedup in (("ngram-simple", 1.2), ("ngram-map-k", 0.9))
+    ]
+    _save_profile(state, checks)
+    edit = WorkloadItem(id="edit", prompt=CODE_EDIT, temperature=0.0)
+    running = start_daemon(state, env=env)
+    try:
+        _send(running.url, edit.request(16))
+    finally:
+        assert running.stop() == 0
+    ranked = json.loads((state / "policies.json").read_text())["classes"]["all"]["prior"]["ranked"]
+    first = [name.split(".")[0] for name, _ in ranked]
+    expected = ["ngram-simple", "ngram-simple", "ngram-map-k"]
+    assert first == (expected if check_order else expected[-1:] + expected[:-1]), ranked
