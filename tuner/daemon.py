@@ -29,9 +29,8 @@ from tuner.proxy.gate import VariantGate
 from tuner.records import RecordStore
 from tuner.settings import Settings
 from tuner.systemd import Notifier, notify
+from tuner.tuning.collectors import ReplayCollector, TuningCollector
 from tuner.tuning.counterfactual import Counterfactual
-from tuner.tuning.engine import Decision
-from tuner.tuning.offline import OfflineTuner, Samples
 from tuner.tuning.plan import TuningPlan, plan_tuning, tuning_config
 from tuner.tuning.service import TuningService
 from tuner.upstream.capabilities import Capabilities
@@ -111,7 +110,7 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
         )
         if plan is not None:
             tuning = TuningService(
-                plan.engine,
+                plan.build_engine,
                 settings.state_dir,
                 plan.meta,
                 mode=plan.mode,
@@ -132,11 +131,10 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
         )
         services.append(counterfactual)
     definitions = load_definitions(settings.classes_file)
-    metrics = Metrics(client, records)
-    if tuning is not None:
-        metrics.watch_tuning(tuning.engine)
-    if counterfactual is not None:
-        metrics.watch_counterfactual(counterfactual)
+    collectors = ([TuningCollector(tuning.engine)] if tuning else []) + (
+        [ReplayCollector(counterfactual)] if counterfactual else []
+    )
+    metrics = Metrics(client, records, collectors)
     app = create_app(
         client,
         records,
@@ -149,29 +147,9 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
         router=tuning.route if tuning else None,
         public_models=public_models,
         gate=gate,
+        keep=counterfactual.submit if counterfactual else None,
     )
-    if tuning is not None and tuning.single is None:  # one variant at a time: no replays
-        _offline(tuning, app.state.handlers)
-    if counterfactual is not None:  # takes requests while ``[guard] replay`` is on
-        app.state.handlers.counterfactual = counterfactual.submit
     return Daemon(settings, app, client, supervisor, records, caps, notifier, tuning)
-
-
-def _offline(tuning: TuningService, handlers: Any) -> None:
-    """Idle-time tuning: the proxy keeps a sample of bodies (while the tuning file's
-    ``[offline] enabled`` is on) and replays them through itself when idle."""
-    engine = tuning.engine
-    samples = Samples(engine.config.offline.samples, engine.config.offline.max_prompt_bytes)
-
-    def sample(class_key: str | None, endpoint: str, body: dict[str, Any]) -> None:
-        if engine.config.offline.enabled:
-            samples.add(class_key, endpoint, body)
-
-    async def replay(class_key: str, endpoint: str, body: dict[str, Any], d: Decision) -> bool:
-        return bool(await handlers.replay(class_key, endpoint, body, tuning.routed(d)))
-
-    handlers.sampler = sample
-    tuning.offline = OfflineTuner(engine, samples, replay, handlers.idle_for)
 
 
 def reload(daemon: Daemon, load: Callable[[], Settings]) -> dict[str, Any]:

@@ -89,13 +89,14 @@ class Settings(BaseSettings):
     )
 
     classes_file: Path | None = Field(
-        None, description="class definitions TOML; default: the shipped policies/classes.toml"
+        None, description="class definitions TOML; default: the shipped tuner/data/classes.toml"
     )
 
     # The tuner.
     tune: bool = Field(True, description="search and switch variants per class (router mode)")
     tuning_file: Path | None = Field(
-        None, description="search spaces, budget, guard, overrides; default: policies/tuning.toml"
+        None,
+        description="search spaces, budget, guard, overrides; default: tuner/data/tuning.toml",
     )
     explore_share: float | None = Field(
         None, ge=0, le=1, description="share exploring may cost; overrides both of the file's"

@@ -13,7 +13,7 @@ from tests.bench.test_analyse import CLASSES, static_rows, tuner_row
 from tuner.bench.run import _final_policies, _Quiet, _report_machine, finish
 from tuner.bench.schedule import CHALLENGER, TUNER
 from tuner.errors import ConfigError
-from tuner.metrics import _CounterfactualCollector
+from tuner.tuning.collectors import ReplayCollector
 
 
 def write_run(out: Path, policies: dict[str, object] | None) -> None:
@@ -95,17 +95,16 @@ class _Replayer:
     """What the daemon's counterfactual collector reads, set by the test."""
 
     done = dropped = failed = checked = agreed = mod_simulated = mod_served = 0
-    offered = pending = warms = 0
-    warm_seconds = 0.0
+    offered = pending = 0
 
 
-async def test_the_bench_waits_for_a_daemons_replays_and_charges_its_warm_seconds() -> None:
+async def test_the_bench_waits_for_a_daemons_replays() -> None:
     """``_Quiet`` reads the daemon's real metrics exposition: it polls until every answered
-    request was offered and none is pending, then puts the warm seconds spent since the
-    previous request on the row; a daemon without replay metrics is not waited for."""
+    request was offered and none is pending; a daemon without replay metrics is not waited
+    for."""
     replayer = _Replayer()
     registry = CollectorRegistry()
-    registry.register(_CounterfactualCollector(replayer))  # type: ignore[arg-type]
+    registry.register(ReplayCollector(replayer))  # type: ignore[arg-type]
     polls = 0
 
     def handle(request: httpx.Request) -> httpx.Response:
@@ -115,21 +114,18 @@ async def test_the_bench_waits_for_a_daemons_replays_and_charges_its_warm_second
         polls += 1
         if polls == 3:  # the replay finishes while the bench polls
             replayer.offered, replayer.pending = 1, 0
-            replayer.warm_seconds, replayer.warms = 0.25, 1
         return httpx.Response(200, text=generate_latest(registry).decode())
 
     replayer.offered, replayer.pending = 0, 1
     async with httpx.AsyncClient(transport=httpx.MockTransport(handle)) as http:
         quiet = _Quiet(http, {TUNER: "http://daemon", CHALLENGER: "http://plain"})
-        row: dict[str, object] = {}
-        await quiet.wait(TUNER, row)
-        assert polls == 3 and row == {"warm_ms": 250.0}
-        replayer.offered = 2  # the next request: no warming since
-        row = {}
-        await quiet.wait(TUNER, row)
-        assert polls == 4 and row == {}
-        await quiet.wait(CHALLENGER, row)
-        assert row == {}
+        await quiet.wait(TUNER)
+        assert polls == 3
+        replayer.offered = 2  # the next request's replay is done at once
+        await quiet.wait(TUNER)
+        assert polls == 4
+        await quiet.wait(CHALLENGER)
+        assert polls == 4  # the plain daemon's metrics are read, not polled
 
 
 @pytest.mark.parametrize(

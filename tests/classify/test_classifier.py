@@ -11,9 +11,8 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from tuner.classify import classify, features, load_definitions, parents, resolve
+from tuner.classify import classify, features, load_definitions, parents
 from tuner.classify import lexicon as lx
-from tuner.classify.classes import Split, is_form
 from tuner.classify.features import byte_entropy, extract
 from tuner.classify.prompt import view_of
 from tuner.errors import ConfigError
@@ -120,15 +119,23 @@ def test_sixteen_classes_and_fallback_chain() -> None:
     classes = DEFS.all_classes()
     assert len(classes) == 16 and len(set(classes)) == 16
     assert parents("code/echo/greedy") == ["code/echo/greedy", "code/echo", "code", "all"]
-    counts = {"code/echo/greedy": 3, "code/echo": 25, "code": 40}
-    assert resolve("code/echo/greedy", counts, 20) == "code/echo"
-    assert resolve("code/echo/greedy", {"code/echo/greedy": 20}, 20) == "code/echo/greedy"
-    assert resolve("text/fresh/sampled", counts, 20) == "all"
 
 
-def test_shipped_definitions_match_policies() -> None:
-    shipped = (ROOT / "tuner" / "data" / "classes.toml").read_text()
-    assert shipped == (ROOT / "policies" / "classes.toml").read_text()
+def test_a_classes_file_of_an_earlier_version_loads_without_its_retired_tables(
+    tmp_path: Path,
+) -> None:
+    """``[fallback]`` and ``[split]`` were removed; a user's file that has them still loads,
+    with a warning naming them."""
+    from structlog.testing import capture_logs
+
+    text = (ROOT / "tuner" / "data" / "classes.toml").read_text()
+    path = tmp_path / "classes.toml"
+    path.write_text(text + "\n[fallback]\nmin_requests = 20\n\n[split]\nform = false\n")
+    with capture_logs() as logs:
+        assert load_definitions(path).all_classes() == DEFS.all_classes()
+    assert [e["keys"] for e in logs if e["event"] == "classes_keys_retired"] == [
+        ["fallback", "split"]
+    ]
 
 
 @pytest.mark.parametrize(
@@ -168,7 +175,7 @@ def test_entropy_above_the_lookup_table_matches(size: int) -> None:
 
 
 def test_class_and_feature_agree_under_a_custom_greedy_threshold(tmp_path: Path) -> None:
-    text = (ROOT / "policies" / "classes.toml").read_text()
+    text = (ROOT / "tuner" / "data" / "classes.toml").read_text()
     path = tmp_path / "classes.toml"
     path.write_text(text.replace("greedy_max_temperature = 0.01", "greedy_max_temperature = 0.0"))
     definitions = load_definitions(path)
@@ -219,33 +226,3 @@ def test_gated_marker_counts_equal_plain_counts(text: str) -> None:
         assert counted.get(name, 0) == plain
     plain_math = sum(scan.lower.count(m) for m in lx.MATH_PHRASES)
     assert scan.marks(lx.MATH_PHRASE_MARKS).get("math", 0) == plain_math
-
-
-FORM_DEFS = DEFS.model_copy(update={"split": Split(form=True)})
-
-
-@given(bodies)
-def test_split_by_form_adds_the_request_form_under_the_shared_class(body: Any) -> None:
-    found = classify(body, FORM_DEFS)
-    assert found.key in FORM_DEFS.all_classes()
-    assert found.key.rsplit("/", 1)[0] == classify(body, DEFS).key
-    assert is_form(found.key) and not is_form(classify(body, DEFS).key)
-
-
-def test_split_by_form_tells_chat_from_completion() -> None:
-    text = "Rename x to y:\n\ndef f(x):\n    return x + 1\n"
-    chat = classify({"messages": [{"role": "user", "content": text}], "temperature": 0}, FORM_DEFS)
-    plain = classify({"prompt": text, "temperature": 0}, FORM_DEFS)
-    assert chat.key.endswith("/messages") and plain.key.endswith("/prompt")
-    assert parents(chat.key)[1] == parents(plain.key)[1]  # both borrow from the shared class
-    assert len(FORM_DEFS.all_classes()) == 32
-
-
-def test_split_by_form_is_read_from_the_definitions_file(tmp_path: Path) -> None:
-    text = (ROOT / "policies" / "classes.toml").read_text()
-    path = tmp_path / "classes.toml"
-    path.write_text(text.replace("form = false", "form = true"))
-    assert load_definitions(path).split.form
-    path.write_text(text.replace("form = false", "form = 1.5"))
-    with pytest.raises(ConfigError, match="split"):
-        load_definitions(path)

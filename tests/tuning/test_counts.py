@@ -14,7 +14,6 @@ from tuner.tuning.counts import (
     Calibration,
     alpha_interval,
     count_speedup,
-    paired_speedup,
     ratio_of_sums,
 )
 
@@ -45,29 +44,6 @@ def test_accepting_more_or_paying_less_is_faster(n: int, d: int, c: float, more:
     fast = count_speedup([(n, d, min(n - 1, d, a + 1))], c, 0.0, Z)
     assert slow is not None and fast is not None
     assert fast.value >= slow.value
-
-
-@given(rows, rows, costs, costs)
-def test_a_paired_speedup_is_the_ratio_of_the_two_variants_priced_steps(
-    a: list, b: list, c_a: float, c_b: float
-) -> None:
-    """On the same requests (same ``n``), A over B is B's priced steps over A's; B over A
-    is its inverse; a variant against itself is exactly 1."""
-    pairs = [
-        ((n, d, x), (n, d2, min(n - 1, y))) for (n, d, x), (_, d2, y) in zip(a, b, strict=False)
-    ]
-    found = paired_speedup(pairs, c_a, c_b, Z)
-    if len(pairs) < 2:
-        assert found is None
-        return
-    work_a = sum(n - x + c_a * d for (n, d, x), _ in pairs)
-    work_b = sum(n - y + c_b * d for _, (n, d, y) in pairs)
-    assert found is not None and found.value == pytest.approx(work_b / work_a)
-    back = paired_speedup([(q, p) for p, q in pairs], c_b, c_a, Z)
-    assert back is not None and back.value == pytest.approx(1 / found.value)
-    assert found.low < found.value < found.high
-    same = paired_speedup([(p, p) for p, _ in pairs], c_a, c_a, Z)
-    assert same is not None and same.value == pytest.approx(1.0)
 
 
 def test_no_drafts_is_exactly_no_speedup() -> None:
@@ -123,28 +99,6 @@ def test_calibration_recovers_each_variant_cost_from_noisy_requests() -> None:
     assert only[0] == pytest.approx(0.65, abs=0.07) and only[1] > found["ngram-cache"][1]
 
 
-def test_a_variant_that_has_served_little_is_priced_like_its_own_kind() -> None:
-    """Two spec types whose drafted tokens cost 0.55 and 0.35, the cheaper one serving ten
-    times as much (as ngram-mod does once chosen): grouped by spec type, a variant with one
-    request of its own, or none, is priced near its type's cost; pooled, near the cheap one."""
-    calibration = Calibration(prior=0.45)
-    kinds = {"ngram-simple.n3.m8": 0.55, "ngram-simple.n6.m16": 0.55, "ngram-mod.m16": 0.35}
-    served = {"ngram-simple.n3.m8": 10, "ngram-simple.n6.m16": 10, "ngram-mod.m16": 200}
-    for name, c in kinds.items():
-        for _ in range(served[name]):
-            calibration.add("k", name, (128, 100, 50), (78 + c * 100) / 60.0)
-    calibration.add("k", "ngram-simple.n12.m48", (128, 100, 50), (78 + 0.55 * 100) / 60.0)
-    names = [*kinds, "ngram-simple.n12.m48", "ngram-simple.n3.m48", "ngram-cache"]
-    pooled = calibration.costs(names, lambda _: 60.0)
-    by_type = calibration.costs(names, lambda _: 60.0, lambda name: name.split(".")[0])
-    for name in ("ngram-simple.n12.m48", "ngram-simple.n3.m48"):
-        assert pooled[name][0] < 0.42 < 0.50 < by_type[name][0] < 0.55
-    # what has served enough stays its own; a kind never served gets the pooled cost
-    assert by_type["ngram-mod.m16"][0] == pytest.approx(0.35, abs=0.005)
-    assert by_type["ngram-simple.n3.m8"][0] == pytest.approx(0.55, abs=0.01)
-    assert by_type["ngram-cache"] == pooled["ngram-cache"]
-
-
 def _served(seed: int, plan: list[tuple[str, str, float, int]]) -> Calibration:
     """A calibration fed, per (class, variant, cost, count) of ``plan``, ``count`` requests
     of 128 tokens with random drafts, decoding ``n - a + cost * d`` steps at 60 a second."""
@@ -179,36 +133,6 @@ def test_a_class_prices_a_variant_by_its_own_requests_shrunk_toward_all_traffic(
     assert low - 1e-9 <= found <= high + 1e-9
     if mine >= 20:
         assert found == pytest.approx(local, abs=0.2 * abs(overall[0] - local) + 1e-6)
-
-
-@given(
-    cheap=st.floats(0.1, 0.4),
-    dear=st.floats(0.5, 1.0),
-    served=st.integers(0, 3),
-    seed=st.integers(0, 1000),
-)
-def test_a_sibling_that_served_little_in_a_class_is_priced_at_that_class_s_level(
-    cheap: float, dear: float, served: int, seed: int
-) -> None:
-    """Two variants of one kind (``v`` and ``w``) whose drafted tokens cost ``cheap`` in
-    class ``a`` and ``dear`` in class ``b``; ``v`` served 40 requests in each, ``w`` 40 in
-    ``b`` and ``served`` in ``a``. Priced in ``a`` with ``class_cost`` alone, ``w`` is near
-    its ``b`` cost, and ``v`` looks the cheaper there by most of the classes' difference (the
-    lock-in ``benchmarks/lock_in.py`` found); with its kind's factor, ``w`` is priced near
-    ``cheap`` like ``v``. A variant of another kind keeps its own price."""
-    plan = [("a", "v", cheap, 40), ("a", "w", cheap, served), ("b", "v", dear, 40)]
-    calibration = _served(seed, [*plan, ("b", "w", dear, 40)])
-    calibration.add("b", "x", (128, 60, 30), (98 + dear * 60) / 60.0)  # another kind
-    speed, names = (lambda _: 60.0), ["v", "w", "x"]
-    kind = {"v": "k", "w": "k", "x": "other"}.__getitem__
-    alone = calibration.costs(names, speed, within="a".__eq__)
-    shared = calibration.costs(names, speed, within="a".__eq__, kind=kind)
-    gap = dear - cheap
-    assert alone["w"][0] - alone["v"][0] > 0.3 * gap
-    assert abs(shared["w"][0] - shared["v"][0]) < 0.15 * gap + 0.02
-    assert shared["v"][0] == pytest.approx(alone["v"][0], abs=0.1 * gap)  # its own requests
-    assert shared["x"] == alone["x"]  # no variant of its kind served in a
-    assert calibration.costs(names, speed, kind=kind) == calibration.costs(names, speed)
 
 
 def test_the_baseline_speed_is_applied_when_asked_not_when_added() -> None:

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import functools
-import math
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.tuning.sim import CODE, HELP, PROSE, SimUpstream, config, drive, make, schedule, truth
 from tuner.model.envelope import cost_model
 from tuner.model.speedup import CostModel
-from tuner.tuning.config import Budget, Guard, Override
-from tuner.tuning.engine import REVISIT, Arm, Decision, Engine
+from tuner.tuning.config import Budget, Override
+from tuner.tuning.engine import Decision
+from tuner.tuning.evidence import Arm
 from tuner.tuning.state import load_policies, save_policies
 from tuner.upstream.capabilities import Capabilities, parse_capabilities
 
@@ -86,15 +84,12 @@ def test_exploration_costs_stay_inside_the_budget(
     assert prose.converged and prose.policy is not None and not prose.policy.speculation
 
 
-@pytest.mark.parametrize("baseline", ["controls", "fitted"])
-def test_exploring_variants_that_pay_is_free(
-    tmp_path: Path, caps: Capabilities, baseline: str
-) -> None:
+def test_exploring_variants_that_pay_is_free(tmp_path: Path, caps: Capabilities) -> None:
     """Where every variant tried beats what the class runs, exploring loses nothing, so the
     class explores far more than ``explore_share`` of its requests and finishes its search
     sooner: three or more trials in its first 60 requests, where a request-count budget
-    would allow one trial per 60. With a fitted baseline no controls go with them."""
-    engine = make(tmp_path, config({"baseline": baseline}, explore_share=0.1), caps)
+    would allow one trial per 60. No controls go with them."""
+    engine = make(tmp_path, config(explore_share=0.1), caps)
     gains = {v: (1.5 if v.startswith("ngram-mod") else 1.25) for v in engine.variants}
     sim = SimUpstream({CODE: gains})
     decisions = drive(engine, sim, [CODE] * 150)
@@ -123,14 +118,11 @@ def test_slow_trials_spend_the_budget_by_the_time_they_take(
     assert _exploration_cost(plan, decisions, sim, FRESH) <= 0.1 * 600 * 1.1 + 1
 
 
-@pytest.mark.parametrize("baseline", ["controls", "fitted"])
-def test_a_search_that_stops_improving_ends(
-    tmp_path: Path, caps: Capabilities, baseline: str
-) -> None:
+def test_a_search_that_stops_improving_ends(tmp_path: Path, caps: Capabilities) -> None:
     """After ``patience`` trials in a row that measure no better than the class's policy,
-    the class is converged: no more trials, only a rare control for drift checks (none
-    with a fitted baseline: drift is judged by the held variant's counts)."""
-    cfg = config({"baseline": baseline}, explore_share=0.3, max_trials=20, patience=3)
+    the class is converged: no more trials and no controls (drift is judged by the held
+    variant's counts)."""
+    cfg = config(explore_share=0.3, max_trials=20, patience=3)
     engine = make(tmp_path, cfg, caps)
     gains = {v: (1.4 if v.startswith("ngram-simple") else 1.05) for v in engine.variants}
     sim = SimUpstream({CODE: gains})
@@ -139,12 +131,7 @@ def test_a_search_that_stops_improving_ends(
     assert state.converged and state.trials_done < 20 and state.stale >= 3
     late = decisions[-200:]
     assert not any(d.role == "trial" for d in late)
-    controls = sum(d.role == "control" for d in late)
-    window = engine.config.guard.drift_window
-    if baseline == "controls":
-        assert 0 < controls <= 200 / window + 1
-    else:
-        assert controls == 0
+    assert not any(d.role == "control" for d in late)
 
 
 def test_kill_switch_before_data_for_a_small_active_moe(tmp_path: Path, caps: Capabilities) -> None:
@@ -188,12 +175,10 @@ def test_a_wrong_kill_switch_verdict_is_overturned(tmp_path: Path, caps: Capabil
     assert policy is not None and policy.speculation and not policy.kill_switch
 
 
-@pytest.mark.parametrize("baseline", ["controls", "fitted"])
-def test_drift_reopens_exploration(tmp_path: Path, caps: Capabilities, baseline: str) -> None:
-    """The held variant's speedup over its recent requests leaves the interval of its
-    older ones: measured against the class's own controls, or, with a fitted baseline
-    (no controls), by the requests' counts."""
-    cfg = config({"baseline": baseline}, explore_share=0.5, max_trials=4)
+def test_drift_reopens_exploration(tmp_path: Path, caps: Capabilities) -> None:
+    """The held variant's speedup over its recent requests, by their counts, leaves the
+    interval of its older ones."""
+    cfg = config(explore_share=0.5, max_trials=4)
     cfg = cfg.model_copy(
         update={"search": {"ngram-simple": {"size_n": [3], "size_m": [8, 16]}, "ngram-cache": {}}}
     )
@@ -221,9 +206,8 @@ def test_drift_reopens_exploration(tmp_path: Path, caps: Capabilities, baseline:
     assert not state.converged
 
 
-@pytest.mark.parametrize("baseline", ["controls", "fitted"])
-def test_policies_survive_a_restart(tmp_path: Path, caps: Capabilities, baseline: str) -> None:
-    engine = make(tmp_path, config({"baseline": baseline}, explore_share=0.5), caps)
+def test_policies_survive_a_restart(tmp_path: Path, caps: Capabilities) -> None:
+    engine = make(tmp_path, config(explore_share=0.5), caps)
     sim = SimUpstream(truth(list(engine.variants.values())))
     drive(engine, sim, schedule(600))
     before = engine.classes[CODE].policy
@@ -231,7 +215,7 @@ def test_policies_survive_a_restart(tmp_path: Path, caps: Capabilities, baseline
     meta = {"model_key": "m", "build": "b", "hardware_key": "h"}
     save_policies(tmp_path / "policies.json", meta, engine.snapshot())
 
-    again = make(tmp_path, config({"baseline": baseline}, explore_share=0.5), caps)
+    again = make(tmp_path, config(explore_share=0.5), caps)
     again.restore(load_policies(tmp_path / "policies.json", meta))
     after = again.classes[CODE].policy
     assert after is not None and after.variant == before.variant
@@ -242,12 +226,13 @@ def test_policies_survive_a_restart(tmp_path: Path, caps: Capabilities, baseline
     # the file says what each variant measured, as the engine decided.
     names = engine.calibration.variants()
     assert names and again.calibration.variants() == names
-    was = engine.calibration.costs(names, engine._baseline_speed)
-    now = again.calibration.costs(names, again._baseline_speed)
+    was = engine.calibration.costs(names, engine.pricing.baseline_speed)
+    now = again.calibration.costs(names, again.pricing.baseline_speed)
     for name in names:  # the same requests (the kept ones): the same costs
         assert now[name][0] == pytest.approx(was[name][0], abs=0.02)
     with engine._lock, again._lock:  # and the plain speed they are priced against
-        assert again._baseline_speed(CODE) == pytest.approx(engine._baseline_speed(CODE), rel=0.03)
+        speed = engine.pricing.baseline_speed(CODE)
+        assert again.pricing.baseline_speed(CODE) == pytest.approx(speed, rel=0.03)
     saved = engine.snapshot()[CODE]["speedups"][before.variant]
     assert saved[0] == pytest.approx(before.speedup, abs=0.02)
     # Learned on another machine: set aside, not reused.
@@ -255,44 +240,38 @@ def test_policies_survive_a_restart(tmp_path: Path, caps: Capabilities, baseline
     assert list(tmp_path.glob("policies.*.old.json"))
 
 
-def test_a_state_file_without_token_counts_falls_back_to_timing(
+def test_a_state_file_of_another_format_is_refused_whole(
     tmp_path: Path, caps: Capabilities
 ) -> None:
-    """Arms saved before the token count was kept ((drafted, accepted) pairs): they load,
-    count nothing, and the engine measures those arms by decode speed."""
+    """Arms saved with (drafted, accepted) pairs only, a format no release wrote, do not
+    load: the restore raises before changing anything (the service sets the file aside);
+    the earlier four-field format loads."""
     old = {"requests": 6, "tokens": 384, "drafted": 240, "accepted": 200,
            "samples": [90.0] * 6, "recent": [[40, 33]] * 6}  # fmt: skip
-    arm = Arm.load(old)
-    assert arm.counts == [] and arm.recent[0] == (40, 33, 0, 0)
+    entry = {"seen": 6, "explored": 0, "trials_done": 0, "converged": False,
+             "arms": {"ngram-simple.n3.m16": old}}  # fmt: skip
     engine = make(tmp_path, config(), caps)
-    base = Arm.load({"requests": 4, "tokens": 256, "drafted": 0, "accepted": 0,
-                     "samples": [60.0] * 4, "recent": [[0, 0]] * 4})  # fmt: skip
-    found = engine._arm_speedup(CODE, "ngram-simple.n3.m16", arm, base)
-    assert found.value == pytest.approx(1.5)
+    with pytest.raises(LookupError):
+        engine.restore({CODE: entry})
+    assert CODE not in engine.classes
+    four = old | {"recent": [[40, 33, 64, 0]] * 6}
+    assert Arm.load(four).counts == [(64, 40, 33)] * 6
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_counts_see_through_timing_noise(tmp_path: Path, caps: Capabilities, seed: int) -> None:
     """On a machine whose decode speeds scatter by 25 % per request, the counts estimate
-    (each request's accepted and drafted tokens, priced) measures the chosen variant far
-    more tightly than the ratio of mean speeds, and close to its true speedup. (Which
-    variant the search reaches first is the search's business: 1.45x or 1.15x here.)"""
-    width = {}
-    for mode in ("counts", "timing"):
-        engine = make(tmp_path / mode, config({"speedup_from": mode}, explore_share=0.5), caps)
-        sim = SimUpstream(truth(list(engine.variants.values())), noise=0.25, seed=seed)
-        drive(engine, sim, schedule(800, seed))
-        policy = engine.classes[CODE].policy
-        assert policy is not None
-        if mode == "counts":
-            true = sim.true_speedup(CODE, policy.variant)
-            # within 8 %: c, calibrated on the same noisy speeds, is good to about +-0.05
-            assert true >= 1.15 and policy.speedup == pytest.approx(true, rel=0.08), policy
-        if policy.speedup_low and policy.speedup_high:
-            width[mode] = policy.speedup_high / policy.speedup_low
-        else:  # timing found nothing it could tell from baseline: no interval at all
-            width[mode] = math.inf
-    assert width["counts"] < width["timing"] ** 0.5, width
+    (each request's accepted and drafted tokens, priced) measures the chosen variant close
+    to its true speedup. (Which variant the search reaches first is the search's business:
+    1.45x or 1.15x here.)"""
+    engine = make(tmp_path, config(explore_share=0.5), caps)
+    sim = SimUpstream(truth(list(engine.variants.values())), noise=0.25, seed=seed)
+    drive(engine, sim, schedule(800, seed))
+    policy = engine.classes[CODE].policy
+    assert policy is not None
+    true = sim.true_speedup(CODE, policy.variant)
+    # within 8 %: c, calibrated on the same noisy speeds, is good to about +-0.05
+    assert true >= 1.15 and policy.speedup == pytest.approx(true, rel=0.08), policy
 
 
 def test_overrides_win(tmp_path: Path, caps: Capabilities) -> None:
@@ -353,24 +332,19 @@ def test_budget_validation() -> None:
         Budget(trial_requests=2, min_trial_requests=3)
 
 
-def test_the_trial_bar_is_one_of_two_words() -> None:
-    assert Guard(trial_bar="policy").trial_bar == "policy"
-    with pytest.raises(ValueError, match="trial_bar"):
-        Guard(trial_bar="oracle")
-
-
 def test_per_class_decisions_are_prometheus_gauges(tmp_path: Path, caps: Capabilities) -> None:
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
     from tuner.metrics import Metrics
     from tuner.records import RecordStore
+    from tuner.tuning.collectors import TuningCollector
     from tuner.upstream.client import UpstreamClient
 
     engine = make(tmp_path, config(explore_share=0.5), caps)
     sim = SimUpstream(truth(list(engine.variants.values())))
-    metrics = Metrics(UpstreamClient("http://127.0.0.1:9"), RecordStore(tmp_path / "r"))
-    metrics.watch_tuning(engine)
+    collectors = [TuningCollector(engine)]
+    metrics = Metrics(UpstreamClient("http://127.0.0.1:9"), RecordStore(tmp_path / "r"), collectors)
     drive(engine, sim, schedule(800))
     found = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
@@ -393,21 +367,6 @@ def test_per_class_decisions_are_prometheus_gauges(tmp_path: Path, caps: Capabil
     assert found[("tuner_policy_switches_total", (("class_key", CODE),))] == (
         engine.classes[CODE].switches
     )
-
-
-def test_trial_baseline_is_found_after_the_sample_window_fills(
-    tmp_path: Path, caps: Capabilities
-) -> None:
-    """Controls since a trial began are used even when 256+ baseline samples came before."""
-    engine = make(tmp_path, config(), caps)
-    state = engine._state(CODE)
-    base = state.arm("none")
-    for i in range(300):
-        base.add(float(i), 64, 0, 0)
-    mark = base.requests
-    for speed in (1000.0, 1001.0, 1002.0):  # the trial's controls
-        base.add(speed, 64, 0, 0)
-    assert engine._baseline_since(state, mark) == [1000.0, 1001.0, 1002.0]
 
 
 def test_young_classes_are_served_by_what_their_parents_learned(
@@ -483,7 +442,7 @@ def test_siblings_starting_together_split_the_priors_list(
         f"{g}/{e}/greedy" for g in ("code", "data", "text", "chat") for e in ("echo", "fresh")
     ]
     engine = make(tmp_path, config(explore_share=0.1), caps)
-    first_pick = engine._state(classes[0]).prior.ranked[0][0]  # type: ignore[union-attr]
+    first_pick = engine.state(classes[0]).prior.ranked[0][0]  # type: ignore[union-attr]
     winner = next(v for v, _ in engine.classes[classes[0]].prior.ranked[4:]  # type: ignore[union-attr]
                   if v.spec_type != first_pick.spec_type)  # fmt: skip
     gains = {name: 1.3 if name == winner.name else 0.97 for name in engine.variants}
@@ -549,114 +508,7 @@ def test_a_parent_that_measured_only_losses_lends_no_speculation(
     assert decision.variant == "none", decision
 
 
-LEADER, RUNNER_UP = "ngram-mod.match24.max16", "ngram-mod.match12.max16"
 TEXT = "text/echo/greedy"
-
-
-def _two_mod_variants(tmp_path: Path, caps: Capabilities, **guard: Any) -> Engine:
-    """An engine searching only ``LEADER`` and ``RUNNER_UP``, with these guard settings
-    (drafted tokens priced over all traffic, as ``consolidate`` was measured, unless given)."""
-    cfg = config({"class_cost": False, **guard}, explore_share=0.3)
-    search = {"ngram-mod": {"n_match": [12, 24], "n_max": [16]}}
-    engine = make(tmp_path, cfg.model_copy(update={"search": search}), caps)
-    assert set(engine.variants) == {"none", LEADER, RUNNER_UP}
-    return engine
-
-
-def _served(
-    tmp_path: Path, caps: Capabilities, consolidate: str, runner_up: float, seed: int
-) -> str:
-    """The variant ``TEXT`` serves after 1,200 requests when ``CODE`` (three quarters of
-    them) is fastest on ``LEADER`` and ``TEXT`` runs ``LEADER`` at 1.50x and ``RUNNER_UP`` at
-    ``runner_up``; every answer of either replays the other (as the counterfactual does)."""
-    engine = _two_mod_variants(tmp_path, caps, consolidate=consolidate)
-    truths = {
-        CODE: {LEADER: 1.6, RUNNER_UP: 1.2},
-        TEXT: {LEADER: 1.5, RUNNER_UP: runner_up},
-    }
-    sim = SimUpstream(truths, count_noise=0.15, seed=seed)
-    for key in ([CODE] * 3 + [TEXT]) * 300:
-        decision = engine.route(key)
-        engine.observe(sim.answer(key, decision))
-        if decision.variant != "none":
-            other = RUNNER_UP if decision.variant == LEADER else LEADER
-            drafted, accepted, _ = sim.counts(key, other)
-            engine.observe_replayed(key, decision.variant, {other: (64, drafted, accepted)})
-    policy = engine.classes[TEXT].policy
-    assert policy is not None and policy.speculation
-    return policy.variant
-
-
-def test_a_class_joins_the_variant_most_traffic_runs_unless_another_is_clearly_better(
-    tmp_path: Path, caps: Capabilities
-) -> None:
-    """An ngram-mod instance learns from every answer it serves. Where a class's two
-    ngram-mod variants are equally fast, the class picks by noise (the higher lower bound,
-    or the one it serves now); with ``consolidate`` it joins the one the rest of the
-    traffic runs (``"served"``: the most served; ``"root"``: the root's policy), unless
-    the other's lower bound lies above that one's speedup."""
-    seeds = range(6)
-    joined = {
-        mode: sum(
-            _served(tmp_path / f"{mode}-{seed}", caps, mode, 1.5, seed) == LEADER for seed in seeds
-        )
-        for mode in ("off", "served", "root")
-    }
-    assert joined["served"] >= 5 and joined["root"] >= 5 and joined["off"] <= 3, joined
-    for mode in ("served", "root"):
-        assert _served(tmp_path / f"far-{mode}", caps, mode, 1.9, 0) == RUNNER_UP, mode
-
-
-def _one_stateful(
-    tmp_path: Path,
-    caps: Capabilities,
-    consolidate: str,
-    seed: int,
-    swapped: range = range(0),
-) -> tuple[str, str | None, str]:
-    """``TEXT``'s variant, the engine's one stateful variant and ``CODE``'s variant after
-    1,200 requests, where ``CODE`` (three quarters of them) runs ``LEADER`` at 1.6x and
-    ``RUNNER_UP`` at 1.2x and ``TEXT`` the other way round (1.5x and 1.9x); ``CODE``'s two
-    are swapped on the requests in ``swapped``. Every answer is replayed under both (as the
-    counterfactual does: the served variant's replay is ``served_replayed``)."""
-    engine = _two_mod_variants(tmp_path, caps, consolidate=consolidate)
-    sim = SimUpstream(
-        {CODE: {LEADER: 1.6, RUNNER_UP: 1.2}, TEXT: {LEADER: 1.5, RUNNER_UP: 1.9}},
-        count_noise=0.15,
-        seed=seed,
-    )
-    for i, key in enumerate(([CODE] * 3 + [TEXT]) * 300):
-        fast, slow = (RUNNER_UP, LEADER) if i in swapped else (LEADER, RUNNER_UP)
-        sim.speedups[CODE] = {fast: 1.6, slow: 1.2}
-        decision = engine.route(key)
-        engine.observe(sim.answer(key, decision))
-        replayed = {v: (64, *sim.counts(key, v)[:2]) for v in (LEADER, RUNNER_UP)}
-        if decision.variant != "none":
-            mine = replayed.pop(decision.variant)
-            engine.observe_replayed(key, decision.variant, replayed, served_replayed=mine)
-    chosen = [engine.classes[k].policy for k in (TEXT, CODE)]
-    assert all(p is not None and p.speculation for p in chosen), chosen
-    text, code = (p.variant for p in chosen if p is not None)
-    return text, engine._stateful_one, code
-
-
-def test_one_stateful_variant_serves_every_class_that_runs_one(
-    tmp_path: Path, caps: Capabilities
-) -> None:
-    """An ngram-mod table learns only from what its instance serves, so with ``consolidate =
-    "one"`` no class exploits another ngram-mod variant than the one that is fastest on all
-    traffic's replays, even one faster in that class alone. Where another is clearly faster
-    while the one's instance is young, every class moves to it; once that instance has
-    served ``drift_window`` requests, it stays (a new one's table would start empty).
-    Without it each class runs its own."""
-    one = (LEADER, LEADER, LEADER)
-    for seed in range(2):
-        assert _one_stateful(tmp_path / f"off-{seed}", caps, "off", seed) == (
-            RUNNER_UP, None, LEADER)  # fmt: skip
-        assert _one_stateful(tmp_path / f"one-{seed}", caps, "one", seed) == one
-        early, late = range(12), range(600, 1200)
-        assert _one_stateful(tmp_path / f"early-{seed}", caps, "one", seed, early) == one
-        assert _one_stateful(tmp_path / f"late-{seed}", caps, "one", seed, late) == one
 
 
 class _SharedPrompts(SimUpstream):
@@ -674,225 +526,18 @@ class _SharedPrompts(SimUpstream):
         return drafted, accepted, n / (n - accepted + self.cost * drafted)
 
 
-def _requests_to_switch(
-    tmp_path: Path, caps: Capabilities, paired: bool, seed: int, equal: bool = False
-) -> int:
-    """Requests after which ``CODE`` leaves ``RUNNER_UP`` (faster on its first 20 requests)
-    for ``LEADER`` (about 10 % faster on every later one, or as fast with ``equal``, where
-    prompts scatter widely); 400 if it never does."""
-    import random
-
-    first = 20
-    engine = _two_mod_variants(tmp_path, caps, paired=paired)
-    sim = _SharedPrompts({CODE: {}}, cost=0.3, seed=seed)
-    rng = random.Random(seed)
-    for i in range(420):
-        sim.share = rng.uniform(0.5, 1.0)
-        later = {RUNNER_UP: 0.85, LEADER: 0.85 if equal else 0.95}
-        sim.quality = {RUNNER_UP: 1.0, LEADER: 0.8} if i < first else later
-        decision = engine.route(CODE)
-        record = sim.answer(CODE, decision)
-        engine.observe(record)
-        if decision.variant != "none":
-            other = RUNNER_UP if decision.variant == LEADER else LEADER
-            drafted, accepted, _ = sim.counts(CODE, other)
-            t = record.timings
-            assert t is not None and t.draft_n is not None and t.draft_n_accepted is not None
-            own = (64, t.draft_n, t.draft_n_accepted)
-            engine.observe_replayed(CODE, decision.variant, {other: (64, drafted, accepted)}, own)
-        policy = engine.classes[CODE].policy
-        if i == first - 1:
-            assert policy is not None and policy.variant == RUNNER_UP, policy
-        if i >= first and policy is not None and policy.variant == LEADER:
-            return i - first
-    return 400
-
-
-def test_a_paired_comparison_leaves_an_early_pick_sooner_and_does_not_flap(
-    tmp_path: Path, caps: Capabilities
+@pytest.mark.parametrize(("draft_step", "expected"), [(0.0, 0.2), (0.3, 0.5)])
+def test_a_drafted_tokens_cost_before_any_request_is_the_verify_guess(
+    tmp_path: Path, caps: Capabilities, draft_step: float, expected: float
 ) -> None:
-    """A class picked a variant on its first 20 requests; every later request runs another
-    about 10 % faster, while prompts scatter the speedups far more than that. Compared on
-    the same recent requests (``guard.paired``), the class switches sooner than when it
-    waits for the other's own lower bound to pass the held one's speedup; two equally fast
-    variants are not swapped back and forth."""
-    after = {
-        paired: [_requests_to_switch(tmp_path / f"{paired}-{s}", caps, paired, s) for s in range(4)]
-        for paired in (False, True)
-    }
-    assert max(after[True]) < 40 and sorted(after[True])[1] < sorted(after[False])[1], after
-    assert _requests_to_switch(tmp_path / "same", caps, True, 0, equal=True) == 400
-
-
-def test_classes_split_by_form_learn_and_calibrate_once_per_request(
-    tmp_path: Path, caps: Capabilities
-) -> None:
-    """With ``[split] form`` a class key has a fourth part; the chat and completion classes
-    of one class learn on their own, count at the class they share, and a restart rebuilds
-    the drafted-token calibration from each request once (the leaves), as it was. With
-    per-class controls: with a fitted baseline, and no replays here, the prior orders the
-    first trials otherwise and both classes stop (patience) on a 1.15x ngram-simple variant
-    before they try a 1.45x one; replays measure those exactly in a daemon."""
-    engine = make(tmp_path, config({"baseline": "controls"}, explore_share=0.5), caps)
-    base = truth(list(engine.variants.values()))
-    chat, plain = f"{CODE}/messages", f"{CODE}/prompt"
-    sim = SimUpstream({chat: base[CODE], plain: base[CODE], PROSE: base[PROSE]})
-    plan = [(PROSE, chat, plain, plain)[k % 4] for k in range(480)]
-    drive(engine, sim, plan)
-    for key in (chat, plain):
-        policy = engine.classes[key].policy
-        assert policy is not None and sim.true_speedup(key, policy.variant) == 1.45, policy
-    served = {
-        k: sum(a.requests for a in engine.classes[k].arms.values()) for k in (chat, plain, CODE)
-    }
-    assert served[CODE] == served[chat] + served[plain] == 360  # the shared class pools both
-    assert {key for key, _ in engine.calibration.raw} == {chat, plain, PROSE}
-    meta = {"model_key": "m", "build": "b", "hardware_key": "h"}
-    save_policies(tmp_path / "policies.json", meta, engine.snapshot())
-    again = make(tmp_path, config({"baseline": "controls"}, explore_share=0.5), caps)
-    again.restore(load_policies(tmp_path / "policies.json", meta))
-    assert {key for key, _ in again.calibration.raw} == {chat, plain, PROSE}
-    names = engine.calibration.variants()
-    was = engine.calibration.costs(names, engine._baseline_speed)
-    now = again.calibration.costs(names, again._baseline_speed)
-    for name in names:
-        assert now[name][0] == pytest.approx(was[name][0], abs=0.02)
-
-
-@pytest.mark.parametrize(
-    ("cost_prior", "checked", "draft_step", "expected"),
-    [
-        ("checks", 0.42, 0.0, (0.42, 0.1)),  # the profile's checks, measured: narrower
-        ("checks", 0.42, 0.3, (0.72, 0.1)),  # plus a draft model's own step
-        ("checks", None, 0.0, (0.2, 0.25)),  # no checks in the profile: the verify guess
-        ("verify", 0.42, 0.0, (0.2, 0.25)),  # the guess, whatever the checks said
-    ],
-)
-def test_a_drafted_tokens_cost_before_any_request_is_the_chosen_prior(
-    tmp_path: Path,
-    caps: Capabilities,
-    cost_prior: str,
-    checked: float | None,
-    draft_step: float,
-    expected: tuple[float, float],
-) -> None:
-    """``guard.cost_prior``: every variant's cost starts at the profile checks' measured
-    cost or at the verify curve's extra time per drafted token (here 0.2 a token), and a
-    restart's rebuilt calibration starts from the same prior."""
+    """Every variant's cost starts at the verify curve's extra time per drafted token (here
+    0.2 a token), plus a draft model's own step, and a restart's rebuilt calibration starts
+    from the same prior."""
     cost = CostModel(verify=lambda n: 1.0 + 0.2 * (n - 1))
-    engine = make(
-        tmp_path, config({"cost_prior": cost_prior}), caps,
-        cost=cost, draft_step=draft_step, checked_cost=checked,
-    )  # fmt: skip
-    prior = pytest.approx(expected[0]), pytest.approx(expected[1])
+    engine = make(tmp_path, config(), caps, cost=cost, draft_step=draft_step)
+    prior = pytest.approx(expected), pytest.approx(0.25)
     assert (engine.calibration.prior, engine.calibration.prior_se) == prior
     name = next(n for n in engine.variants if n != "none")
-    assert engine._costs([name])[name] == prior  # nothing served yet: the prior alone
+    assert engine.pricing.costs([name])[name] == prior  # nothing served yet: the prior alone
     engine.restore({})
     assert (engine.calibration.prior, engine.calibration.prior_se) == prior
-
-
-def _locked(
-    tmp_path: Path, caps: Capabilities, revisit: bool, seed: int, leader: float, cost: float
-) -> tuple[Engine, int]:
-    """The engine after ``TEXT`` has seen 150 requests (and ``CODE`` three times as many),
-    and how many of them ``LEADER`` served. ``CODE`` runs ``RUNNER_UP`` at 1.6x and
-    ``LEADER`` at 1.2x, a drafted token costing 0.45 of a step; ``TEXT``, whose search is
-    over before it starts (it only exploits), runs ``RUNNER_UP`` at 1.5x and ``LEADER`` at
-    ``leader``, a drafted token of ``LEADER`` costing ``cost`` there. Every answer replays
-    the other variant (as the counterfactual does), priced per class (``class_cost``)."""
-    cfg = config({"revisit": revisit})
-    search = {"ngram-mod": {"n_match": [12, 24], "n_max": [16]}}
-    engine = make(tmp_path, cfg.model_copy(update={"search": search}), caps)
-    truths = {CODE: {LEADER: 1.2, RUNNER_UP: 1.6}, TEXT: {LEADER: leader, RUNNER_UP: 1.5}}
-    sim = SimUpstream(truths, class_costs={TEXT: {LEADER: cost}}, count_noise=0.05, seed=seed)
-    engine._state(TEXT).converged = True
-    served = 0
-    for key in [CODE] * 150 + ([CODE] * 3 + [TEXT]) * 150:
-        decision = engine.route(key)
-        engine.observe(sim.answer(key, decision))
-        served += key == TEXT and decision.variant == LEADER
-        if decision.variant != "none":
-            other = RUNNER_UP if decision.variant == LEADER else LEADER
-            drafted, accepted, _ = sim.counts(key, other)
-            engine.observe_replayed(key, decision.variant, {other: (64, drafted, accepted)})
-    return engine, served
-
-
-def _held(
-    tmp_path: Path, caps: Capabilities, revisit: bool, seed: int, leader: float, cost: float
-) -> tuple[str, int]:
-    """``TEXT``'s variant at the end of ``_locked`` and how many requests ``LEADER`` served."""
-    engine, served = _locked(tmp_path, caps, revisit, seed, leader, cost)
-    policy = engine.classes[TEXT].policy
-    assert policy is not None and policy.speculation
-    return policy.variant, served
-
-
-def test_a_revisit_frees_a_class_locked_on_a_variant_priced_on_other_classes(
-    tmp_path: Path, caps: Capabilities
-) -> None:
-    """A variant that never served in a class is priced there at its cost over all traffic;
-    where it drafts cheaper in that class, the class never serves it and never learns so.
-    With ``guard.revisit`` a class whose search is over gives such a close rival a trial's
-    worth of requests, its cost there is measured, and the class moves to it. A rival that
-    is close and truly slower gets that one trial and no more."""
-    trial = Budget().trial_requests
-    for seed in range(3):
-        # LEADER drafts cheaper in TEXT (0.3), runs 1.75x there, and is rated below 1.5x
-        cheaper = functools.partial(_held, seed=seed, leader=1.75, cost=0.3)
-        assert cheaper(tmp_path / f"off-{seed}", caps, False) == (RUNNER_UP, 0)
-        variant, served = cheaper(tmp_path / f"on-{seed}", caps, True)
-        assert variant == LEADER and served > 120, (variant, served)
-        slower = functools.partial(_held, seed=seed, leader=1.45, cost=0.45)
-        variant, served = slower(tmp_path / f"slower-{seed}", caps, True)
-        assert variant == RUNNER_UP and served == trial, (variant, served)
-
-
-def test_a_revisit_comes_before_the_studys_next_trial(tmp_path: Path, caps: Capabilities) -> None:
-    """Where a class's search is open, a finished trial starts the next one at once
-    (``_next_trial``); with ``guard.revisit`` that is the close rival's revisit, not what the
-    study asks for next, and it is not told to the study."""
-    engine, _ = _locked(tmp_path, caps, False, 0, 1.75, 0.3)
-    state = engine.classes[TEXT]
-    assert state.policy is not None and state.policy.variant == RUNNER_UP
-    state.converged = False
-    engine._next_trial(TEXT)  # revisit off: the study's pick, or its search is over
-    assert state.trial is None or state.trial.number != REVISIT, state.trial
-    state.trial, state.converged = None, False
-    guard = engine.config.guard.model_copy(update={"revisit": True})
-    engine.config = engine.config.model_copy(update={"guard": guard})
-    engine._next_trial(TEXT)
-    assert state.trial is not None and state.trial.number == REVISIT, state.trial
-    assert state.trial.variant.name == LEADER
-
-
-@pytest.mark.parametrize("check_order", [False, True])
-def test_first_trials_skip_what_the_profile_checks_measured_slower(
-    tmp_path: Path, caps: Capabilities, check_order: bool
-) -> None:
-    """``[prior] check_order``: eight young classes split the prior's list for their first
-    trials; where the profile's checks measured ngram-map-k slower than no speculation (the
-    Xeon's 0.986), none of them is an ngram-map-k or ngram-map-k4v variant (the same
-    drafter), and without the option some are."""
-    import random
-
-    classes = [
-        f"{g}/{e}/greedy" for g in ("code", "data", "text", "chat") for e in ("echo", "fresh")
-    ]
-    cfg = config(explore_share=0.1)
-    cfg = cfg.model_copy(
-        update={"prior": cfg.prior.model_copy(update={"check_order": check_order})}
-    )
-    checked = {"ngram-simple": 1.20, "ngram-mod": 1.21, "ngram-map-k": 0.986, "ngram-cache": 0.78}
-    engine = make(tmp_path, cfg, caps, checked=checked)
-    sim = SimUpstream({c: {name: 1.1 for name in engine.variants} for c in classes}, noise=0.08)
-    rng = random.Random(7)
-    plan = [rng.choice(classes) for _ in range(400)]
-    firsts: dict[str, str] = {}
-    for c, d in zip(plan, drive(engine, sim, plan), strict=True):
-        if d.role == "trial":
-            firsts.setdefault(c, d.variant)
-    assert len(firsts) == len(classes), firsts
-    mapped = [v for v in firsts.values() if v.startswith("ngram-map-k")]
-    assert bool(mapped) is not check_order, firsts

@@ -4,7 +4,6 @@ from pathlib import Path
 
 import pytest
 
-from tuner.model.profile import checked_speedups, load_profile
 from tuner.settings import Settings
 from tuner.tuning.plan import tuning_config
 
@@ -43,18 +42,3 @@ def test_forced_acceptance_turns_replays_off(
     monkeypatch.delenv("TUNER_TUNING_FILE", raising=False)
     monkeypatch.setenv("TUNER_SPEC_ARGS", spec_args)
     assert tuning_config(Settings()).guard.replay is replay
-
-
-def test_the_profiles_checks_give_each_spec_type_its_best_measured_speedup() -> None:
-    """What ``[prior] check_order`` ranks by, from the committed Xeon profile's checks (one
-    per spec type: ngram-map-k and ngram-cache measured slower than no speculation), and the
-    best of several checks of one type."""
-    profile = load_profile([Path("profiles")], "gemma-3-270m-q4_k_m-f6bc941d5fb4", "75518de139aa")
-    assert profile is not None
-    found = checked_speedups(profile.checks)
-    assert found.keys() == {"ngram-simple", "ngram-mod", "ngram-map-k", "ngram-cache"}
-    assert found["ngram-map-k"] < 1.0 < found["ngram-mod"]
-    again = profile.checks[2].model_copy(
-        update={"variant": "ngram-map-k.n4.m16", "measured_speedup": 1.05}
-    )
-    assert checked_speedups([*profile.checks, again])["ngram-map-k"] == 1.05

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,10 @@ from tuner.upstream.capabilities import parse_capabilities
 
 def _service(tmp_path: Path) -> TuningService:
     """A fresh engine's service on this state dir (not started)."""
-    engine = make(tmp_path, config(explore_share=0.5), parse_capabilities(HELP.read_text()))
-    return TuningService(engine, tmp_path, {"model_key": "m"})
+    caps = parse_capabilities(HELP.read_text())
+    return TuningService(
+        partial(make, tmp_path, config(explore_share=0.5), caps), tmp_path, {"model_key": "m"}
+    )
 
 
 def test_an_unwritable_policy_file_is_counted_and_retried(tmp_path: Path) -> None:

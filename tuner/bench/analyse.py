@@ -85,9 +85,8 @@ class FinalPolicy:
 
 
 def charged_seconds(row: Mapping[str, Any]) -> float:
-    """A request row's decode seconds, with what its daemon spent warming other instances'
-    tables for it (``warm_ms``, ``[guard] warm_tables``) charged to it."""
-    return (float(row["ms"]) + float(row.get("warm_ms") or 0.0)) / 1000.0
+    """A request row's decode seconds."""
+    return float(row["ms"]) / 1000.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -521,7 +520,7 @@ _NUMBER = (int, float)
 _REQUIRED: dict[str, tuple[type, ...]] = {"arm": (str,), "item": (int,), "class": (str,)}
 _OPTIONAL: dict[str, tuple[type, ...]] = {
     "repeat": (int,), "variant": (str,), "tokens": _NUMBER, "ms": _NUMBER,
-    "drafted": _NUMBER, "accepted": _NUMBER, "warm_ms": _NUMBER, "id": (str,), "t": _NUMBER,
+    "drafted": _NUMBER, "accepted": _NUMBER, "id": (str,), "t": _NUMBER,
 }  # fmt: skip
 
 

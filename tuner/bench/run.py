@@ -381,7 +381,7 @@ async def _run_bench(
             for number, step in enumerate(steps, 1):
                 row = await _one(http, step, items, item_classes, urls, options)
                 if step.arm in (TUNER, CHALLENGER) and not row.get("error"):
-                    await quiet.wait(step.arm, row)
+                    await quiet.wait(step.arm)
                 rows.append(row)
                 sink.write(json.dumps(row) + "\n")
                 sink.flush()
@@ -478,13 +478,11 @@ async def _one(
 
 class _Quiet:
     """After a daemon's request, wait until its background replays are done, so that they
-    never run beside another arm's request, and charge it what they spent warming tables.
+    never run beside another arm's request.
 
     Reads the daemon's ``/metrics``: done once ``tuner_counterfactual_offered_total`` has
     counted every answered request sent and ``tuner_counterfactual_pending`` is 0 (a daemon
-    without replays has neither: nothing to wait for). ``row["warm_ms"]``: the seconds
-    its ``[guard] warm_tables`` requests took since the last one, in ms (``Measured.of``
-    adds them to the request's decode time).
+    without replays has neither: nothing to wait for).
     """
 
     TIMEOUT_S = 10.0
@@ -493,25 +491,20 @@ class _Quiet:
         self.http = http
         self.urls = urls
         self.answered: dict[str, int] = {}
-        self.warm_s: dict[str, float] = {}
 
-    async def wait(self, arm: str, row: dict[str, Any]) -> None:
+    async def wait(self, arm: str) -> None:
         answered = self.answered[arm] = self.answered.get(arm, 0) + 1
         deadline = time.monotonic() + self.TIMEOUT_S
         while True:
             found = await self._read(arm)
             if found is None:
                 return
-            offered, pending, warm_s = found
+            offered, pending = found
             if (offered >= answered and pending == 0) or time.monotonic() > deadline:
-                break
+                return
             await asyncio.sleep(0.02)
-        spent = warm_s - self.warm_s.get(arm, 0.0)
-        self.warm_s[arm] = warm_s
-        if spent > 0:
-            row["warm_ms"] = round(spent * 1000, 1)
 
-    async def _read(self, arm: str) -> tuple[float, float, float] | None:
+    async def _read(self, arm: str) -> tuple[float, float] | None:
         try:
             text = (await self.http.get(self.urls[arm] + "/metrics")).text
             values = {
@@ -527,7 +520,6 @@ class _Quiet:
         return (
             values["tuner_counterfactual_offered_total"],
             values.get("tuner_counterfactual_pending", 0.0),
-            values.get("tuner_counterfactual_warm_seconds_total", 0.0),
         )
 
 

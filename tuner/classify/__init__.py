@@ -6,7 +6,6 @@ from tuner.classify.classes import (
     classify,
     load_definitions,
     parents,
-    resolve,
 )
 from tuner.classify.features import Features
 
@@ -17,5 +16,4 @@ __all__ = [
     "classify",
     "load_definitions",
     "parents",
-    "resolve",
 ]

@@ -1,14 +1,13 @@
-"""Class definitions (data in ``policies/classes.toml``) and the class of a request. Pure.
+"""Class definitions (data in ``tuner/data/classes.toml``) and the class of a request. Pure.
 
 ``classify(body, definitions)`` returns the class key (``code/echo/greedy``) and
-the features it came from. ``parents`` gives the fallback chain a class with
-too few observations borrows from.
+the features it came from. ``parents`` gives the chain of levels a class's evidence
+counts at, and where a class with too little of its own borrows a policy from.
 """
 
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,23 +17,25 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from tuner.classify.features import Features, extract
 from tuner.classify.prompt import view_of
 from tuner.errors import ConfigError
+from tuner.logs import get_logger
 
 __all__ = [
     "CONTENT_TYPES",
     "DEFAULT_DEFINITIONS",
-    "FORMS",
     "ClassDefinitions",
     "Classification",
     "classify",
-    "is_form",
     "load_definitions",
     "parents",
-    "resolve",
 ]
 
 CONTENT_TYPES = frozenset({"code", "data", "math", "prose", "question", "other"})
 DEFAULT_DEFINITIONS = Path(__file__).resolve().parents[1] / "data" / "classes.toml"
 ROOT = "all"
+# tables of earlier versions, measured no better and removed (docs/decisions.md)
+RETIRED = ("fallback", "split")
+
+log = get_logger(__name__)
 
 
 class Thresholds(BaseModel):
@@ -43,28 +44,11 @@ class Thresholds(BaseModel):
     greedy_max_temperature: float = Field(0.01, ge=0)
 
 
-class Fallback(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    min_requests: int = Field(20, ge=1)
-
-
-class Split(BaseModel):
-    """Optional fourth part of the class key."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    form: bool = False  # chat (messages) and completion (prompt) requests apart
-
-
-FORMS = ("messages", "prompt")  # the fourth part with ``split.form``: the request's form
-
-
 class ClassDefinitions(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     version: int = 1
     thresholds: Thresholds = Thresholds()
     groups: dict[str, list[str]]
-    fallback: Fallback = Fallback()
-    split: Split = Split()
 
     @model_validator(mode="after")
     def _every_type_once(self) -> ClassDefinitions:
@@ -91,20 +75,23 @@ class ClassDefinitions(BaseModel):
         return next(iter(self.groups))
 
     def all_classes(self) -> list[str]:
-        forms = [f"/{form}" for form in FORMS] if self.split.form else [""]
         return [
-            f"{group}/{echo}/{sampling}{form}"
+            f"{group}/{echo}/{sampling}"
             for group in self.groups
             for echo in ("echo", "fresh")
             for sampling in ("greedy", "sampled")
-            for form in forms
         ]
 
 
 def load_definitions(path: Path | None = None) -> ClassDefinitions:
     path = path or DEFAULT_DEFINITIONS
     try:
-        return ClassDefinitions.model_validate(tomllib.loads(path.read_text()))
+        data = tomllib.loads(path.read_text())
+        retired = [key for key in RETIRED if data.pop(key, None) is not None]
+        if retired:
+            log.warning("classes_keys_retired", keys=retired, path=str(path),
+                        detail="these tables were removed; see docs/decisions.md")  # fmt: skip
+        return ClassDefinitions.model_validate(data)
     except (OSError, tomllib.TOMLDecodeError, ValidationError) as exc:
         raise ConfigError(f"bad class definitions {path}: {exc}") from exc
 
@@ -122,18 +109,7 @@ def classify(body: Any, definitions: ClassDefinitions) -> Classification:
     features = extract(view_of(safe), safe, t.greedy_max_temperature)
     echo = "echo" if features.echo >= t.echo else "fresh"
     key = f"{definitions.group_of(features.content_type)}/{echo}/{features.sampling}"
-    if definitions.split.form:
-        key += f"/{FORMS[0] if features.chat else FORMS[1]}"
     return Classification(key, features)
-
-
-def is_form(key: str) -> bool:
-    """Whether a class key is one request form's share of a class (``split.form``).
-
-    >>> is_form("code/echo/greedy/messages"), is_form("code/echo/greedy")
-    (True, False)
-    """
-    return key.rpartition("/")[2] in FORMS
 
 
 def parents(key: str) -> list[str]:
@@ -144,11 +120,3 @@ def parents(key: str) -> list[str]:
     """
     parts = key.split("/")
     return ["/".join(parts[:i]) for i in range(len(parts), 0, -1)] + [ROOT]
-
-
-def resolve(key: str, observations: Mapping[str, int], min_requests: int) -> str:
-    """The most specific class in the chain with enough observations (else ``all``)."""
-    for candidate in parents(key):
-        if observations.get(candidate, 0) >= min_requests:
-            return candidate
-    return ROOT

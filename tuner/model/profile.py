@@ -14,7 +14,6 @@ import hashlib
 import json
 import platform
 import time
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +28,6 @@ __all__ = [
     "Profile",
     "TargetFacts",
     "VariantCheck",
-    "checked_speedups",
-    "drafted_token_cost",
     "fingerprint_key",
     "hardware_fingerprint",
     "load_profile",
@@ -93,54 +90,6 @@ class TargetFacts(BaseModel):
     draft_cost_measured: tuple[float, float] | None = None  # (low, high) c for a draft
     sources: list[str]
     notes: str = ""
-
-
-def drafted_token_cost(checks: Iterable[VariantCheck]) -> float | None:
-    """What one drafted token cost on this model and machine, in plain decode steps, from a
-    profile's variant checks; None without a check that drafted.
-
-    A check generated ``n`` tokens at a measured speedup ``s`` over no speculation, drafting
-    ``d`` tokens (``rounds x mean_draft``) of which ``a`` (``alpha x d``) were accepted. Priced
-    as the tuner prices a request (``tuner.tuning.counts``), it took ``n / s = n - a + c d``
-    plain steps, so ``c = (n / s - n + a) / d``; pooled over the checks, weighted by drafts.
-    This is drafting plus verifying, as served (the verify curve alone leaves out each
-    round's overhead: 0.18 of a step on Gemma where served drafts cost 0.35-0.55).
-
-    >>> check = VariantCheck(variant="v", flags=[], requests=1, tokens=100, alpha=0.8,
-    ...                      rounds=10, mean_draft=5.0, measured_speedup=100 / 80,
-    ...                      predicted_speedup=None)
-    >>> round(drafted_token_cost([check]), 3)  # 80 steps = 100 - 40 plain + 50 c
-    0.4
-    >>> drafted_token_cost([]) is None
-    True
-    """
-    extra = drafted = 0.0
-    for check in checks:
-        d = check.rounds * (check.mean_draft or 0.0)
-        if d <= 0 or check.alpha is None or check.measured_speedup <= 0:
-            continue
-        extra += check.tokens / check.measured_speedup - check.tokens + check.alpha * d
-        drafted += d
-    return max(0.0, extra / drafted) if drafted > 0 else None
-
-
-def checked_speedups(checks: Iterable[VariantCheck]) -> dict[str, float]:
-    """Each spec type's speedup as the profile's variant checks measured it (the best of its
-    checks where several ran), for the prior's order (``[prior] check_order``).
-
-    >>> def check(name: str, s: float) -> VariantCheck:
-    ...     return VariantCheck(variant=name, flags=[], requests=1, tokens=1, alpha=None,
-    ...                         rounds=0, mean_draft=None, measured_speedup=s,
-    ...                         predicted_speedup=None)
-    >>> checked_speedups([check("ngram-mod", 1.2), check("ngram-map-k", 0.98),
-    ...                   check("ngram-map-k.n12.m16", 1.01)])
-    {'ngram-mod': 1.2, 'ngram-map-k': 1.01}
-    """
-    found: dict[str, float] = {}
-    for check in checks:
-        spec_type = check.variant.split(".")[0]
-        found[spec_type] = max(found.get(spec_type, 0.0), check.measured_speedup)
-    return found
 
 
 def hardware_fingerprint() -> dict[str, Any]:

@@ -13,17 +13,6 @@ in the request's class. All of it runs on one background thread with a small que
 disk. The upstream calls are cheap next to a generation (tokenizing a few KB) and go
 to the instance that just answered.
 
-With ``[guard] warm_tables`` (router only) the same worker then feeds the request's
-prompt and answer, as one prompt-only request with one token to generate, to every
-loaded ``ngram-mod`` instance that some class exploits and that did not serve it
-(``Engine.warm_targets``): llama-server adds every n-gram of a request's prompt to that
-drafter's table when generation begins, so each table learns from all traffic, as a
-single static instance's does, not only from what its instance served. It costs that
-prompt's processing on each such instance (``warm_seconds``; the bench charges it to the
-request). A speculative instance's greedy answer need not match the plain one token for
-token (its verify batches round differently), so a fed answer is drafted back only up to
-where the two part.
-
 Tokenizing the answer's text again can differ from the ids the server sampled (a
 word split another way); ``benchmarks/shadow_check.py`` measures how often and what
 it does to the counts.
@@ -34,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,9 +92,6 @@ class Counterfactual:
         # answered requests offered (taken or not), jobs queued and jobs finished: a caller
         # that sent N requests knows the replays are done once offered >= N and none pending
         self.offered = self.queued = self.finished = 0
-        # warming (``guard.warm_tables``): prompt-only requests sent, and their seconds
-        self.warms = 0
-        self.warm_seconds = 0.0
         # requests a replayable variant served, and those whose replay gave the server's counts
         self.checked = self.agreed = 0
         # requests an ngram-mod variant served: accepted tokens its simulation gave, and the
@@ -116,9 +101,8 @@ class Counterfactual:
 
     @property
     def enabled(self) -> bool:
-        guard = self.engine.config.guard
         replayable = bool(self.variants) or bool(self.mod)
-        return replayable and guard.replay and guard.speedup_from == "counts"
+        return replayable and self.engine.config.guard.replay
 
     async def start(self) -> None:
         self.open()
@@ -205,42 +189,7 @@ class Counterfactual:
             self.mod_checked += 1
             self.mod_simulated += served[2]
             self.mod_served += t.draft_n_accepted or 0
-        own = (t.predicted_n, t.draft_n or 0, t.draft_n_accepted or 0)
-        self.engine.observe_replayed(
-            record.class_key, record.variant or "", counts, own, served_replayed=served
-        )
-        if self.router and self.engine.config.guard.warm_tables:
-            self.warm(record.variant or "", prompt + output)
-
-    def warm(self, served: str, tokens: list[int]) -> None:
-        """Feed one answered request's tokens to the loaded stateful instances some class
-        exploits that did not serve it (blocking).
-
-        llama-server's ``ngram-mod`` table takes every n-gram of a request's prompt when its
-        generation begins, so a prompt of the request's prompt and answer, with one token to
-        generate, teaches it what that answer would have. Unloaded instances are left alone
-        (a request would load one, evicting another).
-        """
-        targets = self.engine.warm_targets(served)
-        if not targets:
-            return
-        reply = self.client.get("/models")
-        reply.raise_for_status()
-        loaded = {
-            str(m.get("id"))
-            for m in reply.json().get("data", [])
-            if isinstance(m, dict) and (m.get("status") or {}).get("value") == "loaded"
-        }
-        for name in targets:
-            if name not in loaded:
-                continue
-            started = time.perf_counter()
-            request = {"model": name, "prompt": tokens, "n_predict": 1, "temperature": 0.0}
-            try:
-                self.client.post("/completion", json=request).raise_for_status()
-            finally:
-                self.warm_seconds += time.perf_counter() - started
-            self.warms += 1
+        self.engine.observe_replayed(record.class_key, record.variant or "", counts)
 
     def _prompt(self, endpoint: str, body: dict[str, Any], model: str | None) -> list[int] | None:
         if endpoint.endswith("/chat/completions"):

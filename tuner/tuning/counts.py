@@ -10,26 +10,18 @@ decode steps, it took ``n - a + c * d`` where ``c`` is what one drafted token co
 The counts come from llama-server's ``timings`` and carry no timing noise (greedy
 decoding repeats them exactly), and the formula needs no baseline request on the same
 prompt. What it needs is ``c`` per variant: a property of the model, the machine and
-the variant, not of the prompt, so it is calibrated on every class's requests pooled
-(``Calibration``), from each request's decode speed against its class's baseline
-speed. On the bench's 1,300 requests (Gemma 3 270M, CPU) the model fits the measured
-speedups to the timing noise: log residual 0.13-0.16 where the same prompt and variant
-repeated scatter by 0.10-0.12, with ``c`` near 0.45 for every draft length. Later
-520-request runs, where one ``ngram-mod`` variant served most requests, put it at 0.35-0.40
-for ``ngram-mod`` and 0.44-0.49 for ``ngram-simple`` (``python -m benchmarks.drafted_cost
-DIR``), which is why a variant may be shrunk toward its own spec type's cost.
-
-A trial judged this way compares variants by what they accept on the class's prompts,
-priced by a cost measured on all traffic, instead of by a ratio of two small samples of
-wall-clock speeds on different prompts (each request's speed scatters by ~12 % on a
-shared 2-core machine).
+the variant more than of the prompt, so it is calibrated on every class's requests
+pooled (``Calibration``), from each request's decode time against one plain step's
+time. A trial judged this way compares variants by what they accept on the class's
+prompts, not by a ratio of two small samples of wall-clock speeds on different prompts
+(docs/tuning.md has the measurements behind this choice).
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections import defaultdict, deque
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -42,13 +34,11 @@ __all__ = [
     "Row",
     "alpha_interval",
     "count_speedup",
-    "paired_speedup",
     "ratio_of_sums",
 ]
 
 Counts = tuple[int, int, int]  # generated tokens, drafted, accepted (one request)
 Row = tuple[str, str, Counts, float]  # a kept request: class, variant, counts, decode seconds
-FIT_ROUNDS = 8  # rounds of fitting costs per variant and levels per class in turn
 PRIOR_REQUESTS = 4.0  # weight of the pooled (or prior) cost against a variant's own
 STALL = 1.5  # the step-time fit counts a request at most this many times its expected time
 STALL_WINDOW = 64  # recent requests whose median time over expected time sets that
@@ -101,36 +91,6 @@ def count_speedup(counts: Sequence[Counts], c: float, c_se: float, z: float) -> 
     rel_c = c_se * drafted / math.fsum(work)  # d log r / d c = -sum d / sum work
     rel = math.hypot(se / r if math.isfinite(se) else 1.0, rel_c, MIN_REL)
     half = z * rel
-    return Interval(r, r * math.exp(-half), r * math.exp(half))
-
-
-def paired_speedup(
-    pairs: Sequence[tuple[Counts, Counts]], c_a: float, c_b: float, z: float
-) -> Interval | None:
-    """How much faster variant A ran than variant B on the same requests, from each
-    request's counts under both (``(a, b)`` per request, as one replay gives them): the
-    ratio of B's priced steps to A's, ``sum (n - a_B + c_B d_B) / sum (n - a_A + c_A d_A)``.
-
-    The spread between requests (how much a prompt copies) moves both sums together, so it
-    cancels in the ratio; the interval covers only how the two differ request by request.
-    None without two requests measured under both.
-
-    >>> same = [((100, 40, 30), (100, 20, 10)), ((50, 10, 10), (50, 10, 5))]
-    >>> s = paired_speedup(same, 0.4, 0.4, 1.64)
-    >>> round(s.value, 3), s.low < s.value < s.high
-    (1.131, True)
-    >>> paired_speedup(same[:1], 0.4, 0.4, 1.64) is None
-    True
-    """
-    rows = [
-        (n - acc_b + c_b * d_b, n - acc_a + c_a * d_a)
-        for (n, d_a, acc_a), (n_b, d_b, acc_b) in pairs
-        if n > 0 and n == n_b
-    ]
-    if len(rows) < 2 or min(min(r) for r in rows) <= 0:
-        return None
-    r, se = ratio_of_sums([b for b, _ in rows], [a for _, a in rows])
-    half = z * math.hypot(se / r, MIN_REL)
     return Interval(r, r * math.exp(-half), r * math.exp(half))
 
 
@@ -223,80 +183,6 @@ class _Raw:
             xd=speed * self.td - self.md,
             dd=self.dd,
         )
-
-
-def class_factors(
-    cells: dict[tuple[str, str], _Sums],
-    within: Callable[[str], bool],
-    kind: Callable[[str], str],
-) -> dict[str, float]:
-    """Per variant, its drafted token's cost in the classes ``within`` selects over its cost
-    over all traffic, as a two-way fit per kind of variant predicts it: ``cells`` (per class
-    and variant, extra steps and drafted tokens) fitted as a cost per variant times a level
-    per class, in turn ``FIT_ROUNDS`` times. A variant's ratio over all traffic mixes the
-    classes it happened to serve in; the fit takes them apart, so a variant that never
-    served in those classes is priced at their level through its siblings that did. Each
-    factor is shrunk toward 1 by ``PRIOR_REQUESTS`` requests' worth of its kind's requests
-    there and kept within [1/4, 4]; a kind with none there, or whose fit is not positive,
-    has none. Pure.
-
-    >>> cells = {("a", "v"): _Sums(n=9, x=9 * 20 * 0.2, d=9 * 20),
-    ...          ("b", "v"): _Sums(n=9, x=9 * 20 * 0.8, d=9 * 20),
-    ...          ("b", "w"): _Sums(n=9, x=9 * 20 * 0.8, d=9 * 20)}
-    >>> found = class_factors(cells, "a".__eq__, lambda name: "k")
-    >>> round(found["w"], 3)  # w costs 0.8 where it served; here 0.25 of that, shrunk
-    0.481
-    """
-    by_kind: dict[str, dict[tuple[str, str], _Sums]] = defaultdict(dict)
-    for (key, name), sums in cells.items():
-        if sums.d > 0:
-            by_kind[kind(name)][(key, name)] = sums
-    out: dict[str, float] = {}
-    for found in by_kind.values():
-        here = [(cell, sums) for cell, sums in found.items() if within(cell[0])]
-        requests = sum(sums.n for _, sums in here)
-        if not requests:
-            continue
-        cost, level = _two_way(found)
-        if cost is None or level is None:
-            continue
-        priced = sum(cost[name] * sums.d for (_, name), sums in here)
-        extra = sum(sums.x for _, sums in here)
-        if priced <= 0 or extra <= 0:
-            continue
-        x: dict[str, float] = defaultdict(float)  # each variant's over all traffic
-        d: dict[str, float] = defaultdict(float)
-        for (_, name), sums in found.items():
-            x[name] += sums.x
-            d[name] += sums.d
-        for name in cost:
-            if x[name] <= 0:
-                continue
-            ratio = cost[name] * (extra / priced) / (x[name] / d[name])
-            shrunk = (requests * ratio + PRIOR_REQUESTS) / (requests + PRIOR_REQUESTS)
-            out[name] = min(4.0, max(0.25, shrunk))
-    return out
-
-
-def _two_way(
-    cells: dict[tuple[str, str], _Sums],
-) -> tuple[dict[str, float] | None, dict[str, float] | None]:
-    """Extra steps per drafted token as a cost per variant times a level per class, fitted
-    in turn (None, None where a fitted value is not positive)."""
-    cost: dict[str, float] = {name: 1.0 for _, name in cells}
-    level: dict[str, float] = {key: 1.0 for key, _ in cells}
-    for _ in range(FIT_ROUNDS):
-        for which, other, index in ((cost, level, 1), (level, cost, 0)):
-            x: dict[str, float] = defaultdict(float)
-            priced: dict[str, float] = defaultdict(float)
-            for cell, sums in cells.items():
-                x[cell[index]] += sums.x
-                priced[cell[index]] += other[cell[1 - index]] * sums.d
-            for name in which:
-                if priced[name] <= 0 or x[name] <= 0:
-                    return None, None
-                which[name] = x[name] / priced[name]
-    return cost, level
 
 
 @dataclass(slots=True)
@@ -423,30 +309,15 @@ class Calibration:
         self,
         variants: Iterable[str],
         speed: Callable[[str], float | None],
-        group: Callable[[str], str] | None = None,
         within: Callable[[str], bool] | None = None,
-        kind: Callable[[str], str] | None = None,
     ) -> dict[str, tuple[float, float]]:
         """``c`` and its standard error for each variant; ``speed(class_key)``: the class's
         baseline decode speed now (None: not known yet; its requests wait).
-
-        With ``group`` (a variant's name -> its group, e.g. its spec type) a variant is
-        shrunk toward its group's cost instead, itself shrunk toward the pooled cost by
-        ``PRIOR_REQUESTS`` requests' worth: a variant that has served little is priced
-        like its own kind, not like whatever served most.
 
         With ``within`` (a class key -> whether its requests count), the cost in those
         classes: a variant's requests there, shrunk toward its cost over all traffic by
         ``PRIOR_REQUESTS`` requests' worth (what a drafted token costs can depend on the
         prompts: an ``ngram-simple`` lookup scans the whole context each round).
-
-        With ``within`` and ``kind`` (a variant's name -> its kind, e.g. its spec type), a
-        variant is shrunk toward its cost over all traffic times its factor in those classes
-        (``class_factors``: a cost per variant times a level per class, fitted per kind), so
-        one that served little there is priced at those classes' level, which its siblings
-        that served there show, not at the level of the classes it happened to serve in
-        (without it, a class's incumbent is priced on its own requests and a sibling on all
-        traffic, and where drafting is cheap the sibling never looks as good as it is).
 
         >>> cal = Calibration()
         >>> for key, c in [("a", 0.3), ("b", 0.6)]:
@@ -459,14 +330,13 @@ class Calibration:
         speeds: dict[str, float | None] = {}
         by_variant: dict[str, _Sums] = {}
         inside: dict[str, _Sums] = {}
-        cells: dict[tuple[str, str], _Sums] = {}
         for (key, variant), raw in self.raw.items():
             if key not in speeds:
                 speeds[key] = speed(key)
             found = speeds[key]
             if found is not None:
                 sums = by_variant.setdefault(variant, _Sums())
-                at = cells[(key, variant)] = raw.at(found)
+                at = raw.at(found)
                 sums += at
                 if within is not None and within(key):
                     here = inside.setdefault(variant, _Sums())
@@ -475,34 +345,13 @@ class Calibration:
         for each in by_variant.values():
             total += each
         pooled = total.ratio(self.prior, self.prior_se, 1.0)
-        shrunk: dict[str, tuple[float, float]] = {}
-        if group is not None:
-            by_group: dict[str, _Sums] = {}
-            for name, each in by_variant.items():
-                sums = by_group.setdefault(group(name), _Sums())
-                sums += each
-            shrunk = {key: s.ratio(*pooled, PRIOR_REQUESTS) for key, s in by_group.items()}
-
-        def toward(name: str) -> tuple[float, float]:
-            return shrunk.get(group(name), pooled) if group is not None else pooled
-
         overall = {
-            name: own.ratio(*toward(name), PRIOR_REQUESTS)
-            if (own := by_variant.get(name))
-            else toward(name)
+            name: own.ratio(*pooled, PRIOR_REQUESTS) if (own := by_variant.get(name)) else pooled
             for name in variants
         }
         if within is None:
             return overall
-        factors = class_factors(cells, within, kind) if kind is not None else {}
-
-        def scaled(name: str, cost: tuple[float, float]) -> tuple[float, float]:
-            f = factors.get(name, 1.0)
-            return cost[0] * f, cost[1] * f
-
         return {
-            name: local.ratio(*scaled(name, cost), PRIOR_REQUESTS)
-            if (local := inside.get(name))
-            else scaled(name, cost)
+            name: local.ratio(*cost, PRIOR_REQUESTS) if (local := inside.get(name)) else cost
             for name, cost in overall.items()
         }

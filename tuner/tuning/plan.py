@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -21,8 +22,6 @@ from tuner.model.envelope import cost_model_from_facts
 from tuner.model.gguf_facts import ModelFacts, read_facts
 from tuner.model.profile import (
     Profile,
-    checked_speedups,
-    drafted_token_cost,
     fingerprint_key,
     hardware_fingerprint,
     load_profile,
@@ -34,7 +33,8 @@ from tuner.settings import Settings
 from tuner.tuning.capacity import instances_that_fit
 from tuner.tuning.config import TuningConfig, load_tuning
 from tuner.tuning.engine import Engine
-from tuner.tuning.service import Mode
+from tuner.tuning.pricing import prior_cost
+from tuner.tuning.service import EngineFactory, Mode
 from tuner.tuning.state import PolicyMeta
 from tuner.tuning.studies import StudyBook
 from tuner.tuning.variants import Variant, grid, parse_name, presets_ini
@@ -60,7 +60,7 @@ DEFAULT_VERIFY_SLOPE = 0.1
 @dataclass(frozen=True, slots=True)
 class TuningPlan:
     mode: Mode
-    engine: Engine
+    build_engine: EngineFactory  # wired by the service that runs it
     meta: PolicyMeta
     presets: Path
     capacity: int
@@ -172,8 +172,6 @@ def plan_tuning(settings: Settings, prepared: Prepared) -> TuningPlan | None:
     hardware_key = fingerprint_key(fingerprint)
     profile = machine_profile(facts, settings, hardware_key)
     cost = default_cost(facts, draft_facts, profile)
-    checked = drafted_token_cost(profile.checks) if profile else None
-    speedups = checked_speedups(profile.checks) if profile else {}
     meta: PolicyMeta = {
         "model": model_alias(settings, model),
         "model_key": model_key(model),
@@ -192,15 +190,10 @@ def plan_tuning(settings: Settings, prepared: Prepared) -> TuningPlan | None:
         f"{meta['model_key']}@{meta['hardware_key']}",
         seed=settings.seed,
     )
-    engine = Engine(
-        config,
-        variants,
-        studies,
-        cost=cost,
-        draft_step=cost.draft_step,
-        checked_cost=checked,
-        checked=speedups,
+    build = functools.partial(
+        Engine, config, variants, studies, cost=cost, draft_step=cost.draft_step
     )
+    drafted_cost, drafted_cost_se = prior_cost(cost, cost.draft_step)
     log.info(
         "tuning_plan",
         mode=mode,
@@ -208,8 +201,8 @@ def plan_tuning(settings: Settings, prepared: Prepared) -> TuningPlan | None:
         loaded_at_once=capacity.instances,
         capacity=capacity.explain(),
         one_variant_at_a_time=mode == "router" and capacity.instances == 1,
-        drafted_cost_prior=round(engine.calibration.prior, 3),
-        drafted_cost_prior_se=engine.calibration.prior_se,
+        drafted_cost_prior=round(drafted_cost, 3),
+        drafted_cost_prior_se=drafted_cost_se,
     )
     reload_guess = RELOAD_FIXED_S + facts.total_bytes / RELOAD_BYTES_PER_S
-    return TuningPlan(mode, engine, meta, presets, capacity.instances, gpu, reload_guess)
+    return TuningPlan(mode, build, meta, presets, capacity.instances, gpu, reload_guess)

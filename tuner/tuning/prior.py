@@ -8,40 +8,20 @@ target's cost model (verify curve from a calibration profile or the MoE expert
 coverage, recurrent-state restore) each variant gets a predicted speedup. The
 best few are tried first; if none is predicted to pay, the class starts with
 speculation off and the verdict's reason is kept (the kill switch before data).
-With ``checked`` (``[prior] check_order``: each spec type's speedup measured by the
-calibration profile's variant checks on this model and machine), the variants of a
-spec type whose check ran slower than no speculation are ranked after all others;
-an unchecked type is judged by the check of the drafter it shares (``FAMILY``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from tuner.model.speedup import CostModel, copy_speedup, largest_overhead, speedup
 from tuner.tuning.config import Prior
 from tuner.tuning.variants import Variant
 
-__all__ = ["FAMILY", "PriorView", "checked_loss", "class_alpha", "cost_for", "rank"]
+__all__ = ["PriorView", "class_alpha", "cost_for", "rank"]
 
 GAMMA_MAX = 64
-# spec types that run another one's drafter with a different setting: ngram-map-k4v is
-# llama.cpp's common_ngram_map with key_only off, ngram-map-k with it on
-FAMILY = {"ngram-map-k4v": "ngram-map-k"}
-
-
-def checked_loss(spec_type: str, checked: Mapping[str, float]) -> bool:
-    """Whether the profile's checks measured this spec type (or, unchecked, the one whose
-    drafter it shares) slower than no speculation.
-
-    >>> checked_loss("ngram-map-k4v", {"ngram-map-k": 0.99}), checked_loss("ngram-mod", {})
-    (True, False)
-    """
-    measured = checked.get(spec_type)
-    if measured is None and spec_type in FAMILY:
-        measured = checked.get(FAMILY[spec_type])
-    return measured is not None and measured < 1.0
 
 
 def class_alpha(class_key: str, variant: Variant, prior: Prior) -> float:
@@ -83,17 +63,13 @@ def rank(
     base: CostModel,
     draft_step: float = 0.0,
     alpha_of: Callable[[Variant], float] | None = None,
-    checked: Mapping[str, float] | None = None,
 ) -> PriorView:
     """Predict every speculative variant's speedup on a class and sort them.
 
     ``alpha_of`` replaces the guessed acceptance (the engine passes measured alpha
-    once a variant has data). ``checked`` (spec type -> speedup its profile check
-    measured) ranks the types measured slower than no speculation last, each keeping
-    its predicted speedup. ``pays`` is False when no variant is predicted above 1: the
+    once a variant has data). ``pays`` is False when no variant is predicted above 1: the
     reason names the best and its largest overhead.
     """
-    losing = checked or {}
     scored: list[tuple[Variant, float, float]] = []
     for variant in variants:
         if not variant.speculative:
@@ -106,7 +82,7 @@ def rank(
         else:
             s = speedup(alpha, gamma, cost)
         scored.append((variant, s, alpha))
-    scored.sort(key=lambda t: (checked_loss(t[0].spec_type, losing), -t[1], t[0].name))
+    scored.sort(key=lambda t: (-t[1], t[0].name))
     ranked = tuple((v, s) for v, s, _ in scored)
     if not scored:
         return PriorView(ranked, False, "no speculative variant is available")

@@ -27,7 +27,6 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from tuner.logs import get_logger
 from tuner.records import RequestRecord
 from tuner.tuning.engine import Decision, Engine
-from tuner.tuning.offline import OfflineTuner
 from tuner.tuning.single import SingleVariant
 from tuner.tuning.state import (
     POLICY_FILE,
@@ -56,10 +55,16 @@ class Routed:
     fields: dict[str, Any] | None = None
 
 
+EngineFactory = Callable[..., Engine]  # called with io= and on_change=
+
+
 class TuningService:
+    """``build`` makes the engine, wired to this service's background thread (``io``) and
+    its policy-file writer (``on_change``): ``functools.partial(Engine, config, ...)``."""
+
     def __init__(
         self,
-        engine: Engine,
+        build: EngineFactory,
         state_dir: Path,
         meta: PolicyMeta,
         *,
@@ -72,7 +77,6 @@ class TuningService:
         single_reload_s: float | None = None,
     ) -> None:
         self.flush = flush
-        self.engine = engine
         self.state_dir = state_dir
         self.path = state_dir / POLICY_FILE
         self.meta = meta
@@ -86,14 +90,11 @@ class TuningService:
         self._last_save = 0.0
         self.save_errors = 0
         self.scheduler: AsyncIOScheduler | None = None
-        engine.io = self._submit
-        engine.on_change = lambda _: self._mark_dirty()
+        self.engine = engine = build(io=self._submit, on_change=lambda _: self._mark_dirty())
         # One variant loaded at a time (router capacity 1): given the reload guess.
         self.single = (
             SingleVariant(engine, reload_s=single_reload_s) if single_reload_s is not None else None
         )
-        self.listeners: list[Callable[[Engine], None]] = []
-        self.offline: OfflineTuner | None = None  # idle-time replays; set by the daemon
 
     # -- request path -----------------------------------------------------------------
 
@@ -144,8 +145,6 @@ class TuningService:
             self._dirty.set()
             log.error("policies_write_failed", path=str(self.path), error=str(exc))
             return False
-        for listener in self.listeners:
-            listener(self.engine)
         return True
 
     def reevaluate(self) -> None:
@@ -194,10 +193,6 @@ class TuningService:
         self.scheduler.add_job(
             lambda: self._submit(self.snapshot), "interval", seconds=self.snapshot_s, id="snapshot"
         )
-        if self.offline is not None:  # it checks the tuning file's [offline] itself
-            every = max(1.0, min(10.0, self.engine.config.offline.idle_s / 2))
-            self.scheduler.add_job(self.offline.run_once, "interval", seconds=every,
-                                   id="offline", max_instances=1)  # fmt: skip
         self.scheduler.start()
 
     async def stop(self) -> None:

@@ -212,11 +212,6 @@ class ModDrafter:
         if self.used > _OCCUPANCY * self.size:
             self.reset()
 
-    def feed(self, tokens: Sequence[int]) -> None:
-        """A prompt-only request (one token to generate, nothing drafted): its n-grams go
-        into the table (``[guard] warm_tables`` feeds an instance this way)."""
-        self._begin(tokens)
-
     def _draft(self, history: list[int], sampled: int) -> list[int]:
         """``draft_one``: the draft after ``history`` + ``sampled`` (before the server cuts
         it to the tokens left)."""

@@ -42,7 +42,8 @@ from typing import Any
 from tuner.classify.classes import ROOT
 from tuner.logs import get_logger
 from tuner.records import RequestRecord
-from tuner.tuning.engine import Decision, Engine, Role
+from tuner.tuning.engine import Decision, Engine
+from tuner.tuning.policy import Role
 from tuner.tuning.variants import BASELINE, Variant
 
 __all__ = ["SingleVariant", "switch_pays", "traffic_gain"]

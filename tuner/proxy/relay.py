@@ -1,0 +1,178 @@
+"""Sending a request upstream and handing its answer back: whole, or relayed as a stream.
+
+A stream is passed through byte for byte (with the model renamed where the router's
+preset name must not show); if upstream dies or the daemon's drain bound passes, the
+stream ends with an OpenAI-shaped error event rather than a torn connection.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import anyio
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from tuner.proxy.openai_errors import OpenAIError, sse_error_event, translate_upstream_error
+from tuner.proxy.sse import ModelRename, TimingsSniffer
+from tuner.proxy.trace import Trace
+from tuner.upstream.client import UpstreamClient, UpstreamDisconnected, UpstreamResponse
+
+__all__ = ["Drain", "RelayResponse", "error_response", "forward"]
+
+
+def error_response(error: OpenAIError, request_id: str | None = None) -> JSONResponse:
+    headers = error.headers()
+    if request_id:
+        headers["x-request-id"] = request_id
+    return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+
+@dataclass(slots=True)
+class Drain:
+    """Shutdown as open streams see it: once ``cut``, each ends at its next chunk.
+
+    The daemon sets ``cut`` when the drain bound has passed since the stop signal;
+    the stream then ends with an error event, not a torn connection.
+    """
+
+    cut: bool = False
+
+
+async def forward(
+    upstream: UpstreamClient,
+    trace: Trace,
+    body: dict[str, Any],
+    raw: bytes,
+    drain: Drain,
+    shown: str | None = None,
+) -> Response:
+    """Send the request upstream and hand back its answer, streamed or whole; with
+    ``shown``, answers name that model instead of the one sent upstream (a preset)."""
+    model = upstream.resolve_model(body.get("model"))
+    if model is not None and body.get("model") != model:
+        body["model"] = model
+        raw = json.dumps(body, ensure_ascii=False).encode()
+    sent = body.get("model")
+    rename = ModelRename(sent, shown) if shown and isinstance(sent, str) and sent != shown else None
+    trace.t_send = time.perf_counter()
+    response = await upstream.open("POST", trace.endpoint, content=raw)
+    trace.t_headers = time.perf_counter()
+    headers = {"x-request-id": trace.request_id}
+    if trace.variant is not None:
+        headers["x-spec-variant"] = trace.variant
+    if trace.role is not None:
+        headers["x-spec-role"] = trace.role
+    if trace.class_key is not None:
+        headers["x-spec-class"] = trace.class_key
+
+    if response.status_code >= 400:
+        data = await response.aread()
+        await response.aclose()
+        error = translate_upstream_error(response.status_code, data)
+        trace.finish(error.status, error=error.message)
+        return error_response(error, trace.request_id)
+
+    content_type = response.content_type
+    if not content_type.startswith("text/event-stream"):
+        data = await response.aread()
+        await response.aclose()
+        trace.finish(response.status_code, body=data)  # timings are parsed off the loop
+        if rename is not None:
+            data = rename.whole(data)
+        return Response(data, status_code=response.status_code, media_type=content_type,
+                        headers=headers)  # fmt: skip
+
+    headers.update({"cache-control": "no-cache", "x-accel-buffering": "no"})
+    relay = RelayResponse(
+        _relay(response, trace, drain, rename),
+        status_code=response.status_code,
+        media_type="text/event-stream",
+        headers=headers,
+    )
+    relay.close_hooks.append(partial(_abandon, response, trace))
+    return relay
+
+
+class RelayResponse(StreamingResponse):
+    """A stream whose clean-up runs however it ends (done, client gone, or error).
+
+    Starlette does not close the body iterator, and a client that leaves before the
+    first chunk means the relay generator never starts, so its ``finally`` never runs.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.close_hooks: list[Callable[[], Awaitable[None]]] = []
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                for hook in self.close_hooks:
+                    await hook()
+
+
+async def _abandon(response: UpstreamResponse, trace: Trace) -> None:
+    """If the relay never ran: give the connection back and record the request anyway."""
+    await response.aclose()
+    trace.finish(response.status_code, error="client disconnected before the stream started")
+
+
+async def _relay(
+    response: UpstreamResponse, trace: Trace, drain: Drain, rename: ModelRename | None = None
+) -> AsyncIterator[bytes]:
+    """Pass SSE bytes through (with ``rename``, each event's ``model`` renamed); end with
+    an error event if upstream dies or the daemon's drain bound has passed."""
+    sniffer = TimingsSniffer()
+    error: str | None = "client disconnected"
+    try:
+        async for chunk in response.aiter_raw():
+            if drain.cut:
+                cut = OpenAIError(
+                    503,
+                    "the server is shutting down: the answer was cut at its drain bound",
+                    "server_error",
+                    code="server_shutting_down",
+                )
+                error = cut.message
+                if rename is not None:
+                    yield rename.flush()
+                yield sse_error_event(cut)
+                break
+            sniffer.feed(chunk)
+            if trace.chunks is not None:
+                trace.chunks.append(chunk)
+            out = chunk if rename is None else rename.feed(chunk)
+            if out:
+                yield out
+        else:
+            error = None
+            if rename is not None:
+                yield rename.flush()
+    except UpstreamDisconnected as exc:
+        failure = OpenAIError(
+            502,
+            f"the model server stopped in the middle of the answer: {exc}",
+            "server_error",
+            code="upstream_disconnected",
+        )
+        error = failure.message
+        if rename is not None:
+            yield rename.flush()
+        yield sse_error_event(failure)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await response.aclose()
+        sniffer.close()
+        if sniffer.done and error == "client disconnected":
+            # the client had the whole answer and closed at [DONE], before upstream's own
+            # end of the response reached us (the official SDK does): not a disconnect
+            error = None
+        trace.finish(response.status_code, error=error or sniffer.error, timings=sniffer.timings)

@@ -1,0 +1,176 @@
+"""What a variant's requests are worth: speedups from token counts, priced per drafted token.
+
+A request that generated ``n`` tokens, drafted ``d`` and had ``a`` accepted is priced at
+``n / (n - a + c d)`` (``tuner.tuning.counts``). ``c``, what a drafted token costs in plain
+decode steps, is calibrated per variant on every class's requests against one plain
+step's time fitted on all traffic (``Calibration.step_time``), and in a class priced by
+that class's own requests of the variant, shrunk toward all traffic's cost. Before any
+served draft prices it, ``c`` is the cost model's extra verify time per drafted token.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import statistics
+from collections.abc import Iterable, Mapping
+
+from tuner.classify.classes import ROOT
+from tuner.measure import Interval, ratio_interval
+from tuner.model.speedup import CostModel
+from tuner.tuning.counts import GUESS_SE, Calibration, Row, count_speedup
+from tuner.tuning.evidence import SAMPLED, Arm, ClassState, Trial, levels, under
+from tuner.tuning.variants import BASELINE, Variant
+
+__all__ = ["MAX_COST", "Pricing", "prior_cost", "z_for"]
+
+MAX_COST = 3.0  # most one exploring request is charged, in requests at the policy's speed
+
+
+def z_for(confidence: float) -> float:
+    """The normal quantile of a two-sided interval at ``confidence``.
+
+    >>> round(z_for(0.90), 3)
+    1.645
+    """
+    return statistics.NormalDist().inv_cdf(0.5 + confidence / 2)
+
+
+def prior_cost(cost: CostModel, draft_step: float) -> tuple[float, float]:
+    """``c`` before any calibration and its standard error: the cost model's extra verify
+    time per drafted token (at 16 drafts), plus a draft model's step.
+
+    >>> prior_cost(CostModel(), 0.0)[1]
+    0.25
+    """
+    return max(0.0, (cost.verify(17) - cost.verify(1)) / 16) + draft_step, GUESS_SE
+
+
+class Pricing:
+    """Speedups of the variants in each class, from the engine's evidence (``classes``,
+    shared with the engine and read under its lock)."""
+
+    def __init__(
+        self,
+        classes: Mapping[str, ClassState],
+        variants: Mapping[str, Variant],
+        cost: CostModel,
+        draft_step: float,
+        *,
+        confidence: float,
+    ) -> None:
+        self.classes = classes
+        self.variants = variants
+        self.cost = cost
+        self.draft_step = draft_step
+        self.configure(confidence)
+        self.calibration = Calibration(*prior_cost(cost, draft_step))
+
+    def configure(self, confidence: float) -> None:
+        """The confidence of every interval (a reloaded tuning file may change it)."""
+        self.z = z_for(confidence)
+
+    # -- the plain decode speed ---------------------------------------------------------
+
+    def fitted_speed(self) -> float | None:
+        """Plain decode steps per second, fitted on all traffic (``Calibration.step_time``)."""
+        tau = self.calibration.step_time()
+        return 1.0 / tau if tau is not None else None
+
+    def baseline_arm(self, key: str) -> Arm | None:
+        """The nearest level's baseline arm with at least two requests."""
+        for level in levels(key):
+            state = self.classes.get(level)
+            arm = state.arms.get(BASELINE.name) if state is not None else None
+            if arm is not None and len(arm.samples) >= 2:
+                return arm
+        return None
+
+    def base(self, state: ClassState) -> Arm | None:
+        """The baseline a class's speedups are measured against: its own with at least two
+        requests, else its nearest level's (counts need a baseline only to price a drafted
+        token, and its fitted step time is the same for every class)."""
+        own = state.arms.get(BASELINE.name)
+        if own is not None and len(own.samples) >= 2:
+            return own
+        return self.baseline_arm(state.key)
+
+    def baseline_speed(self, key: str) -> float | None:
+        """A class's decode speed without speculation: the fitted step time's, the same for
+        every class; before it stands, its nearest level's baseline requests' (the harmonic
+        mean: the calibration multiplies decode times by it)."""
+        if (fitted := self.fitted_speed()) is not None:
+            return fitted
+        base = self.baseline_arm(key)
+        if base is None or min(base.samples) <= 0:
+            return None
+        return len(base.samples) / math.fsum(1.0 / x for x in base.samples)
+
+    def explore_cost(self, key: str, tok_s: float, gain: float) -> float | None:
+        """What one exploring request of this class that decoded at ``tok_s`` cost, in
+        requests at the speed of the policy serving the class (whose measured speedup is
+        ``gain``): ``reference / tok_s - 1``, at least 0 and at most ``MAX_COST`` (one
+        stalled request does not spend a class's budget for hours); None before any level
+        of the class has measured its baseline."""
+        base = self.baseline_arm(key)
+        if base is None or tok_s <= 0:
+            return None
+        plain = self.fitted_speed()
+        speed = plain if plain is not None else statistics.fmean(base.samples)
+        return min(MAX_COST, max(0.0, speed * gain / tok_s - 1.0))
+
+    # -- speedups -----------------------------------------------------------------------
+
+    def costs(
+        self, variants: Iterable[str], key: str | None = None
+    ) -> dict[str, tuple[float, float]]:
+        """What a drafted token of each variant costs, in plain decode steps, and its
+        standard error: over all traffic, or in class ``key`` (its requests and those of the
+        classes under it, shrunk toward all traffic's)."""
+        within = functools.partial(under, key) if key is not None and key != ROOT else None
+        return self.calibration.costs(variants, self.baseline_speed, within)
+
+    def speedups(self, state: ClassState, base: Arm, need: int) -> dict[str, Interval]:
+        """Each speculative variant's speedup in a class, for arms of ``need`` requests
+        (served or replayed)."""
+        arms = {
+            name: arm
+            for name, arm in state.arms.items()
+            if name != BASELINE.name and name in self.variants and arm.known >= need
+        }
+        costs = self.costs(arms, state.key)
+        return {n: self.arm_speedup(state.key, n, arm, base, costs[n]) for n, arm in arms.items()}
+
+    def arm_speedup(
+        self, key: str, name: str, arm: Arm, base: Arm, cost: tuple[float, float] | None = None
+    ) -> Interval:
+        """One variant's speedup in a class (its key, its arm and its baseline arm)."""
+        c, c_se = cost or self.costs([name], key)[name]
+        found = count_speedup(arm.evidence, c, c_se, self.z)
+        if found is not None:
+            return found
+        return ratio_interval(arm.samples, base.samples, self.z)  # counts price nothing
+
+    def trial_speedup(self, state: ClassState, trial: Trial) -> Interval | None:
+        c, c_se = self.costs([trial.variant.name], state.key)[trial.variant.name]
+        return count_speedup(trial.counts, c, c_se, self.z)
+
+    def measured(self, state: ClassState, need: int) -> dict[str, Interval]:
+        """What the class's variants measure now (empty before any baseline)."""
+        base = self.base(state)
+        return self.speedups(state, base, need) if base is not None else {}
+
+    def recalibrate(self) -> None:
+        """Rebuild the calibration from the kept requests (after a restore): each leaf
+        class's requests once (speculative ones price a drafted token, all fit a step)."""
+        rows: list[Row] = []
+        shared = {level for key in self.classes for level in levels(key)[1:]}
+        for key, state in self.classes.items():
+            if key in shared or key in (SAMPLED, ROOT):
+                continue  # a leaf's requests count at every level: once is enough
+            for name, arm in state.arms.items():
+                # newest first: the two windows hold the same requests, newest last
+                kept = zip(reversed(arm.samples), reversed(arm.recent), strict=False)
+                rows += [(key, name, (n, d, a), n / tok_s) for tok_s, (d, a, n) in kept
+                         if n > 0 and tok_s > 0]  # fmt: skip
+        self.calibration = Calibration.rebuilt(rows, *prior_cost(self.cost, self.draft_step))
