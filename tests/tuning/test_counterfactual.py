@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import random
-from functools import partial
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
