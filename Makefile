@@ -39,11 +39,7 @@ bench: provision
 	$(BIN)/python benchmarks/classifier_speed.py --out benchmarks/results/classifier_speed.json
 	$(BIN)/python benchmarks/classifier_quality.py
 	$(BIN)/python benchmarks/class_separation.py --out benchmarks/results/class_separation.json
-	$(BIN)/python benchmarks/one_variant.py --out benchmarks/results/one_variant.json
-	$(BIN)/python benchmarks/prior_check.py benchmarks/results/bench/gemma-*/summary.json \
-		--out benchmarks/results/prior_check.json
-	$(BIN)/python benchmarks/engine_replay.py benchmarks/results/bench/gemma-cost-budget/summary.json \
-		--seeds 6 --out benchmarks/results/engine_replay.json
+	$(BIN)/python -m benchmarks.shadow_check --out benchmarks/results/shadow_check.json
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -12,7 +12,7 @@ from typing import IO, Any
 
 import httpx
 
-from tuner.bench.analyse import parse_rows
+from tuner.bench.rows import parse_rows
 from tuner.upstream.process import free_port
 
 

@@ -12,7 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tuner.bench.analyse import SCHEMA, FinalPolicy, check_row, same_work, summarize
+from tuner.bench.analyse import SCHEMA, FinalPolicy, summarize
+from tuner.bench.compare import same_work
+from tuner.bench.rows import check_row
 
 # two classes of two items each; per item (tokens, ms) for each static arm
 CLASSES = ["code", "code", "prose", "prose"]

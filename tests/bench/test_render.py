@@ -50,10 +50,10 @@ def test_markdown_without_static_arms_judges_against_baseline_only() -> None:
 
 
 def documented_fields() -> set[str]:
-    """Every backticked name in the README's summary.json table."""
+    """Every backticked name in docs/benchmarks.md's summary.json table."""
     import re
 
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md").read_text()
     table = text.split("`summary.json` (schema `spec-tuner/bench/1`):")[1].split("\n###")[0]
     names = set()
     for cell in re.findall(r"^\| ([^|]+) \|", table, re.M):
@@ -72,10 +72,10 @@ def assert_documented(summary: dict[str, object]) -> None:
     keys = set(summary) | set(overall) | {k for c in classes.values() for k in c}
     keys |= {k for arms in [overall["arms"]] for a in arms.values() for k in a}
     missing = keys - fields
-    assert not missing, f"summary fields missing from the README: {sorted(missing)}"
+    assert not missing, f"summary fields missing from docs/benchmarks.md: {sorted(missing)}"
 
 
-def test_readme_documents_every_summary_field() -> None:
+def test_the_docs_document_every_summary_field() -> None:
     rows = static_rows() + [tuner_row(i % 4, "meh") for i in range(8)]
     summary = summarize(rows, CLASSES, meta={"model": "m.gguf", "workload": 4})
     assert_documented(summary)
@@ -107,7 +107,7 @@ def test_markdown_and_plot_show_the_challenger(tmp_path: Path) -> None:
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_readme_documents_every_challenger_field() -> None:
+def test_the_docs_document_every_challenger_field() -> None:
     meta = {"model": "m.gguf", "workload": 4, "challenger_tuning": "/x/other.toml"}
     assert_documented(summarize(challenger_run(), CLASSES, meta=meta))
 

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from tuner.classify import classify, features, load_definitions, parents
 from tuner.classify import lexicon as lx
-from tuner.classify.features import byte_entropy, extract
+from tuner.classify.bytestats import byte_entropy
+from tuner.classify.features import extract
 from tuner.classify.prompt import view_of
 from tuner.errors import ConfigError
 
@@ -157,7 +158,7 @@ def test_bad_definitions_are_refused_clearly(tmp_path: Path, text: str, message:
 
 @given(st.binary(min_size=9, max_size=600))
 def test_small_and_numpy_paths_agree(data: bytes) -> None:
-    from tuner.classify import features as f
+    from tuner.classify import bytestats as f
 
     assert f._entropy_small(data) == pytest.approx(f._entropy_numpy(data))
     n = len(data) - 7
@@ -168,7 +169,7 @@ def test_small_and_numpy_paths_agree(data: bytes) -> None:
 
 @pytest.mark.parametrize("size", [70_000, 200_000])
 def test_entropy_above_the_lookup_table_matches(size: int) -> None:
-    from tuner.classify import features as f
+    from tuner.classify import bytestats as f
 
     data = (bytes(range(256)) * (size // 256 + 1))[:size] + b"a" * 70_000  # a count > 2^16
     assert f._entropy_small(data) == pytest.approx(f._entropy_numpy(data))

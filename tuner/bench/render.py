@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tuner.bench.analyse import BASELINE, Measured, item_means, succeeded
+from tuner.bench.rows import BASELINE, Measured, item_means, succeeded
 from tuner.bench.schedule import CHALLENGER, TUNER
 
 __all__ = ["markdown", "plot"]

@@ -37,7 +37,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tuner.atomic import write_atomic
 from tuner.bench import machine
-from tuner.bench.analyse import FinalPolicy, parse_rows, summarize
+from tuner.bench.analyse import FinalPolicy, summarize
+from tuner.bench.rows import parse_rows
 from tuner.bench.schedule import CHALLENGER, TUNER, Step, schedule
 from tuner.classify import classify, load_definitions
 from tuner.errors import ConfigError, UpstreamError
