@@ -10,7 +10,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from tests.bench.test_analyse import CLASSES, static_rows, tuner_row
-from tuner.bench.run import _final_policies, _Quiet, _report_machine, finish
+from tuner.bench.daemons import Quiet, final_policies
+from tuner.bench.run import _report_machine, finish
 from tuner.bench.schedule import CHALLENGER, TUNER
 from tuner.errors import ConfigError
 from tuner.tuning.collectors import ReplayCollector
@@ -52,16 +53,16 @@ def test_a_class_served_by_its_parent_takes_the_parents_policy(tmp_path: Path) -
         "prose": {"policy": young, "served_by": "prose"},
         "odd": "not a mapping",
     }}))  # fmt: skip
-    final = _final_policies(state)
+    final = final_policies(state)
     assert final["code/echo/greedy"].variant == "meh" and final["code/echo/greedy"].settled
     assert final["prose"].variant == "none" and not final["prose"].settled
     assert "odd" not in final
 
 
 def test_no_state_and_broken_state_give_no_policies(tmp_path: Path) -> None:
-    assert _final_policies(tmp_path / "missing") == {}
+    assert final_policies(tmp_path / "missing") == {}
     (tmp_path / "policies.json").write_text("{half")
-    assert _final_policies(tmp_path) == {}
+    assert final_policies(tmp_path) == {}
 
 
 def test_a_directory_without_requests_is_a_clear_error(tmp_path: Path) -> None:
@@ -99,7 +100,7 @@ class _Replayer:
 
 
 async def test_the_bench_waits_for_a_daemons_replays() -> None:
-    """``_Quiet`` reads the daemon's real metrics exposition: it polls until every answered
+    """``Quiet`` reads the daemon's real metrics exposition: it polls until every answered
     request was offered and none is pending; a daemon without replay metrics is not waited
     for."""
     replayer = _Replayer()
@@ -118,7 +119,7 @@ async def test_the_bench_waits_for_a_daemons_replays() -> None:
 
     replayer.offered, replayer.pending = 0, 1
     async with httpx.AsyncClient(transport=httpx.MockTransport(handle)) as http:
-        quiet = _Quiet(http, {TUNER: "http://daemon", CHALLENGER: "http://plain"})
+        quiet = Quiet(http, {TUNER: "http://daemon", CHALLENGER: "http://plain"})
         await quiet.wait(TUNER)
         assert polls == 3
         replayer.offered = 2  # the next request's replay is done at once

@@ -18,26 +18,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
-import os
-import shlex
-import shutil
 import signal
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from tuner.atomic import write_atomic
 from tuner.bench import machine
-from tuner.bench.analyse import FinalPolicy, summarize
+from tuner.bench.analyse import summarize
+from tuner.bench.daemons import (
+    DEFAULT_MATRIX,
+    BenchOptions,
+    Quiet,
+    final_policies,
+    state_dir,
+    tuner_daemon,
+)
 from tuner.bench.rows import parse_rows
 from tuner.bench.schedule import CHALLENGER, TUNER, Step, schedule
 from tuner.classify import classify, load_definitions
@@ -47,11 +48,10 @@ from tuner.model.profile import hardware_fingerprint
 from tuner.settings import Settings
 from tuner.tuning.capacity import instances_that_fit
 from tuner.tuning.plan import tuning_config, write_presets
-from tuner.tuning.state import POLICY_FILE
 from tuner.tuning.variants import BASELINE, Variant, parse_name
 from tuner.upstream.client import UpstreamClient
 from tuner.upstream.launch import Prepared, prepare, router_argv
-from tuner.upstream.process import ManagedServer, die_with_parent, free_port
+from tuner.upstream.process import ManagedServer, free_port
 from tuner.upstream.provision import Progress, stderr_progress
 from tuner.workload import WorkloadItem
 
@@ -59,42 +59,6 @@ __all__ = ["DEFAULT_MATRIX", "BenchOptions", "finish", "matrix_variants", "run_b
 
 
 BUSY_WARNING = 0.05  # a share of the machine's CPU used by others worth a warning
-
-
-def _state_dir(workdir: Path, arm: str) -> Path:
-    """A tuner arm's daemon state dir inside the run directory (``tuner-state``, ...)."""
-    return workdir / f"{arm}-state"
-
-
-# One or more settings per spec type: each type's build defaults, and a few tuned ones.
-DEFAULT_MATRIX = (
-    "ngram-simple",
-    "ngram-simple.n3.m16",
-    "ngram-simple.n12.m48",
-    "ngram-map-k",
-    "ngram-map-k4v",
-    "ngram-mod",
-    "ngram-mod.match12.max16",
-    "ngram-cache",
-    "draft-simple",
-    "draft-simple.max8",
-)
-
-
-@dataclass(frozen=True, slots=True)
-class BenchOptions:
-    out: Path
-    requests: int = 500
-    repeats: int = 1
-    baseline_repeats: int = 1  # baseline requests per item in each matrix repeat
-    seed: int = 0
-    matrix: tuple[str, ...] = DEFAULT_MATRIX
-    explore_share: float | None = None
-    max_tokens: int | None = None
-    challenger: Path | None = None  # a second tuner's tuning file, run side by side
-    # the challenger daemon's own settings (TUNER_* environment variables), e.g. its
-    # TUNER_MAX_INSTANCES: daemon settings, not tuning-file keys
-    challenger_env: tuple[tuple[str, str], ...] = ()
 
 
 def matrix_variants(names: Sequence[str], prepared: Prepared) -> list[Variant]:
@@ -162,122 +126,6 @@ async def _matrix_server(
     finally:
         await server.stop()
         await client.aclose()
-
-
-def _daemon_env(
-    settings: Settings,
-    prepared: Prepared,
-    state: Path,
-    port: int,
-    options: BenchOptions,
-    tuning: Path | None = None,
-) -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("TUNER_UPSTREAM_URL", None)
-    env.update(
-        TUNER_STATE_DIR=str(state),
-        TUNER_PORT=str(port),
-        TUNER_HOST="127.0.0.1",
-        TUNER_SEED=str(options.seed),
-        TUNER_TUNE="true",
-        TUNER_API_KEYS="",
-        TUNER_LOG_FORMAT="json",
-        TUNER_LLAMA_SERVER=str(prepared.binary),
-        TUNER_MODEL=str(prepared.model),
-        TUNER_CACHE_DIR=str(settings.cache_dir),
-        TUNER_CTX_SIZE=str(settings.ctx_size),
-    )
-    if prepared.draft is not None:
-        env["TUNER_DRAFT_MODEL"] = str(prepared.draft)
-    if settings.spec_args:
-        env["TUNER_SPEC_ARGS"] = shlex.join(settings.spec_args)
-    if tuning is not None:  # the challenger: its own file decides, explore_share included
-        env["TUNER_TUNING_FILE"] = str(tuning)
-        env.pop("TUNER_EXPLORE_SHARE", None)
-        env.update(options.challenger_env)
-    elif options.explore_share is not None:
-        env["TUNER_EXPLORE_SHARE"] = str(options.explore_share)
-    return env
-
-
-@asynccontextmanager
-async def _tuner_daemon(
-    settings: Settings,
-    prepared: Prepared,
-    options: BenchOptions,
-    workdir: Path,
-    arm: str = TUNER,
-    tuning: Path | None = None,
-) -> AsyncIterator[str]:
-    """The real daemon from a fresh state dir (``<arm>-state`` under ``workdir``, its log
-    ``<arm>-daemon.log``), with ``tuning`` as its tuning file if given; its URL."""
-    state = _state_dir(workdir, arm)
-    shutil.rmtree(state, ignore_errors=True)
-    state.mkdir(parents=True)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = (workdir / f"{arm}-daemon.log").open("ab")
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tuner", "serve",
-        env=_daemon_env(settings, prepared, state, port, options, tuning),
-        stdout=log, stderr=log, start_new_session=True,
-        # killed with the bench (even by SIGKILL), it still drains and stops its servers
-        preexec_fn=functools.partial(die_with_parent, signal.SIGTERM),
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + settings.startup_timeout_s
-        async with httpx.AsyncClient(timeout=5.0) as http:
-            while True:
-                if process.returncode is not None:
-                    raise UpstreamError(f"the daemon exited ({process.returncode}); see {log.name}")
-                with contextlib.suppress(httpx.HTTPError):
-                    if (await http.get(url + "/ready")).status_code == 200:
-                        break
-                if time.monotonic() > deadline:
-                    raise UpstreamError(f"the daemon was not ready in time; see {log.name}")
-                await asyncio.sleep(0.25)
-        yield url
-    finally:
-        if process.returncode is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(process.wait(), 60)
-            except TimeoutError:
-                process.kill()
-                await process.wait()
-        log.close()
-
-
-def _final_policies(state: Path) -> dict[str, FinalPolicy]:
-    """Class key -> its policy when the daemon stopped (it writes the file on the way out).
-
-    A class without a policy of its own is served by its parent's (``served_by``).
-    """
-    try:
-        data = json.loads((state / POLICY_FILE).read_text())
-    except (OSError, ValueError):
-        return {}
-    classes = data.get("classes") if isinstance(data, dict) else None
-    if not isinstance(classes, dict):
-        return {}
-
-    def own(key: object) -> FinalPolicy | None:
-        entry = classes.get(key) if isinstance(key, str) else None
-        policy = entry.get("policy") if isinstance(entry, dict) else None
-        if not isinstance(entry, dict) or not isinstance(policy, dict):
-            return None
-        if not isinstance(policy.get("variant"), str):
-            return None
-        settled = bool(policy.get("settled") or entry.get("converged"))
-        return FinalPolicy(policy["variant"], settled, str(policy.get("reason", "")))
-
-    out: dict[str, FinalPolicy] = {}
-    for key, entry in classes.items():
-        parent = entry.get("served_by") if isinstance(entry, dict) else None
-        found = own(parent) if parent and parent != key else own(key)
-        if found is not None:
-            out[key] = found
-    return out
 
 
 @contextlib.contextmanager
@@ -364,18 +212,18 @@ async def _run_bench(
         if options.requests:
             progress("starting the tuner daemon from a fresh state")
             urls[TUNER] = await stack.enter_async_context(
-                _tuner_daemon(settings, prepared, options, out)
+                tuner_daemon(settings, prepared, options, out)
             )
         if challenger is not None:
             progress(
                 f"starting the challenger daemon (tuning file {challenger}) from a fresh state"
             )
             urls[CHALLENGER] = await stack.enter_async_context(
-                _tuner_daemon(settings, prepared, options, out, CHALLENGER, challenger)
+                tuner_daemon(settings, prepared, options, out, CHALLENGER, challenger)
             )
         timeout = settings.request_timeout_s
         http = await stack.enter_async_context(httpx.AsyncClient(timeout=timeout))
-        quiet = _Quiet(http, urls)
+        quiet = Quiet(http, urls)
         samples = [machine.sample()]
         with rows_path.open("w") as sink:
             started = time.monotonic()
@@ -428,8 +276,8 @@ def finish(out: Path) -> dict[str, Any]:
         meta = {}
     classes: dict[int, str] = {int(r["item"]): str(r["class"]) for r in rows}
     item_classes = [classes.get(i, "?") for i in range(max(classes, default=-1) + 1)]
-    final = _final_policies(_state_dir(out, TUNER))
-    challenger = _final_policies(_state_dir(out, CHALLENGER))
+    final = final_policies(state_dir(out, TUNER))
+    challenger = final_policies(state_dir(out, CHALLENGER))
     try:
         summary = summarize(
             rows, item_classes, final_policies=final, challenger_policies=challenger,
@@ -475,53 +323,6 @@ async def _one(
     except (httpx.HTTPError, UpstreamError, ValueError) as exc:
         row["error"] = str(exc) or type(exc).__name__
     return row
-
-
-class _Quiet:
-    """After a daemon's request, wait until its background replays are done, so that they
-    never run beside another arm's request.
-
-    Reads the daemon's ``/metrics``: done once ``tuner_counterfactual_offered_total`` has
-    counted every answered request sent and ``tuner_counterfactual_pending`` is 0 (a daemon
-    without replays has neither: nothing to wait for).
-    """
-
-    TIMEOUT_S = 10.0
-
-    def __init__(self, http: httpx.AsyncClient, urls: Mapping[str, str]) -> None:
-        self.http = http
-        self.urls = urls
-        self.answered: dict[str, int] = {}
-
-    async def wait(self, arm: str) -> None:
-        answered = self.answered[arm] = self.answered.get(arm, 0) + 1
-        deadline = time.monotonic() + self.TIMEOUT_S
-        while True:
-            found = await self._read(arm)
-            if found is None:
-                return
-            offered, pending = found
-            if (offered >= answered and pending == 0) or time.monotonic() > deadline:
-                return
-            await asyncio.sleep(0.02)
-
-    async def _read(self, arm: str) -> tuple[float, float] | None:
-        try:
-            text = (await self.http.get(self.urls[arm] + "/metrics")).text
-            values = {
-                sample.name: sample.value
-                for family in text_string_to_metric_families(text)
-                if family.name.startswith("tuner_counterfactual_")
-                for sample in family.samples
-            }
-        except (httpx.HTTPError, ValueError):
-            return None
-        if "tuner_counterfactual_offered_total" not in values:
-            return None
-        return (
-            values["tuner_counterfactual_offered_total"],
-            values.get("tuner_counterfactual_pending", 0.0),
-        )
 
 
 def _report_progress(

@@ -42,7 +42,6 @@ from tuner.tuning.drift import drift
 from tuner.tuning.evidence import SAMPLED, ClassState, levels, parse_class
 from tuner.tuning.policy import Decision, Policy
 from tuner.tuning.pricing import Pricing
-from tuner.tuning.prior import PriorView
 from tuner.tuning.rules import Rules
 from tuner.tuning.search import TrialSearch
 from tuner.tuning.studies import StudyBook
@@ -236,40 +235,6 @@ class Engine(Rules):
         )
         if ranked:
             self._opening = ranked[-1][1]
-
-    # -- for the one-variant-at-a-time mode (tuner.tuning.single) ------------------------
-
-    def override(self, key: str) -> Override:
-        with self._lock:
-            return self._override(key)
-
-    def forbidden(self, key: str, variant: str) -> bool:
-        with self._lock:
-            return variant in self.variants and self._forbidden(key, variant)
-
-    def search_space(self, key: str) -> dict[str, dict[str, list[Any]]]:
-        with self._lock:
-            return self.space(key)
-
-    def prior_for(self, key: str) -> PriorView:
-        with self._lock:
-            prior = self.state(key).prior
-            return prior if prior is not None else self.rank(key)
-
-    def class_speedups(self, classes: Iterable[str]) -> dict[str, dict[str, float]]:
-        """Per class, each speculative variant's measured speedup over its baseline: the
-        class's own evidence, else its nearest parent's (enough requests of both)."""
-        need = self.config.budget.min_trial_requests
-        out: dict[str, dict[str, float]] = {}
-        with self._lock:
-            for key in classes:
-                found: dict[str, float] = {}
-                for level in levels(key):
-                    state = self.classes.get(level)
-                    for name, s in (self.pricing.measured(state, need) if state else {}).items():
-                        found.setdefault(name, s.value)
-                out[key] = found
-        return out
 
     # -- drift, reconfiguration, persistence ----------------------------------------------
 

@@ -12,7 +12,8 @@ counts at every level, so the levels learn first.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from tuner.classify.classes import ROOT
@@ -42,6 +43,7 @@ class Rules:
     draft_step: float
     clock: Callable[[], float]
     _overrides: dict[str, Override]
+    _lock: threading.RLock
 
     def state(self, key: str) -> ClassState:
         state = self.classes.get(key)
@@ -196,3 +198,37 @@ class Rules:
             for t, space in sorted(self.config.search.items())
             if t in types and t not in forbid
         }
+
+    # -- for the one-variant-at-a-time mode (tuner.tuning.single) ------------------------
+
+    def override(self, key: str) -> Override:
+        with self._lock:
+            return self._override(key)
+
+    def forbidden(self, key: str, variant: str) -> bool:
+        with self._lock:
+            return variant in self.variants and self._forbidden(key, variant)
+
+    def search_space(self, key: str) -> dict[str, dict[str, list[Any]]]:
+        with self._lock:
+            return self.space(key)
+
+    def prior_for(self, key: str) -> PriorView:
+        with self._lock:
+            prior = self.state(key).prior
+            return prior if prior is not None else self.rank(key)
+
+    def class_speedups(self, classes: Iterable[str]) -> dict[str, dict[str, float]]:
+        """Per class, each speculative variant's measured speedup over its baseline: the
+        class's own evidence, else its nearest parent's (enough requests of both)."""
+        need = self.config.budget.min_trial_requests
+        out: dict[str, dict[str, float]] = {}
+        with self._lock:
+            for key in classes:
+                found: dict[str, float] = {}
+                for level in levels(key):
+                    state = self.classes.get(level)
+                    for name, s in (self.pricing.measured(state, need) if state else {}).items():
+                        found.setdefault(name, s.value)
+                out[key] = found
+        return out
