@@ -61,6 +61,11 @@ class FakeLlamaServer:
     hold_stream: asyncio.Event | None = None  # a streamed answer waits for it ...
     hold_stream_at: int | None = None  # ... before this chunk (None: after [DONE], at the end)
     error: tuple[int, dict[str, Any]] | None = None  # status and body to answer with
+    plain_error: tuple[int, bytes] | None = None  # ... a text body (a router's "proxy error")
+    # a stream's end in place of its last event and end marker (a router whose instance
+    # died writes "proxy error: ..." and closes); a whole answer's body cut to this many bytes
+    stream_tail: list[bytes] | None = None
+    cut_body_at: int | None = None
     requests: list[dict[str, Any]] = field(default_factory=list)
     raw: list[bytes] = field(default_factory=list)
 
@@ -80,9 +85,14 @@ class FakeLlamaServer:
         self.raw.append(request.content)
         if self.error is not None:
             return httpx.Response(self.error[0], json=self.error[1])
+        if self.plain_error is not None:
+            status, text = self.plain_error
+            return httpx.Response(status, content=text, headers={"content-type": "text/plain"})
         if body.get("stream"):
             return self._stream(path, body)
-        return httpx.Response(200, json=self._answer(path, body, "Hello there"))
+        whole = json.dumps(self._answer(path, body, "Hello there")).encode()
+        content = whole if self.cut_body_at is None else whole[: self.cut_body_at]
+        return httpx.Response(200, content=content, headers={"content-type": "application/json"})
 
     def _answer(self, path: str, body: dict[str, Any], text: str) -> dict[str, Any]:
         if path == "/v1/chat/completions":
@@ -109,9 +119,14 @@ class FakeLlamaServer:
             delta = {"delta": {"content": word}} if chat else {"text": word}
             chunk = {"id": "c", "model": body.get("model"), "choices": [{"index": 0, **delta}]}
             chunks.append(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-        last = {"id": "c", "choices": [], "timings": TIMINGS}
-        chunks.append(b"data: " + json.dumps(last).encode() + b"\n\n")
-        chunks.append(b"data: [DONE]\n\n")
+        if path == "/completion":  # llama.cpp's native stream ends with its stop chunk
+            end = [
+                b"data: " + json.dumps({"content": "", "stop": True, "timings": TIMINGS}).encode()
+            ]
+        else:
+            last = {"id": "c", "choices": [], "timings": TIMINGS}
+            end = [b"data: " + json.dumps(last).encode(), b"data: [DONE]"]
+        chunks += [line + b"\n\n" for line in end] if self.stream_tail is None else self.stream_tail
         return httpx.Response(
             200,
             headers={"content-type": "text/event-stream"},

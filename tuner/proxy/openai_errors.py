@@ -44,6 +44,10 @@ class OpenAIError:
         return {"retry-after": str(self.retry_after)} if self.retry_after is not None else {}
 
 
+# what llama-server's router writes when the instance it forwarded to fails
+ROUTER_PROXY_ERROR = "proxy error:"
+
+
 def error_for_exception(exc: Exception) -> OpenAIError:
     """Map one of our exceptions to the error a client sees."""
     if isinstance(exc, RequestError):
@@ -90,6 +94,8 @@ def translate_upstream_error(status: int, raw: bytes) -> OpenAIError:
         return OpenAIError(status, message, "invalid_request_error")
     if status == 503:
         return OpenAIError(503, message, "server_error", code="upstream_not_ready", retry_after=2)
+    if message.startswith(ROUTER_PROXY_ERROR):  # the router lost the instance it asked
+        return OpenAIError(502, message, "server_error", code="upstream_disconnected")
     return OpenAIError(502, message, "server_error", code="upstream_error")
 
 

@@ -82,6 +82,14 @@ async def forward(
     if not content_type.startswith("text/event-stream"):
         data = await response.aread()
         await response.aclose()
+        if (
+            response.status_code == 200
+            and content_type.startswith("application/json")
+            and not (data.rstrip().endswith(b"}"))
+        ):  # a whole JSON answer ends with its object's brace; a cut one seldom does
+            failure = _disconnected("the answer was cut short")
+            trace.finish(failure.status, error=failure.message)
+            return error_response(failure, trace.request_id)
         trace.finish(response.status_code, body=data)  # timings are parsed off the loop
         if rename is not None:
             data = rename.whole(data)
@@ -129,9 +137,12 @@ async def _relay(
     response: UpstreamResponse, trace: Trace, drain: Drain, rename: ModelRename | None = None
 ) -> AsyncIterator[bytes]:
     """Pass SSE bytes through (with ``rename``, each event's ``model`` renamed); end with
-    an error event if upstream dies or the daemon's drain bound has passed."""
+    an error event if upstream dies, ends the stream early (no end marker, or a router's
+    "proxy error" line), or the daemon's drain bound has passed. A stream cut upstream is
+    recorded as a 502 with the reason, so it teaches the tuner nothing."""
     sniffer = TimingsSniffer()
     error: str | None = "client disconnected"
+    status = response.status_code
     try:
         async for chunk in response.aiter_raw():
             if drain.cut:
@@ -156,17 +167,17 @@ async def _relay(
             error = None
             if rename is not None:
                 yield rename.flush()
+            sniffer.close()
+            if sniffer.truncated:
+                failure = _disconnected(sniffer.stray or "the stream ended without its end")
+                error, status = failure.message, failure.status
+                yield b"\n\n" + sse_error_event(failure)  # on a line of its own
     except UpstreamDisconnected as exc:
-        failure = OpenAIError(
-            502,
-            f"the model server stopped in the middle of the answer: {exc}",
-            "server_error",
-            code="upstream_disconnected",
-        )
-        error = failure.message
+        failure = _disconnected(str(exc))
+        error, status = failure.message, failure.status
         if rename is not None:
             yield rename.flush()
-        yield sse_error_event(failure)
+        yield b"\n\n" + sse_error_event(failure)  # the cut may have left a line open
     finally:
         with anyio.CancelScope(shield=True):
             await response.aclose()
@@ -175,4 +186,13 @@ async def _relay(
             # the client had the whole answer and closed at [DONE], before upstream's own
             # end of the response reached us (the official SDK does): not a disconnect
             error = None
-        trace.finish(response.status_code, error=error or sniffer.error, timings=sniffer.timings)
+        trace.finish(status, error=error or sniffer.error, timings=sniffer.timings)
+
+
+def _disconnected(why: str) -> OpenAIError:
+    return OpenAIError(
+        502,
+        f"the model server stopped in the middle of the answer: {why}",
+        "server_error",
+        code="upstream_disconnected",
+    )

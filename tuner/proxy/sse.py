@@ -66,18 +66,48 @@ def extract_timings(payload: Any) -> dict[str, Any] | None:
     return None
 
 
-class TimingsSniffer:
-    """Incremental SSE line reader that keeps the last ``timings`` seen, and whether the
-    stream's end (``data: [DONE]``) has gone by."""
+# the field names an SSE line may start with; anything else is not SSE (a router's
+# "proxy error: ..." line written into a stream whose instance died)
+_SSE_FIELDS = (b"data:", b"event:", b"id:", b"retry:", b":")
 
-    __slots__ = ("_pending", "done", "error", "events", "timings")
+
+class TimingsSniffer:
+    """Incremental SSE line reader that keeps the last ``timings`` seen, whether the
+    stream's end has gone by (``data: [DONE]``, or llama.cpp's native final chunk with
+    ``"stop": true``), and the first line that is not SSE.
+
+    >>> s = TimingsSniffer()
+    >>> s.feed(b'data: {"content": "a"}\n\nproxy error: Failed to read connection')
+    >>> s.close()
+    >>> s.complete, s.stray
+    (False, 'proxy error: Failed to read connection')
+    >>> s = TimingsSniffer()
+    >>> s.feed(b'data: {"content": "", "stop": true}\n\n')
+    >>> s.complete, s.truncated
+    (True, False)
+    """
+
+    __slots__ = ("_pending", "done", "error", "events", "stopped", "stray", "timings")
 
     def __init__(self) -> None:
         self._pending = bytearray()
         self.timings: dict[str, Any] | None = None
         self.error: str | None = None
+        self.stray: str | None = None
         self.events = 0
         self.done = False
+        self.stopped = False
+
+    @property
+    def complete(self) -> bool:
+        """The stream's end went by: ``[DONE]``, or the native endpoint's final chunk."""
+        return self.done or self.stopped
+
+    @property
+    def truncated(self) -> bool:
+        """Read to its end, the stream was cut short: no end marker (or a line that is not
+        SSE), and no error event of its own that says why."""
+        return self.error is None and (self.stray is not None or not self.complete)
 
     def feed(self, chunk: bytes) -> None:
         if b"\n" not in chunk:
@@ -97,12 +127,14 @@ class TimingsSniffer:
 
     def _line(self, line: bytes) -> None:
         if not line.startswith(b"data:"):
+            if line.strip() and not line.startswith(_SSE_FIELDS) and self.stray is None:
+                self.stray = line.decode("utf-8", "replace").strip()[:200]
             return
         self.events += 1
         if line[5:].strip() == b"[DONE]":
             self.done = True
             return
-        if b'"timings"' not in line and b'"error"' not in line:
+        if b'"timings"' not in line and b'"error"' not in line and b'"stop"' not in line:
             return
         try:
             payload = json.loads(line[5:])
@@ -111,6 +143,8 @@ class TimingsSniffer:
         timings = extract_timings(payload)
         if timings is not None:
             self.timings = timings
+        if isinstance(payload, dict) and payload.get("stop") is True:
+            self.stopped = True
         if isinstance(payload, dict) and "error" in payload:
             error = payload["error"]
             self.error = str(error.get("message") if isinstance(error, dict) else error)

@@ -1,0 +1,81 @@
+"""An answer cut upstream is never relayed as a whole one (against the fake llama-server;
+the real router: tests/integration/test_router_faults.py)."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+
+from tests.fake_llama import FakeLlamaServer
+from tests.proxy.test_app import CHAT, next_record
+from tuner.records import RecordStore
+
+PROXY_ERROR = b"proxy error: Failed to read connection"
+
+
+def _events(text: str) -> list[dict[str, object]]:
+    return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+
+
+@pytest.mark.parametrize("tail", [[PROXY_ERROR], [PROXY_ERROR + b"\n"], []])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/completion"])
+async def test_a_stream_cut_upstream_ends_with_an_error_event_and_is_recorded_as_failed(
+    proxy: httpx.AsyncClient,
+    fake: FakeLlamaServer,
+    store: RecordStore,
+    tail: list[bytes],
+    path: str,
+) -> None:
+    """A router writes "proxy error: ..." into the stream of an instance that died, or the
+    stream just ends: either way without its end marker. The client gets an OpenAI-shaped
+    error event last; the record is a 502 with the reason, not a complete 200."""
+    fake.stream_tail = tail
+    body = CHAT if path.endswith("chat/completions") else {"prompt": "hi", "max_tokens": 4}
+    response = await proxy.post(path, json={**body, "stream": True})
+    last = _events(response.text)[-1]
+    assert last["error"]["code"] == "upstream_disconnected"  # type: ignore[index]
+    record = await next_record(store)
+    assert record.status == 502 and record.error and "middle of the answer" in record.error
+    if tail:
+        assert "proxy error" in record.error
+
+
+async def test_whole_streams_end_clean_on_every_endpoint(
+    proxy: httpx.AsyncClient, store: RecordStore
+) -> None:
+    """``[DONE]`` ends an OpenAI stream, the native endpoint's ``"stop": true`` chunk its own."""
+    for path, body in (("/v1/completions", {"prompt": "hi"}), ("/completion", {"prompt": "hi"})):
+        response = await proxy.post(path, json={**body, "stream": True})
+        assert not [e for e in _events(response.text) if "error" in e], response.text
+        record = await next_record(store)
+        assert record.status == 200 and record.error is None and record.timings is not None
+
+
+async def test_the_openai_sdk_raises_on_a_cut_stream_and_a_cut_answer(
+    proxy: httpx.AsyncClient, fake: FakeLlamaServer, store: RecordStore
+) -> None:
+    client = openai.AsyncOpenAI(api_key="unused", base_url="http://proxy/v1", http_client=proxy)
+    fake.stream_tail = [PROXY_ERROR]
+    stream = await client.completions.create(model="x", prompt="a", max_tokens=4, stream=True)
+    with pytest.raises(openai.APIError, match="middle of the answer"):
+        _ = [chunk async for chunk in stream]
+    fake.cut_body_at = 40  # a whole answer cut short: not JSON that ends
+    with pytest.raises(openai.InternalServerError) as caught:
+        await client.completions.create(model="x", prompt="a", max_tokens=4)
+    assert caught.value.status_code == 502
+    assert caught.value.body["code"] == "upstream_disconnected"  # type: ignore[index]
+    assert [r.status for r in [await next_record(store), await next_record(store)]] == [502, 502]
+
+
+async def test_a_router_proxy_error_answer_is_a_502_upstream_disconnected(
+    proxy: httpx.AsyncClient, fake: FakeLlamaServer, store: RecordStore
+) -> None:
+    """Before any header: the router answers 500 with a plain-text "proxy error" body."""
+    fake.plain_error = (500, PROXY_ERROR)
+    response = await proxy.post("/v1/completions", json={"prompt": "hi"})
+    assert response.status_code == 502
+    assert response.json()["error"]["code"] == "upstream_disconnected"
+    assert (await next_record(store)).status == 502
