@@ -62,6 +62,7 @@ class FakeLlamaServer:
     hold_stream_at: int | None = None  # ... before this chunk (None: after [DONE], at the end)
     error: tuple[int, dict[str, Any]] | None = None  # status and body to answer with
     plain_error: tuple[int, bytes] | None = None  # ... a text body (a router's "proxy error")
+    plain_error_times: int | None = None  # answer so this many times (None: always)
     # a stream's end in place of its last event and end marker (a router whose instance
     # died writes "proxy error: ..." and closes); a whole answer's body cut to this many bytes
     stream_tail: list[bytes] | None = None
@@ -85,7 +86,9 @@ class FakeLlamaServer:
         self.raw.append(request.content)
         if self.error is not None:
             return httpx.Response(self.error[0], json=self.error[1])
-        if self.plain_error is not None:
+        if self.plain_error is not None and self.plain_error_times != 0:
+            if self.plain_error_times is not None:
+                self.plain_error_times -= 1
             status, text = self.plain_error
             return httpx.Response(status, content=text, headers={"content-type": "text/plain"})
         if body.get("stream"):

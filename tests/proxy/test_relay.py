@@ -11,6 +11,7 @@ import pytest
 
 from tests.fake_llama import FakeLlamaServer
 from tests.proxy.test_app import CHAT, next_record
+from tuner.proxy import relay
 from tuner.records import RecordStore
 
 PROXY_ERROR = b"proxy error: Failed to read connection"
@@ -79,3 +80,23 @@ async def test_a_router_proxy_error_answer_is_a_502_upstream_disconnected(
     assert response.status_code == 502
     assert response.json()["error"]["code"] == "upstream_disconnected"
     assert (await next_record(store)).status == 502
+
+
+@pytest.mark.parametrize(("times", "status"), [(2, 200), (None, 502)])
+async def test_a_router_that_cannot_reach_an_instance_yet_gets_the_request_again(
+    proxy: httpx.AsyncClient,
+    fake: FakeLlamaServer,
+    store: RecordStore,
+    monkeypatch: pytest.MonkeyPatch,
+    times: int | None,
+    status: int,
+) -> None:
+    """Right after an instance died the router answers "could not establish connection"
+    until it has seen the exit: the request never reached an instance, so it is sent again
+    after a pause (four times at most), then answered or refused as a 502."""
+    monkeypatch.setattr(relay, "RESEND_AFTER_S", (0.0, 0.0, 0.0, 0.0))
+    fake.plain_error, fake.plain_error_times = (500, relay.NOT_CONNECTED), times
+    response = await proxy.post("/v1/completions", json={"prompt": "hi"})
+    assert response.status_code == status
+    assert len(fake.requests) == (3 if times else 5)
+    assert (await next_record(store)).status == status

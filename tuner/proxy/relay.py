@@ -7,6 +7,7 @@ stream ends with an OpenAI-shaped error event rather than a torn connection.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -18,12 +19,15 @@ import anyio
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from tuner.logs import get_logger
 from tuner.proxy.openai_errors import OpenAIError, sse_error_event, translate_upstream_error
 from tuner.proxy.sse import ModelRename, TimingsSniffer
 from tuner.proxy.trace import Trace
 from tuner.upstream.client import UpstreamClient, UpstreamDisconnected, UpstreamResponse
 
 __all__ = ["Drain", "RelayResponse", "error_response", "forward"]
+
+log = get_logger(__name__)
 
 
 def error_response(error: OpenAIError, request_id: str | None = None) -> JSONResponse:
@@ -44,6 +48,31 @@ class Drain:
     cut: bool = False
 
 
+# A router whose instance just died answers "could not connect" until it has seen the exit
+# (its monitor thread notices within a second); the request never reached an instance, so
+# it is sent again after these pauses, then the router loads the preset anew.
+NOT_CONNECTED = b"proxy error: Could not establish connection"
+RESEND_AFTER_S = (0.25, 0.5, 1.0, 2.0)
+
+
+async def _open(
+    upstream: UpstreamClient, path: str, raw: bytes
+) -> tuple[UpstreamResponse, bytes | None]:
+    """The upstream response, and its body where it was read (an error answer)."""
+    response = await upstream.open("POST", path, content=raw)
+    for pause in RESEND_AFTER_S:
+        if response.status_code != 500:
+            return response, None
+        data = await response.aread()
+        await response.aclose()
+        if not data.startswith(NOT_CONNECTED):
+            return response, data
+        log.info("upstream_resend", path=path, pause_s=pause, reason=data.decode(errors="replace"))
+        await asyncio.sleep(pause)
+        response = await upstream.open("POST", path, content=raw)
+    return response, None
+
+
 async def forward(
     upstream: UpstreamClient,
     trace: Trace,
@@ -61,7 +90,7 @@ async def forward(
     sent = body.get("model")
     rename = ModelRename(sent, shown) if shown and isinstance(sent, str) and sent != shown else None
     trace.t_send = time.perf_counter()
-    response = await upstream.open("POST", trace.endpoint, content=raw)
+    response, data = await _open(upstream, trace.endpoint, raw)
     trace.t_headers = time.perf_counter()
     headers = {"x-request-id": trace.request_id}
     if trace.variant is not None:
@@ -72,8 +101,9 @@ async def forward(
         headers["x-spec-class"] = trace.class_key
 
     if response.status_code >= 400:
-        data = await response.aread()
-        await response.aclose()
+        if data is None:
+            data = await response.aread()
+            await response.aclose()
         error = translate_upstream_error(response.status_code, data)
         trace.finish(error.status, error=error.message)
         return error_response(error, trace.request_id)

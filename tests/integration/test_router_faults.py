@@ -1,0 +1,97 @@
+"""Router mode when one instance fails while the router lives (the real llama-server)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import psutil
+import pytest
+
+from tests.integration.conftest import RunningDaemon, start_daemon
+
+pytestmark = pytest.mark.llama
+
+PINNED = "ngram-simple.n3.m16"
+# one speculative variant besides none, every class pinned to it
+TUNING = f"""
+[search.ngram-simple]
+size_n = [3]
+size_m = [16]
+[overrides.all]
+pin = "{PINNED}"
+"""
+PROMPT = "Write a long story about a lighthouse keeper and the sea, in many chapters.\n\n"
+
+
+def _pinned(tmp_path: Path) -> RunningDaemon:
+    tuning = tmp_path / "tuning.toml"
+    tuning.write_text(TUNING)
+    state = tmp_path / "state"
+    state.mkdir()
+    return start_daemon(state, env={"TUNER_TUNING_FILE": str(tuning), "TUNER_THREADS": "2"})
+
+
+def _instance(running: RunningDaemon, variant: str) -> psutil.Process:
+    """The router's instance serving ``variant`` (its argv names the preset's spec type)."""
+    spec_type = variant.split(".")[0]
+    for child in psutil.Process(running.process.pid).children(recursive=True):
+        argv = " ".join(child.cmdline())
+        if "llama-server" in child.name() and "--models-preset" not in argv and spec_type in argv:
+            return child
+    raise AssertionError("no instance of the pinned variant")
+
+
+def _records(running: RunningDaemon) -> list[dict[str, object]]:
+    files = sorted((running.state_dir / "records").glob("*.jsonl"))
+    return [json.loads(line) for f in files for line in f.read_text().splitlines()]
+
+
+def _kill_after(process: psutil.Process, seconds: float) -> threading.Thread:
+    thread = threading.Thread(target=lambda: (time.sleep(seconds), process.kill()), daemon=True)
+    thread.start()
+    return thread
+
+
+def test_an_instance_killed_mid_stream_or_mid_request_is_an_error_the_sdk_sees(
+    tmp_path: Path,
+) -> None:
+    """kill -9 of the instance that is answering: a streamed answer ends with an
+    ``upstream_disconnected`` event that the ``openai`` SDK raises; a whole answer is a 502
+    it raises; both are recorded as failed, and the next request is answered in full (the
+    router loads the preset again)."""
+    running = _pinned(tmp_path)
+    client = openai.OpenAI(api_key="unused", base_url=running.v1, max_retries=0, timeout=120)
+    warm = client.completions.create(model="x", prompt=PROMPT, max_tokens=8)
+    assert warm.choices[0].text is not None  # the pinned instance is loaded
+    _kill_after(_instance(running, PINNED), 2.0)
+    text = ""
+    with pytest.raises(openai.APIError, match="middle of the answer"):
+        for chunk in client.completions.create(
+            model="x", prompt=PROMPT, max_tokens=400, stream=True
+        ):
+            text += chunk.choices[0].text if chunk.choices else ""
+    assert text  # it was cut while it streamed, not before
+    _kill_after(_instance_when_back(running, client), 1.0)
+    with pytest.raises(openai.APIStatusError) as caught:
+        client.completions.create(model="x", prompt=PROMPT, max_tokens=400)
+    assert caught.value.status_code in (502, 503, 504)
+    after = client.completions.create(model="x", prompt=PROMPT, max_tokens=16)
+    assert after.usage is not None and after.usage.completion_tokens == 16
+    time.sleep(1.0)  # records are written off the request path
+    records = _records(running)
+    failed = [r for r in records if r.get("error")]
+    assert len(failed) == 2 and all(r["status"] in (502, 503, 504) for r in failed), failed
+    assert "middle of the answer" in str(failed[0]["error"])
+    assert records[-1]["status"] == 200 and not records[-1].get("error")
+    assert httpx.get(running.url + "/ready", timeout=5).status_code == 200
+
+
+def _instance_when_back(running: RunningDaemon, client: openai.OpenAI) -> psutil.Process:
+    """The pinned instance again, once a short request has loaded it."""
+    client.completions.create(model="x", prompt="Hello", max_tokens=2)
+    return _instance(running, PINNED)
