@@ -76,7 +76,9 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
     plan: TuningPlan | None = None
     if settings.upstream_url is not None:
         client = UpstreamClient(
-            str(settings.upstream_url), read_timeout_s=settings.request_timeout_s
+            str(settings.upstream_url),
+            read_timeout_s=settings.request_timeout_s,
+            stall_timeout_s=settings.stall_timeout_s,
         )
         supervisor = ExternalMonitor(client)
         served = f"llama-server at {settings.upstream_url}"
@@ -89,6 +91,7 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
         client = UpstreamClient(
             f"http://127.0.0.1:{port}",
             read_timeout_s=settings.request_timeout_s,
+            stall_timeout_s=settings.stall_timeout_s,
             default_model=None if plan and plan.mode == "router" else alias,
         )
         if plan is not None and plan.mode == "router":

@@ -53,6 +53,14 @@ class _StateCollector(Collector):
             value=self.upstream.restarts,
         )  # fmt: skip
         yield CounterMetricFamily(
+            "tuner_upstream_stalls", "Streaming answers cut because the model server went "
+            "silent (their instance is reloaded)", value=self.upstream.stalls,
+        )  # fmt: skip
+        yield GaugeMetricFamily(
+            "tuner_upstream_recovering", "Router presets reloaded after a stall that have not "
+            "answered since", value=len(self.upstream.recovering),
+        )  # fmt: skip
+        yield CounterMetricFamily(
             "tuner_records_dropped", "Request records dropped (queue full)",
             value=self.records.dropped,
         )  # fmt: skip

@@ -77,6 +77,11 @@ class Settings(BaseSettings):
     threads: int | None = Field(None, ge=1, description="llama-server threads; default: its own")
     startup_timeout_s: float = Field(600.0, gt=0, description="wait this long for /health")
     request_timeout_s: float = Field(600.0, gt=0, description="upstream read timeout")
+    # llama-server pings a silent stream every 30 s, so a streaming answer that sends nothing
+    # for three pings has a stuck instance, however slow the machine
+    stall_timeout_s: float = Field(
+        90.0, gt=0, description="a streaming answer silent this long is cut, its instance reloaded"
+    )
     drain_timeout_s: int = Field(
         30, ge=0, description="on SIGTERM, wait this long for in-flight requests to finish"
     )

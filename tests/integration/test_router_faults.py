@@ -95,3 +95,44 @@ def _instance_when_back(running: RunningDaemon, client: openai.OpenAI) -> psutil
     """The pinned instance again, once a short request has loaded it."""
     client.completions.create(model="x", prompt="Hello", max_tokens=2)
     return _instance(running, PINNED)
+
+
+def test_a_stopped_instance_is_cut_off_reloaded_and_the_next_request_answered(
+    tmp_path: Path,
+) -> None:
+    """SIGSTOP of the instance that is streaming: the stream ends with ``upstream_stalled``
+    after the stall bound (the openai SDK raises it), ``/ready`` and ``/metrics`` show the
+    stall, the router kills the stopped instance, and the next request is answered in
+    full."""
+    tuning = tmp_path / "tuning.toml"
+    tuning.write_text(TUNING)
+    state = tmp_path / "state"
+    state.mkdir()
+    env = {"TUNER_TUNING_FILE": str(tuning), "TUNER_THREADS": "2", "TUNER_STALL_TIMEOUT_S": "3"}
+    running = start_daemon(state, env=env)
+    client = openai.OpenAI(api_key="unused", base_url=running.v1, max_retries=0, timeout=120)
+    client.completions.create(model="x", prompt=PROMPT, max_tokens=8)
+    instance = _instance(running, PINNED)
+    threading.Thread(target=lambda: (time.sleep(2.0), instance.suspend()), daemon=True).start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(openai.APIError, match="sent nothing for 3 s"):
+            for _ in client.completions.create(
+                model="x", prompt=PROMPT, max_tokens=400, stream=True
+            ):
+                pass
+        assert time.monotonic() - started < 30
+        ready = httpx.get(running.url + "/ready", timeout=5).json()
+        metrics = httpx.get(running.url + "/metrics", timeout=5).text
+        assert "tuner_upstream_stalls_total 1.0" in metrics
+        assert ready.get("recovering") == [PINNED] or "tuner_upstream_recovering 0.0" in metrics
+        again = time.monotonic()
+        after = client.completions.create(model="x", prompt=PROMPT, max_tokens=16)
+        assert after.usage is not None and after.usage.completion_tokens == 16
+        assert time.monotonic() - again < 90  # the router's stop timeout, then a load
+        assert not instance.is_running() or instance.status() == psutil.STATUS_ZOMBIE
+    finally:
+        if instance.is_running():
+            instance.kill()
+    failed = [r for r in _records(running) if r.get("error")]
+    assert [r["status"] for r in failed] == [504]

@@ -3,6 +3,7 @@ the real router: tests/integration/test_router_faults.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
@@ -12,7 +13,9 @@ import pytest
 from tests.fake_llama import FakeLlamaServer
 from tests.proxy.test_app import CHAT, next_record
 from tuner.proxy import relay
+from tuner.proxy.app import create_app
 from tuner.records import RecordStore
+from tuner.upstream.client import UpstreamClient
 
 PROXY_ERROR = b"proxy error: Failed to read connection"
 
@@ -100,3 +103,34 @@ async def test_a_router_that_cannot_reach_an_instance_yet_gets_the_request_again
     assert response.status_code == status
     assert len(fake.requests) == (3 if times else 5)
     assert (await next_record(store)).status == status
+
+
+async def test_a_stream_that_goes_silent_is_cut_and_its_instance_reloaded(
+    fake: FakeLlamaServer, store: RecordStore
+) -> None:
+    """After its first chunk, a stream silent for the stall bound ends with an
+    ``upstream_stalled`` event, is recorded as a 504, and in router mode its preset is
+    unloaded (the router loads it anew on the next request); ``/ready`` lists it as
+    recovering until one of its answers completes."""
+    fake.hold_stream, fake.hold_stream_at = asyncio.Event(), 2  # never set: stuck
+    upstream = UpstreamClient("http://fake", transport=fake.transport(), stall_timeout_s=0.2)
+    upstream.model_ids = ("none", "ngram-mod")  # a router's presets
+    upstream.mark_ready(True)
+    app = create_app(upstream, store)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://p") as p:
+        body = {"model": "ngram-mod", "prompt": "hi", "stream": True}
+        response = await p.post("/v1/completions", json=body)
+        assert _events(response.text)[-1]["error"]["code"] == "upstream_stalled"  # type: ignore[index]
+        record = await next_record(store)
+        assert record.status == 504 and "sent nothing" in (record.error or "")
+        for _ in range(50):  # the unload runs in the background
+            if any(r["path"] == "/models/unload" for r in fake.requests):
+                break
+            await asyncio.sleep(0.01)
+        assert {"path": "/models/unload", "body": {"model": "ngram-mod"}} in fake.requests
+        assert upstream.stalls == 1
+        assert (await p.get("/ready")).json()["recovering"] == ["ngram-mod"]
+        fake.hold_stream = None
+        assert (await p.post("/v1/completions", json=body)).status_code == 200
+        assert "recovering" not in (await p.get("/ready")).json()
+    await upstream.aclose()

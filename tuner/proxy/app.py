@@ -232,7 +232,10 @@ class _Handlers:
 
     async def ready(self, request: Request) -> Response:
         if self.upstream.ready:
-            return JSONResponse({"status": "ready", "models": list(self.upstream.model_ids)})
+            found = {"status": "ready", "models": list(self.upstream.model_ids)}
+            if self.upstream.recovering:  # presets reloaded after a stall; the rest serve
+                found["recovering"] = sorted(self.upstream.recovering)
+            return JSONResponse(found)
         return JSONResponse(
             {"status": "starting", "restarts": self.upstream.restarts},
             status_code=503,

@@ -128,7 +128,7 @@ async def forward(
 
     headers.update({"cache-control": "no-cache", "x-accel-buffering": "no"})
     relay = RelayResponse(
-        _relay(response, trace, drain, rename),
+        _relay(response, trace, drain, rename, _Stall.of(upstream, sent)),
         status_code=response.status_code,
         media_type="text/event-stream",
         headers=headers,
@@ -163,8 +163,66 @@ async def _abandon(response: UpstreamResponse, trace: Trace) -> None:
     trace.finish(response.status_code, error="client disconnected before the stream started")
 
 
+@dataclass(frozen=True, slots=True)
+class _Stall:
+    """How long a stream may stay silent, and the router preset to reload if it does."""
+
+    upstream: UpstreamClient
+    seconds: float | None
+    preset: str | None  # None: not a router, nothing to reload
+
+    @classmethod
+    def of(cls, upstream: UpstreamClient, sent: object) -> _Stall:
+        router = len(upstream.model_ids) > 1 and isinstance(sent, str)
+        return cls(upstream, upstream.stall_timeout_s, sent if router else None)  # type: ignore[arg-type]
+
+    def answered(self) -> None:
+        if self.preset is not None:
+            self.upstream.recovering.pop(self.preset, None)
+
+    def stalled(self) -> OpenAIError:
+        """Count the stall, reload the instance in the background, and say what happened."""
+        self.upstream.stalls += 1
+        if self.preset is not None:
+            task = asyncio.create_task(self.upstream.unload(self.preset))
+            _BACKGROUND.add(task)
+            task.add_done_callback(_BACKGROUND.discard)
+        log.warning("upstream_stalled", preset=self.preset, seconds=self.seconds)
+        return OpenAIError(
+            504,
+            f"the model server sent nothing for {self.seconds:g} s in the middle of the answer; "
+            "its instance is being restarted",
+            "server_error",
+            code="upstream_stalled",
+        )
+
+
+_BACKGROUND: set[asyncio.Task[None]] = set()  # unloads in flight (kept from the collector)
+
+
+async def _chunks(response: UpstreamResponse, stall: _Stall) -> AsyncIterator[bytes]:
+    """The body's chunks; after the first, a silence longer than the stall bound raises
+    ``TimeoutError`` (before it, the prompt is still being read, for as long as it takes)."""
+    it = response.aiter_raw().__aiter__()
+    first = True
+    while True:
+        try:
+            if first or stall.seconds is None:
+                chunk = await it.__anext__()
+            else:
+                chunk = await asyncio.wait_for(it.__anext__(), stall.seconds)
+        except StopAsyncIteration:
+            return
+        first = False
+        yield chunk
+
+
 async def _relay(
-    response: UpstreamResponse, trace: Trace, drain: Drain, rename: ModelRename | None = None
+    response: UpstreamResponse,
+    trace: Trace,
+    drain: Drain,
+    rename: ModelRename | None,
+    stall: _Stall,
 ) -> AsyncIterator[bytes]:
     """Pass SSE bytes through (with ``rename``, each event's ``model`` renamed); end with
     an error event if upstream dies, ends the stream early (no end marker, or a router's
@@ -174,40 +232,34 @@ async def _relay(
     error: str | None = "client disconnected"
     status = response.status_code
     try:
-        async for chunk in response.aiter_raw():
-            if drain.cut:
-                cut = OpenAIError(
-                    503,
-                    "the server is shutting down: the answer was cut at its drain bound",
-                    "server_error",
-                    code="server_shutting_down",
-                )
-                error = cut.message
-                if rename is not None:
-                    yield rename.flush()
-                yield sse_error_event(cut)
-                break
-            sniffer.feed(chunk)
-            if trace.chunks is not None:
-                trace.chunks.append(chunk)
-            out = chunk if rename is None else rename.feed(chunk)
-            if out:
-                yield out
-        else:
-            error = None
-            if rename is not None:
-                yield rename.flush()
-            sniffer.close()
-            if sniffer.truncated:
-                failure = _disconnected(sniffer.stray or "the stream ended without its end")
-                error, status = failure.message, failure.status
-                yield b"\n\n" + sse_error_event(failure)  # on a line of its own
-    except UpstreamDisconnected as exc:
-        failure = _disconnected(str(exc))
-        error, status = failure.message, failure.status
+        failure: OpenAIError | None = None
+        try:
+            async for chunk in _chunks(response, stall):
+                if drain.cut:
+                    failure = _SHUTTING_DOWN
+                    break
+                sniffer.feed(chunk)
+                if trace.chunks is not None:
+                    trace.chunks.append(chunk)
+                out = chunk if rename is None else rename.feed(chunk)
+                if out:
+                    yield out
+            else:
+                sniffer.close()
+                failure = _disconnected(sniffer.stray or "no end") if sniffer.truncated else None
+        except TimeoutError:
+            failure = stall.stalled()
+        except UpstreamDisconnected as exc:
+            failure = _disconnected(str(exc))
         if rename is not None:
             yield rename.flush()
-        yield b"\n\n" + sse_error_event(failure)  # the cut may have left a line open
+        if failure is None:
+            error = None
+            stall.answered()
+        else:
+            error = failure.message
+            status = status if failure is _SHUTTING_DOWN else failure.status
+            yield b"\n\n" + sse_error_event(failure)  # on a line of its own
     finally:
         with anyio.CancelScope(shield=True):
             await response.aclose()
@@ -217,6 +269,14 @@ async def _relay(
             # end of the response reached us (the official SDK does): not a disconnect
             error = None
         trace.finish(status, error=error or sniffer.error, timings=sniffer.timings)
+
+
+_SHUTTING_DOWN = OpenAIError(
+    503,
+    "the server is shutting down: the answer was cut at its drain bound",
+    "server_error",
+    code="server_shutting_down",
+)
 
 
 def _disconnected(why: str) -> OpenAIError:

@@ -13,6 +13,7 @@ Whoever supervises the server (``ManagedServer`` or ``ExternalMonitor``) flips
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from typing import Any, NamedTuple
 
@@ -93,10 +94,15 @@ class UpstreamClient:
         *,
         transport: httpx.AsyncBaseTransport | None = None,
         read_timeout_s: float = 600.0,
+        stall_timeout_s: float | None = None,
         default_model: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.read_timeout_s = read_timeout_s
+        self.stall_timeout_s = stall_timeout_s  # a stream silent this long is stuck
+        self.stalls = 0  # streams cut for silence
+        # router presets reloaded after a stall, until one of their answers completes
+        self.recovering: dict[str, float] = {}
         self._fake = transport  # set: every call goes through this httpx transport
         limits = httpx.Limits(max_connections=64, max_keepalive_connections=8)
         self._transport = transport or httpx.AsyncHTTPTransport(limits=limits)
@@ -235,6 +241,16 @@ class UpstreamClient:
             raise UpstreamNotReady(f"the model server is unreachable: {exc!r}") from exc
         content_type = response.headers.get("content-type", "application/json")
         return UpstreamResponse(response.status, content_type, response)
+
+    async def unload(self, model: str) -> None:
+        """Ask the router to stop a preset's instance (it force-kills one that does not stop
+        within its stop timeout); the next request for it loads it anew. Never raises."""
+        self.recovering[model] = time.time()
+        try:
+            response = await self.http.post("/models/unload", json={"model": model}, timeout=30.0)
+            log.warning("instance_unloaded", model=model, status=response.status_code)
+        except httpx.HTTPError as exc:
+            log.error("instance_unload_failed", model=model, error=str(exc))
 
     async def aclose(self) -> None:
         await self.http.aclose()
