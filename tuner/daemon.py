@@ -134,7 +134,7 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
         )
         services.append(counterfactual)
     definitions = load_definitions(settings.classes_file)
-    collectors = ([TuningCollector(tuning.engine)] if tuning else []) + (
+    collectors = ([TuningCollector(tuning.engine, tuning.quarantine)] if tuning else []) + (
         [ReplayCollector(counterfactual)] if counterfactual else []
     )
     metrics = Metrics(client, records, collectors)
@@ -151,6 +151,7 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
         public_models=public_models,
         gate=gate,
         keep=counterfactual.submit if counterfactual else None,
+        fallback=tuning.fallback if tuning else None,
     )
     return Daemon(settings, app, client, supervisor, records, caps, notifier, tuning)
 

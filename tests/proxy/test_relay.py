@@ -1,10 +1,12 @@
-"""An answer cut upstream is never relayed as a whole one (against the fake llama-server;
-the real router: tests/integration/test_router_faults.py)."""
+"""Failures upstream: an answer cut short is never relayed as a whole one, a stuck stream is
+cut, a variant that fails before answering is tried again without speculation (against the
+fake llama-server; the real router: tests/integration/test_router_faults.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import dataclass
 
 import httpx
 import openai
@@ -14,6 +16,7 @@ from tests.fake_llama import FakeLlamaServer
 from tests.proxy.test_app import CHAT, next_record
 from tuner.proxy import relay
 from tuner.proxy.app import create_app
+from tuner.proxy.gate import VariantGate
 from tuner.records import RecordStore
 from tuner.upstream.client import UpstreamClient
 
@@ -134,3 +137,47 @@ async def test_a_stream_that_goes_silent_is_cut_and_its_instance_reloaded(
         assert (await p.post("/v1/completions", json=body)).status_code == 200
         assert "recovering" not in (await p.get("/ready")).json()
     await upstream.aclose()
+
+
+@dataclass(frozen=True)
+class _Routed:
+    variant: str
+    role: str = "exploit"
+    trial: int | None = None
+    fields: dict[str, object] | None = None
+
+    @property
+    def model(self) -> str:
+        return self.variant
+
+
+async def test_a_variant_that_fails_before_answering_is_tried_again_without_speculation(
+    upstream: UpstreamClient, fake: FakeLlamaServer, store: RecordStore
+) -> None:
+    """Its preset did not load (a 500 from the router): the request goes once more with
+    the routing ``fallback`` gives (no speculation) and is answered; both are recorded."""
+    fake.plain_error, fake.plain_error_times = (500, b"model name=ngram-mod failed to load"), 1
+    fallen: list[str] = []
+
+    def fallback(variant: str) -> _Routed | None:
+        fallen.append(variant)
+        return None if variant == "none" else _Routed("none", "fallback")
+
+    app = create_app(
+        upstream, store, router=lambda key: _Routed("ngram-mod"), fallback=fallback,
+        gate=VariantGate(),
+    )  # fmt: skip
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://p") as p:
+        response = await p.post("/v1/completions", json={"prompt": "hi"})
+        assert response.status_code == 200 and response.headers["x-spec-variant"] == "none"
+        assert response.headers["x-spec-role"] == "fallback"
+        fake.plain_error_times = 2  # the second try fails too: its error is the answer
+        response = await p.post("/v1/completions", json={"prompt": "hi", "stream": True})
+        assert response.status_code == 502
+    await store.flush()
+    rows = [(r.variant, r.role, r.status) for r in store.recent]
+    assert rows == [
+        ("ngram-mod", "exploit", 502), ("none", "fallback", 200),
+        ("ngram-mod", "exploit", 502), ("none", "fallback", 502),
+    ]  # fmt: skip
+    assert fallen == ["ngram-mod", "ngram-mod"]

@@ -72,6 +72,8 @@ class Routing(Protocol):
 
 
 Router = Callable[[str | None], Routing]
+# a routed request's variant failed on the server: the routing for a second try, or None
+Fallback = Callable[[str], Routing | None]
 
 
 class Service(Protocol):
@@ -79,6 +81,25 @@ class Service(Protocol):
 
     async def start(self) -> None: ...
     async def stop(self) -> None: ...
+
+
+class _Hold:
+    """One request's place in the variant gate (none without a gate); released once."""
+
+    def __init__(self, gate: VariantGate | None) -> None:
+        self.gate, self.held = gate, False
+
+    async def acquire(self, variant: str) -> bool:
+        if self.gate is None:
+            return False
+        await self.gate.acquire(variant)
+        self.held = True
+        return True
+
+    async def release(self) -> None:
+        if self.held and self.gate is not None:
+            self.held = False
+            self.gate.release()
 
 
 class _Handlers:
@@ -95,6 +116,7 @@ class _Handlers:
         public_models: Sequence[str] = (),
         gate: VariantGate | None = None,
         keep: Keep | None = None,
+        fallback: Fallback | None = None,
     ):
         self.router = router
         self.gate = gate
@@ -107,6 +129,7 @@ class _Handlers:
         self.in_flight = 0
         # counterfactual replays (tuner.tuning.counterfactual): get each answered request
         self.keep = keep
+        self.fallback = fallback
         self.drain = Drain()
 
     async def read_body(self, request: Request) -> bytes:
@@ -141,7 +164,7 @@ class _Handlers:
                 trace.finish(429, error=busy.message)
                 return error_response(busy, request_id)
             self.in_flight += 1
-            handed_over = gated = False
+            handed_over, hold = False, _Hold(self.gate)
             try:
                 raw = await self.read_body(request)
                 body = parse_body(raw)
@@ -152,18 +175,9 @@ class _Handlers:
                     trace.class_key, trace.features = found.key, found.features.as_dict()
                 if self.router is not None:
                     raw = self._route(trace, body) or raw
-                    if self.gate is not None and trace.variant is not None:
-                        queued = time.perf_counter()
-                        await self.gate.acquire(trace.variant)
-                        trace.wait_ms = (time.perf_counter() - queued) * 1000
-                        gated = True
-                response = await forward(
-                    self.upstream, trace, body, raw, self.drain, self._shown_model()
-                )
+                response = await self._send(trace, body, raw, hold)
                 if isinstance(response, RelayResponse):
-                    response.close_hooks.append(self._release)  # held until the stream ends
-                    if gated:
-                        response.close_hooks.append(self._open_gate)
+                    response.close_hooks += [self._release, hold.release]  # until it ends
                     handed_over = True
                 return response
             except TunerError as exc:
@@ -173,8 +187,7 @@ class _Handlers:
             finally:
                 if not handed_over:
                     await self._release()
-                    if gated:
-                        await self._open_gate()
+                    await hold.release()
                 structlog.contextvars.unbind_contextvars("request_id")
 
         return handler
@@ -187,6 +200,43 @@ class _Handlers:
             trace.keep, trace.request_body = self.keep, body
             trace.chunks = [] if trace.stream else None
         return changed
+
+    async def _send(self, trace: Trace, body: dict[str, Any], raw: bytes, hold: _Hold) -> Response:
+        """Forward (through the variant gate); where the variant failed on the server before
+        answering, once more as ``fallback`` routes it (no speculation), recorded apart."""
+        for attempt in range(2):
+            if trace.variant is not None:
+                queued = time.perf_counter()
+                if await hold.acquire(trace.variant):
+                    trace.wait_ms = (time.perf_counter() - queued) * 1000
+            response = await forward(
+                self.upstream, trace, body, raw, self.drain, self._shown_model()
+            )
+            retry = self._second_try(trace, response) if attempt == 0 else None
+            if retry is None:
+                return response
+            await hold.release()
+            trace = self._retrace(trace, body)
+            raw = self._apply(trace, body, retry) or raw
+        raise AssertionError("unreachable: the second try returns")
+
+    def _second_try(self, trace: Trace, response: Response) -> Routing | None:
+        """Where a routed request's variant failed on the server before any byte went back
+        (its preset did not load, its instance died or could not be reached), the routing
+        to send it again with; None otherwise."""
+        if self.fallback is None or trace.variant is None or isinstance(response, RelayResponse):
+            return None
+        return self.fallback(trace.variant) if response.status_code >= 500 else None
+
+    def _retrace(self, failed: Trace, body: dict[str, Any]) -> Trace:
+        """A new trace for the second try (the failed one is recorded as it was)."""
+        trace = Trace(self.records, failed.endpoint, failed.request_id)
+        trace.note_body(body)
+        trace.class_key, trace.features = failed.class_key, failed.features
+        if self.keep is not None:
+            trace.keep, trace.request_body = self.keep, body
+            trace.chunks = [] if trace.stream else None
+        return trace
 
     @staticmethod
     def _apply(trace: Trace, body: dict[str, Any], routed: Routing) -> bytes | None:
@@ -207,10 +257,6 @@ class _Handlers:
 
     async def _release(self) -> None:
         self.in_flight -= 1
-
-    async def _open_gate(self) -> None:
-        assert self.gate is not None
-        self.gate.release()
 
     async def models(self, request: Request) -> Response:
         if self.public_models:  # router mode: the presets are variants, not models
@@ -269,6 +315,7 @@ def create_app(
     public_models: Sequence[str] = (),
     gate: VariantGate | None = None,
     keep: Keep | None = None,
+    fallback: Fallback | None = None,
 ) -> Starlette:
     """Build the proxy app around one upstream client and one record store.
 
@@ -278,7 +325,7 @@ def create_app(
     """
     handlers = _Handlers(
         upstream, records, max_body_bytes, classifier, max_concurrent, router, public_models, gate,
-        keep,
+        keep, fallback,
     )  # fmt: skip
     metrics = metrics or Metrics(upstream, records)
     records.observers.append(metrics.observe)

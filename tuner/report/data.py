@@ -96,6 +96,8 @@ class Report:
     saved: float | None = None
     classes: list[ClassRow] = field(default_factory=list)
     single: dict[str, Any] | None = None  # one variant loaded at a time: what serves all
+    # variants out of routing and search because they failed on the server, and why
+    quarantine: dict[str, Any] = field(default_factory=dict)
 
     @property
     def requests(self) -> int:
@@ -134,6 +136,7 @@ class Report:
             "saved": self.saved,
             "overall": {"requests": self.requests, "expected_speedup": self.expected_speedup},
             "single": self.single,
+            "quarantine": self.quarantine,
             "classes": [row.public() for row in self.classes],
         }
 
@@ -239,6 +242,7 @@ def build_report(document: Mapping[str, Any] | None, state_dir: str = "") -> Rep
         saved=_float(document.get("saved")),
         classes=rows,
         single=single if isinstance(single := document.get("single"), dict) else None,
+        quarantine=found if isinstance(found := document.get("quarantine"), dict) else {},
     )
 
 

@@ -103,8 +103,14 @@ def _header(report: Report) -> list[str]:
         if single
         else []
     )
+    held = [
+        f"quarantined: {name} until {when(entry.get('until')) or '?'} UTC ({entry.get('reason')})"
+        for name, entry in report.quarantine.items()
+        if isinstance(entry, dict)
+    ]
     return [
         *one,
+        *held,
         f"model: {report.model}  build: {report.build}",
         f"hardware: {_hardware(report.hardware)}",
         f"state: {report.state_dir}  saved: {when(report.saved) or '-'} UTC",

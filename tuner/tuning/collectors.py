@@ -7,6 +7,7 @@ tuner_class_kill_switch{class_key}            1 when speculation is off because 
 tuner_class_exploration_share{class_key}      share of requests spent on trials and controls
 tuner_class_exploration_cost{class_key}       what exploring cost, in requests
 tuner_class_trials_total{class_key}, tuner_policy_switches_total{class_key}
+tuner_variant_quarantined{variant,reason}     1 while a variant that failed is left out
 tuner_counterfactual_replays_total{outcome}   requests replayed through n-gram variants
 tuner_counterfactual_checked_total, tuner_counterfactual_agreed_total
                                               replays of the served variant, and those that
@@ -27,6 +28,7 @@ from prometheus_client.registry import Collector
 
 from tuner.tuning.counterfactual import Counterfactual
 from tuner.tuning.engine import Engine
+from tuner.tuning.quarantine import Quarantine
 
 __all__ = ["ReplayCollector", "TuningCollector"]
 
@@ -34,8 +36,9 @@ __all__ = ["ReplayCollector", "TuningCollector"]
 class TuningCollector(Collector):
     """Per-class decisions of the tuning engine, read when Prometheus scrapes."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, quarantine: Quarantine | None = None) -> None:
         self.engine = engine
+        self.quarantine = quarantine or Quarantine()
 
     def collect(self) -> Iterator[Metric]:
         speedup = GaugeMetricFamily("tuner_class_speedup",
@@ -73,7 +76,12 @@ class TuningCollector(Collector):
             cost.add_metric([state.key], max(state.spent, 0.0) / state.seen if state.seen else 0.0)
             trials.add_metric([state.key], state.trials_done)
             switches.add_metric([state.key], state.switches)
-        yield from (speedup, alpha, speculation, kill, share, cost, trials, switches)
+        held = GaugeMetricFamily("tuner_variant_quarantined",
+                                 "1 while a variant is out of routing and search because it "
+                                 "failed on the server", labels=["variant", "reason"])  # fmt: skip
+        for name, entry in self.quarantine.describe().items():
+            held.add_metric([name, str(entry["reason"])], 1.0)
+        yield from (speedup, alpha, speculation, kill, share, cost, trials, switches, held)
 
 
 class ReplayCollector(Collector):

@@ -27,6 +27,7 @@ Per class:
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -72,6 +73,7 @@ class Engine(Rules):
         io: IO = _inline,
         on_change: Callable[[Engine], None] | None = None,
         clock: Callable[[], float] = time.time,
+        excluded: Callable[[str], bool] = lambda _: False,
     ) -> None:
         self.config = config
         self.variants = {v.name: v for v in variants}
@@ -82,6 +84,7 @@ class Engine(Rules):
         self.io = io
         self.on_change = on_change
         self.clock = clock
+        self.excluded = excluded  # variants that cannot run now (``tuning.quarantine``)
         self.classes: dict[str, ClassState] = {}
         self.pricing = Pricing(
             self.classes, self.variants, self.cost, draft_step,
@@ -136,6 +139,7 @@ class Engine(Rules):
             and not policy.speculation
             and not policy.settled
             and not self._forbidden(key, opening)
+            and not self.excluded(opening)
             and self.may_borrow(state, opening)
         ):
             return Decision(opening, "exploit", policy_class=ROOT)
@@ -147,7 +151,11 @@ class Engine(Rules):
             # the fitted step time is anchored by two plain requests of all traffic
             return Decision(BASELINE.name, "control", policy_class=key)
         trial = state.trial
-        if trial is not None:
+        if trial is not None and self.excluded(trial.variant.name):
+            state.trial = None  # it cannot run: its study hears so, the class moves on
+            if self.search is not None:
+                self.io(functools.partial(self.search.abandon, key, trial))
+        elif trial is not None:
             trial.sent += 1
             return Decision(trial.variant.name, "trial", trial.number, key)
         search = self.search
@@ -306,6 +314,13 @@ class Engine(Rules):
         if changed:
             self.changed()
         return changed
+
+    def refresh(self) -> None:
+        """Re-decide every class (a variant became unusable, or usable again)."""
+        with self._lock:
+            changed = [self.decide(state) for state in list(self.classes.values())]
+        if any(changed):
+            self.changed()
 
     def changed(self) -> None:
         if self.on_change is not None:

@@ -22,7 +22,7 @@ from tuner.measure import Interval
 
 __all__ = ["Best", "Decision", "Policy", "Role", "choose", "measured_policy", "off_reason"]
 
-Role = Literal["exploit", "trial", "control", "pinned"]
+Role = Literal["exploit", "trial", "control", "pinned", "fallback"]
 
 
 @dataclass(frozen=True, slots=True)

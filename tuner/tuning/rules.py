@@ -42,6 +42,7 @@ class Rules:
     cost: CostModel
     draft_step: float
     clock: Callable[[], float]
+    excluded: Callable[[str], bool]
     _overrides: dict[str, Override]
     _lock: threading.RLock
 
@@ -82,7 +83,11 @@ class Rules:
         if base is None:
             return Best(None, None, None)
         speedups = self.pricing.speedups(state, base, self.config.budget.min_trial_requests)
-        allowed = {name for name in speedups if not self._forbidden(state.key, name)}
+        allowed = {
+            name
+            for name in speedups
+            if not self._forbidden(state.key, name) and not self.excluded(name)
+        }
         held = state.policy.variant if state.policy is not None else None
         return choose(speedups, min_gain=self.config.guard.min_gain, held=held, allowed=allowed)
 

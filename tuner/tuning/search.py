@@ -41,6 +41,7 @@ class Host(Protocol):
     def classes(self) -> Mapping[str, ClassState]: ...
 
     def state(self, key: str) -> ClassState: ...
+    def excluded(self, variant: str) -> bool: ...
     def space(self, key: str) -> dict[str, dict[str, list[Any]]]: ...
     def clears(self, state: ClassState) -> bool: ...
     def decide_all(self, key: str) -> bool: ...
@@ -94,6 +95,9 @@ class TrialSearch:
             if pick is not None:
                 self.studies.enqueue(key, space, [pick])
             number, variant = self._ask_new(key, space)
+            if self.host.excluded(variant.name):
+                self.abandon(key, Trial(number, variant))
+                return
             with self.lock:
                 if variant.name in self.variants:
                     state.trial = Trial(number, variant)
@@ -164,6 +168,15 @@ class TrialSearch:
                 return number, variant
             self.studies.tell(key, space, number, value, attrs={"reused": True})
         raise AssertionError("unreachable: the last ask returns")
+
+    def abandon(self, key: str, trial: Trial) -> None:
+        """A trial whose variant cannot run (quarantined): failed in its study (IO thread)."""
+        try:
+            attrs = {"variant": trial.variant.name, "quarantined": True}
+            self.studies.tell(key, self.host.space(key), trial.number, None, attrs=attrs)
+        except Exception:
+            log.exception("tuning_tell_failed", class_key=key)
+        log.info("trial_abandoned", class_key=key, variant=trial.variant.name)
 
     def finish_trial(self, key: str, trial: Trial) -> None:
         """Tell the study, re-decide, and ask for the class's next trial (IO thread)."""

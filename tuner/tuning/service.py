@@ -27,6 +27,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from tuner.logs import get_logger
 from tuner.records import RequestRecord
 from tuner.tuning.engine import Decision, Engine
+from tuner.tuning.quarantine import Quarantine
 from tuner.tuning.single import SingleVariant
 from tuner.tuning.state import (
     POLICY_FILE,
@@ -35,7 +36,7 @@ from tuner.tuning.state import (
     save_policies,
     set_aside,
 )
-from tuner.tuning.variants import request_fields
+from tuner.tuning.variants import BASELINE, request_fields
 
 __all__ = ["Routed", "TuningService"]
 
@@ -90,7 +91,11 @@ class TuningService:
         self._last_save = 0.0
         self.save_errors = 0
         self.scheduler: AsyncIOScheduler | None = None
-        self.engine = engine = build(io=self._submit, on_change=lambda _: self._mark_dirty())
+        # variants that fail on the server side, out of routing and search for a while
+        self.quarantine = Quarantine()
+        self.engine = engine = build(
+            io=self._submit, on_change=lambda _: self._mark_dirty(), excluded=self.quarantine.blocks
+        )
         # One variant loaded at a time (router capacity 1): given the reload guess.
         self.single = (
             SingleVariant(engine, reload_s=single_reload_s) if single_reload_s is not None else None
@@ -101,7 +106,16 @@ class TuningService:
     def route(self, class_key: str | None) -> Routed:
         single = self.single
         decision: Decision = single.route(class_key) if single else self.engine.route(class_key)
+        if self.quarantine.blocks(decision.variant):  # a pin, or a choice not re-decided yet
+            decision = Decision(BASELINE.name, "fallback", policy_class=decision.policy_class)
         return self.routed(decision)
+
+    def fallback(self, variant: str) -> Routed | None:
+        """The second try for a request whose variant failed on the server before answering:
+        no speculation (None when that is what failed)."""
+        if variant == BASELINE.name:
+            return None
+        return self.routed(Decision(BASELINE.name, "fallback"))
 
     def routed(self, decision: Decision) -> Routed:
         """How the proxy applies a decision: the router preset, or per-request fields."""
@@ -111,6 +125,12 @@ class TuningService:
         return Routed(decision.variant, decision.role, decision.trial, fields=fields)
 
     def observe(self, record: RequestRecord) -> None:
+        variant = record.variant
+        if variant is not None and record.status >= 500:
+            if self.quarantine.failed(variant, record.error or f"status {record.status}"):
+                self._submit(self.engine.refresh)  # classes choose among the others
+        elif variant is not None and record.status == 200 and not record.error:
+            self.quarantine.succeeded(variant)
         if self.single is not None:
             self.single.observe(record)
         else:
@@ -138,7 +158,9 @@ class TuningService:
         self._dirty.clear()
         self._last_save = time.monotonic()
         try:
-            extra = {"single": self.single.describe()} if self.single else None
+            extra: dict[str, Any] = {"quarantine": self.quarantine.describe()}
+            if self.single is not None:
+                extra["single"] = self.single.describe()
             save_policies(self.path, self.meta, self.engine.snapshot(), extra=extra)
         except OSError as exc:
             self.save_errors += 1

@@ -110,5 +110,35 @@ def prepare(settings: Settings, progress: Progress = stderr_progress) -> Prepare
         settings.llama_server, settings.cache_dir, cuda=settings.llama_cuda, progress=progress
     )
     caps = probe_capabilities(binary)
+    for name in ("server_args", "spec_args"):
+        unknown = unknown_flags(getattr(settings, name), caps)
+        if unknown:
+            # a router refuses to start with a preset option it does not know, and
+            # restarting it cannot help: say so once, before anything runs
+            raise ConfigError(
+                f"TUNER_{name.upper()}: this llama-server does not know {', '.join(unknown)} "
+                f"(see {binary} --help)"
+            )
     model, draft = resolve_model(settings)
     return Prepared(binary, caps, model, draft)
+
+
+def unknown_flags(args: list[str], caps: Capabilities) -> list[str]:
+    """The flags among ``args`` this build does not list in ``--help`` (values, negative
+    numbers and ``--flag=value`` forms judged by the flag alone).
+
+    >>> from tuner.upstream.capabilities import parse_capabilities
+    >>> caps = parse_capabilities("-t, --threads N   threads\\n--spec-type TYPE   spec")
+    >>> unknown_flags(["--threads", "4", "--bogus", "-1", "--spec-type=none"], caps)
+    ['--bogus']
+    """
+    flags = [a.split("=", 1)[0] for a in args if a.startswith("-") and not _number(a)]
+    return [f for f in flags if not caps.has_flag(f)]
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
