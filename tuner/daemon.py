@@ -119,6 +119,7 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
                 mode=plan.mode,
                 flush=records.flush,
                 single_reload_s=plan.reload_guess_s if plan.single else None,
+                unavailable=client.is_recovering,
             )
             records.observers.append(tuning.observe)
     notifier = Notifier(

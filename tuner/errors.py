@@ -6,7 +6,8 @@
     ├── RequestError           a client request is malformed (-> HTTP 4xx)
     └── UpstreamError          llama-server could not answer
         ├── UpstreamNotReady   it is starting, restarting or stopped (-> 503)
-        └── UpstreamTimeout    it took longer than the configured timeout (-> 504)
+        ├── UpstreamTimeout    it took longer than the configured timeout (-> 504)
+        └── UpstreamStalled    its instance stopped answering mid-request (-> 504)
 
 Foreign errors (httpx, OS, subprocess) are translated at the boundary with
 ``raise ... from exc``; the proxy maps these types, never message text, to
@@ -22,6 +23,7 @@ __all__ = [
     "TunerError",
     "UpstreamError",
     "UpstreamNotReady",
+    "UpstreamStalled",
     "UpstreamTimeout",
 ]
 
@@ -70,3 +72,7 @@ class UpstreamNotReady(UpstreamError):
 
 class UpstreamTimeout(UpstreamError):
     """llama-server did not answer within the configured timeout."""
+
+
+class UpstreamStalled(UpstreamError):
+    """The instance answering a request stopped answering (its preset is being reloaded)."""

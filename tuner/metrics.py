@@ -58,7 +58,7 @@ class _StateCollector(Collector):
         )  # fmt: skip
         yield GaugeMetricFamily(
             "tuner_upstream_recovering", "Router presets reloaded after a stall that have not "
-            "answered since", value=len(self.upstream.recovering),
+            "answered since", value=len(self.upstream.recovering_now()),
         )  # fmt: skip
         yield CounterMetricFamily(
             "tuner_records_dropped", "Request records dropped (queue full)",

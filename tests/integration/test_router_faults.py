@@ -108,8 +108,8 @@ def test_a_stopped_instance_is_cut_off_reloaded_and_the_next_request_answered(
 ) -> None:
     """SIGSTOP of the instance that is streaming: the stream ends with ``upstream_stalled``
     after the stall bound (the openai SDK raises it), ``/ready`` and ``/metrics`` show the
-    stall, the router kills the stopped instance, and the next request is answered in
-    full."""
+    stall, the next request is answered at once without speculation while the router kills
+    the stopped instance and reloads it."""
     tuning = tmp_path / "tuning.toml"
     tuning.write_text(TUNING)
     state = tmp_path / "state"
@@ -133,10 +133,17 @@ def test_a_stopped_instance_is_cut_off_reloaded_and_the_next_request_answered(
         assert "tuner_upstream_stalls_total 1.0" in metrics
         assert ready.get("recovering") == [PINNED] or "tuner_upstream_recovering 0.0" in metrics
         again = time.monotonic()
-        after = client.completions.create(model="x", prompt=PROMPT, max_tokens=16)
-        assert after.usage is not None and after.usage.completion_tokens == 16
-        assert time.monotonic() - again < 90  # the router's stop timeout, then a load
-        assert not instance.is_running() or instance.status() == psutil.STATUS_ZOMBIE
+        raw = client.completions.with_raw_response.create(model="x", prompt=PROMPT, max_tokens=16)
+        assert raw.parse().usage.completion_tokens == 16  # type: ignore[union-attr]
+        # while the router reloads that instance, requests go elsewhere: no wait behind it
+        assert raw.headers["x-spec-variant"] == "none" and raw.headers["x-spec-role"] == "fallback"
+        assert time.monotonic() - again < 10
+        for _ in range(60):  # the router kills the stopped instance after its stop timeout
+            if not instance.is_running() or instance.status() == psutil.STATUS_ZOMBIE:
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError("the stopped instance was not killed")
     finally:
         client.close()
         if instance.is_running():
@@ -193,3 +200,35 @@ def test_a_flag_the_build_does_not_know_stops_the_daemon_with_a_clear_error(
     )  # fmt: skip
     assert result.returncode == 2
     assert "TUNER_SPEC_ARGS" in result.stderr and "--bogus-flag" in result.stderr
+
+
+def test_a_whole_answer_from_a_stopped_instance_is_cut_after_a_failed_probe(
+    tmp_path: Path,
+) -> None:
+    """SIGSTOP of the instance working on a non-streaming request: a whole answer sends
+    nothing until it is done, so after the stall bound the daemon probes the instance; it
+    does not answer, so the request ends with a 504 ``upstream_stalled`` (the SDK raises
+    it) well before the request timeout, and the next request is answered."""
+    tuning = tmp_path / "tuning.toml"
+    tuning.write_text(TUNING)
+    state = tmp_path / "state"
+    state.mkdir()
+    env = {"TUNER_TUNING_FILE": str(tuning), "TUNER_THREADS": "2", "TUNER_STALL_TIMEOUT_S": "3"}
+    running = start_daemon(state, env=env)
+    client = openai.OpenAI(api_key="unused", base_url=running.v1, max_retries=0, timeout=120)
+    client.completions.create(model="x", prompt=PROMPT, max_tokens=8)
+    instance = _instance(running, PINNED)
+    threading.Thread(target=lambda: (time.sleep(1.0), instance.suspend()), daemon=True).start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(openai.APIStatusError) as caught:
+            client.completions.create(model="x", prompt=PROMPT, max_tokens=400)
+        assert caught.value.status_code == 504
+        assert caught.value.body["code"] == "upstream_stalled"  # type: ignore[index]
+        assert time.monotonic() - started < 30
+        after = client.completions.create(model="x", prompt=PROMPT, max_tokens=16)
+        assert after.usage is not None and after.usage.completion_tokens == 16
+    finally:
+        client.close()
+        if instance.is_running():
+            instance.kill()

@@ -181,3 +181,39 @@ async def test_a_variant_that_fails_before_answering_is_tried_again_without_spec
         ("ngram-mod", "exploit", 502), ("none", "fallback", 502),
     ]  # fmt: skip
     assert fallen == ["ngram-mod", "ngram-mod"]
+
+
+@pytest.mark.parametrize("alive", [True, False])
+async def test_a_whole_answer_that_takes_long_is_probed_and_cut_only_if_stuck(
+    store: RecordStore, alive: bool
+) -> None:
+    """A non-streaming request sends nothing until it is done: past the stall bound the
+    daemon probes the instance (``/props?model=``); alive, it waits on; stuck, the request
+    is a 504 ``upstream_stalled`` and the preset is reloaded."""
+    finish = asyncio.Event()
+    calls: list[str] = []
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        if request.url.path == "/props" and alive:
+            return httpx.Response(200, json={})
+        if request.url.path in ("/props", "/v1/completions"):
+            await asyncio.wait_for(finish.wait(), 2.0 if alive else 30.0)
+        return httpx.Response(200, json={"choices": [{"text": "ok"}]})
+
+    upstream = UpstreamClient(
+        "http://f", transport=httpx.MockTransport(handle), stall_timeout_s=0.2
+    )
+    upstream.model_ids = ("none", "ngram-mod")
+    upstream.mark_ready(True)
+    app = create_app(upstream, store)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://p") as p:
+        if alive:
+            asyncio.get_running_loop().call_later(0.7, finish.set)
+        response = await p.post("/v1/completions", json={"model": "ngram-mod", "prompt": "hi"})
+    assert response.status_code == (200 if alive else 504)
+    assert calls.count("/props") >= (2 if alive else 1)
+    if not alive:
+        assert response.json()["error"]["code"] == "upstream_stalled"
+        assert upstream.is_recovering("ngram-mod") and upstream.stalls == 1
+    await upstream.aclose()

@@ -108,3 +108,21 @@ def test_only_server_side_failures_count(tmp_path: Path, status: int) -> None:
         service.observe(_record("ngram-mod", status))
     assert service.quarantine.blocks("ngram-mod") == (status == 502)
     service.observe(_record("ngram-mod", 400))  # the client's fault: not the variant's
+
+
+def test_a_preset_the_router_is_reloading_is_routed_around(tmp_path: Path) -> None:
+    """Right after a stall its preset is being killed and reloaded: requests pinned to it
+    go without speculation (``fallback``) until the upstream says it is available again."""
+    from tuner.tuning.config import Override
+
+    caps = parse_capabilities(HELP.read_text())
+    pin = "ngram-simple.n3.m16"
+    cfg = config().model_copy(update={"overrides": {"all": Override(pin=pin)}})
+    reloading = {pin}
+    service = TuningService(
+        partial(make, tmp_path, cfg, caps), tmp_path, {"model_key": "m"},
+        unavailable=reloading.__contains__,
+    )  # fmt: skip
+    assert (service.route(CODE).variant, service.route(CODE).role) == ("none", "fallback")
+    reloading.clear()
+    assert (service.route(CODE).variant, service.route(CODE).role) == (pin, "pinned")

@@ -279,8 +279,8 @@ class _Handlers:
     async def ready(self, request: Request) -> Response:
         if self.upstream.ready:
             found = {"status": "ready", "models": list(self.upstream.model_ids)}
-            if self.upstream.recovering:  # presets reloaded after a stall; the rest serve
-                found["recovering"] = sorted(self.upstream.recovering)
+            if recovering := self.upstream.recovering_now():  # reloaded after a stall
+                found["recovering"] = recovering
             return JSONResponse(found)
         return JSONResponse(
             {"status": "starting", "restarts": self.upstream.restarts},

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.errors import RequestError, UpstreamNotReady, UpstreamTimeout
+from tuner.errors import RequestError, UpstreamNotReady, UpstreamStalled, UpstreamTimeout
 
 __all__ = [
     "OpenAIError",
@@ -56,6 +56,8 @@ def error_for_exception(exc: Exception) -> OpenAIError:
         return OpenAIError(
             503, str(exc), "server_error", code="upstream_not_ready", retry_after=exc.retry_after
         )
+    if isinstance(exc, UpstreamStalled):
+        return OpenAIError(504, str(exc), "server_error", code="upstream_stalled")
     if isinstance(exc, UpstreamTimeout):
         return OpenAIError(504, str(exc), "server_error", code="upstream_timeout")
     return OpenAIError(502, f"upstream error: {exc}", "server_error", code="upstream_error")

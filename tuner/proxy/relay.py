@@ -8,6 +8,7 @@ stream ends with an OpenAI-shaped error event rather than a torn connection.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -19,6 +20,7 @@ import anyio
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from tuner.errors import TunerError, UpstreamStalled
 from tuner.logs import get_logger
 from tuner.proxy.openai_errors import OpenAIError, sse_error_event, translate_upstream_error
 from tuner.proxy.sse import ModelRename, TimingsSniffer
@@ -90,7 +92,8 @@ async def forward(
     sent = body.get("model")
     rename = ModelRename(sent, shown) if shown and isinstance(sent, str) and sent != shown else None
     trace.t_send = time.perf_counter()
-    response, data = await _open(upstream, trace.endpoint, raw)
+    stall = _Stall.of(upstream, sent)
+    response, data = await _watched(stall, trace.endpoint, raw)
     trace.t_headers = time.perf_counter()
     headers = {"x-request-id": trace.request_id}
     if trace.variant is not None:
@@ -128,7 +131,7 @@ async def forward(
 
     headers.update({"cache-control": "no-cache", "x-accel-buffering": "no"})
     relay = RelayResponse(
-        _relay(response, trace, drain, rename, _Stall.of(upstream, sent)),
+        _relay(response, trace, drain, rename, stall),
         status_code=response.status_code,
         media_type="text/event-stream",
         headers=headers,
@@ -198,6 +201,28 @@ class _Stall:
 
 
 _BACKGROUND: set[asyncio.Task[None]] = set()  # unloads in flight (kept from the collector)
+
+
+async def _watched(stall: _Stall, path: str, raw: bytes) -> tuple[UpstreamResponse, bytes | None]:
+    """``_open``, watched: a router instance that has not answered within the stall bound is
+    probed; one that does not answer the probe either is stuck (a whole answer sends no
+    byte before it is done, so silence alone proves nothing): the request is cut as
+    ``UpstreamStalled`` and the preset reloaded."""
+    if stall.seconds is None or stall.preset is None:
+        return await _open(stall.upstream, path, raw)
+    task = asyncio.ensure_future(_open(stall.upstream, path, raw))
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=stall.seconds)
+            if done:
+                return task.result()
+            if not await stall.upstream.responds(stall.preset, min(5.0, stall.seconds)):
+                raise UpstreamStalled(stall.stalled().message)
+    finally:
+        if not task.done():  # stuck, or the client left: the upstream request goes too
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, TunerError):
+                await task
 
 
 async def _chunks(response: UpstreamResponse, stall: _Stall) -> AsyncIterator[bytes]:

@@ -76,6 +76,7 @@ class TuningService:
         save_every_s: float = 2.0,
         flush: Callable[[], Awaitable[None]] | None = None,
         single_reload_s: float | None = None,
+        unavailable: Callable[[str], bool] = lambda _: False,
     ) -> None:
         self.flush = flush
         self.state_dir = state_dir
@@ -93,6 +94,7 @@ class TuningService:
         self.scheduler: AsyncIOScheduler | None = None
         # variants that fail on the server side, out of routing and search for a while
         self.quarantine = Quarantine()
+        self.unavailable = unavailable  # presets the router is reloading after a stall
         self.engine = engine = build(
             io=self._submit, on_change=lambda _: self._mark_dirty(), excluded=self.quarantine.blocks
         )
@@ -106,7 +108,8 @@ class TuningService:
     def route(self, class_key: str | None) -> Routed:
         single = self.single
         decision: Decision = single.route(class_key) if single else self.engine.route(class_key)
-        if self.quarantine.blocks(decision.variant):  # a pin, or a choice not re-decided yet
+        held = self.quarantine.blocks(decision.variant) or self.unavailable(decision.variant)
+        if held:  # a pin, a choice not re-decided yet, or an instance being reloaded
             decision = Decision(BASELINE.name, "fallback", policy_class=decision.policy_class)
         return self.routed(decision)
 

@@ -13,6 +13,7 @@ Whoever supervises the server (``ManagedServer`` or ``ExternalMonitor``) flips
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from typing import Any, NamedTuple
@@ -27,6 +28,8 @@ __all__ = ["UpstreamClient", "UpstreamDisconnected", "UpstreamResponse"]
 
 log = get_logger(__name__)
 
+# A stalled preset is reloaded: the router's stop timeout (10 s), a kill, and a fresh load.
+RECOVERY_S = 60.0
 # llama-server (cpp-httplib) closes idle keep-alive connections after 5 s: reuse for less.
 _KEEPALIVE_S = 4.0
 
@@ -101,7 +104,7 @@ class UpstreamClient:
         self.read_timeout_s = read_timeout_s
         self.stall_timeout_s = stall_timeout_s  # a stream silent this long is stuck
         self.stalls = 0  # streams cut for silence
-        # router presets reloaded after a stall, until one of their answers completes
+        # router presets reloaded after a stall (when), until one of their answers completes
         self.recovering: dict[str, float] = {}
         self._fake = transport  # set: every call goes through this httpx transport
         limits = httpx.Limits(max_connections=64, max_keepalive_connections=8)
@@ -241,6 +244,25 @@ class UpstreamClient:
             raise UpstreamNotReady(f"the model server is unreachable: {exc!r}") from exc
         content_type = response.headers.get("content-type", "application/json")
         return UpstreamResponse(response.status, content_type, response)
+
+    def is_recovering(self, model: str) -> bool:
+        """Whether a preset was reloaded after a stall within ``RECOVERY_S``: the router
+        is killing and reloading its instance, so requests are better sent elsewhere."""
+        since = self.recovering.get(model)
+        return since is not None and time.time() - since < RECOVERY_S
+
+    def recovering_now(self) -> list[str]:
+        return sorted(m for m in self.recovering if self.is_recovering(m))
+
+    async def responds(self, model: str, timeout_s: float = 5.0) -> bool:
+        """Whether a router preset's instance answers at all (``/props?model=``, which the
+        router forwards to it): a stopped or wedged one does not."""
+        probe = self.http.get("/props", params={"model": model}, timeout=timeout_s)
+        try:
+            response = await asyncio.wait_for(probe, timeout_s)  # whatever the transport does
+        except (httpx.HTTPError, TimeoutError):
+            return False
+        return response.status_code < 500
 
     async def unload(self, model: str) -> None:
         """Ask the router to stop a preset's instance (it force-kills one that does not stop
