@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -232,3 +233,38 @@ def test_a_whole_answer_from_a_stopped_instance_is_cut_after_a_failed_probe(
         client.close()
         if instance.is_running():
             instance.kill()
+
+
+def test_a_draft_file_gone_after_start_is_quarantined_and_requests_answered(
+    tmp_path: Path,
+) -> None:
+    """Gemma as its own draft, from a file that disappears once the daemon runs: the
+    draft preset cannot load, its requests are answered without speculation, and after two
+    failures the variant is quarantined."""
+    from tuner.upstream.launch import default_model_path
+
+    draft = tmp_path / "draft.gguf"
+    try:  # a file of its own (a symbolic link would be resolved at start)
+        os.link(default_model_path(), draft)
+    except OSError:
+        shutil.copyfile(default_model_path(), draft)
+    pinned = "draft-simple.max3.p0"
+    tuning = tmp_path / "tuning.toml"
+    tuning.write_text(
+        f'[search.draft-simple]\nn_max = [3]\np_min = [0.0]\n[overrides.all]\npin = "{pinned}"\n'
+    )
+    state = tmp_path / "state"
+    state.mkdir()
+    env = {"TUNER_TUNING_FILE": str(tuning), "TUNER_DRAFT_MODEL": str(draft)}
+    running = start_daemon(state, env=env)
+    draft.unlink()
+    client = openai.OpenAI(api_key="unused", base_url=running.v1, max_retries=0, timeout=120)
+    variants = []
+    for _ in range(3):
+        raw = client.completions.with_raw_response.create(model="x", prompt=PROMPT, max_tokens=8)
+        assert raw.parse().usage.completion_tokens == 8  # type: ignore[union-attr]
+        variants.append(raw.headers["x-spec-variant"])
+    client.close()
+    assert variants == ["none", "none", "none"]
+    metrics = httpx.get(running.url + "/metrics", timeout=5).text
+    assert f'variant="{pinned}"' in metrics and "tuner_variant_quarantined" in metrics

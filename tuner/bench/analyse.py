@@ -49,12 +49,13 @@ from tuner.bench.compare import same_work, side_by_side, vs_static_by_counts
 from tuner.bench.rows import (
     BASELINE,
     Measured,
-    alpha_of,
+    arm_entry,
     arm_ratio,
     bootstrap_interval,
     item_runs,
     means_of,
     occurrence_of,
+    static_class,
     succeeded,
     tok_s_of,
 )
@@ -74,18 +75,6 @@ class FinalPolicy:
     variant: str
     settled: bool = True  # rests on evidence or a verdict, not on "no evidence yet"
     reason: str = ""
-
-
-def arm_entry(
-    arm: Sequence[Measured], base: Sequence[Measured], rng: np.random.Generator
-) -> dict[str, Any]:
-    interval = bootstrap_interval(arm, base, rng)
-    return {
-        "ratio": round(arm_ratio(arm, base), 4),
-        "interval": list(interval) if interval else None,
-        "alpha": alpha_of(arm),
-        "tok_s": round(tok_s_of(arm), 2),
-    }
 
 
 def _convergence(served: Sequence[tuple[str, str]], finals: Sequence[str | None]) -> int:
@@ -179,7 +168,7 @@ def summarize(
     oracle_parts: list[Measured] = []
     for key in sorted(by_class):
         items = by_class[key]
-        entry = _static_class(items, means, statics, rng)
+        entry = static_class(items, means, statics, rng)
         oracle_parts += static(entry["oracle"], items)
         if tuner:
             found = _tuner_class(tuner_by_class[key], means, final_policies, key, rng)
@@ -320,26 +309,6 @@ def _oracle_late(
         same = runs.get(oracle, {}).get(item, ())
         out.append(same[k] if k < len(same) else means[oracle][item])
     return out
-
-
-def _static_class(
-    items: Sequence[int],
-    means: Mapping[str, Mapping[int, Measured]],
-    statics: Sequence[str],
-    rng: np.random.Generator,
-) -> dict[str, Any]:
-    base = [means[BASELINE][i] for i in items]
-    arms = {arm: arm_entry([means[arm][i] for i in items], base, rng) for arm in statics}
-    best = max(statics, key=lambda a: arms[a]["ratio"], default=BASELINE)
-    oracle = best if best != BASELINE and arms[best]["ratio"] > 1.0 else BASELINE
-    return {
-        "prompts": len(set(items)),
-        "occurrences": len(items),
-        "baseline_tok_s": round(tok_s_of(base), 2),
-        "arms": arms,
-        "oracle": oracle,
-        "oracle_ratio": arms[oracle]["ratio"] if oracle != BASELINE else 1.0,
-    }
 
 
 def _tuner_class(

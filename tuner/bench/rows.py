@@ -183,3 +183,35 @@ def means_of(
     if BASELINE not in runs:
         raise ValueError("the run has no successful baseline ('none') request")
     return {arm: {i: mean_of(v) for i, v in items.items()} for arm, items in runs.items()}
+
+
+def arm_entry(
+    arm: Sequence[Measured], base: Sequence[Measured], rng: np.random.Generator
+) -> dict[str, Any]:
+    interval = bootstrap_interval(arm, base, rng)
+    return {
+        "ratio": round(arm_ratio(arm, base), 4),
+        "interval": list(interval) if interval else None,
+        "alpha": alpha_of(arm),
+        "tok_s": round(tok_s_of(arm), 2),
+    }
+
+
+def static_class(
+    items: Sequence[int],
+    means: Mapping[str, Mapping[int, Measured]],
+    statics: Sequence[str],
+    rng: np.random.Generator,
+) -> dict[str, Any]:
+    base = [means[BASELINE][i] for i in items]
+    arms = {arm: arm_entry([means[arm][i] for i in items], base, rng) for arm in statics}
+    best = max(statics, key=lambda a: arms[a]["ratio"], default=BASELINE)
+    oracle = best if best != BASELINE and arms[best]["ratio"] > 1.0 else BASELINE
+    return {
+        "prompts": len(set(items)),
+        "occurrences": len(items),
+        "baseline_tok_s": round(tok_s_of(base), 2),
+        "arms": arms,
+        "oracle": oracle,
+        "oracle_ratio": arms[oracle]["ratio"] if oracle != BASELINE else 1.0,
+    }

@@ -77,12 +77,12 @@ class TimingsSniffer:
     ``"stop": true``), and the first line that is not SSE.
 
     >>> s = TimingsSniffer()
-    >>> s.feed(b'data: {"content": "a"}\n\nproxy error: Failed to read connection')
+    >>> s.feed(b'data: {"content": "a"}\\n\\nproxy error: Failed to read connection')
     >>> s.close()
     >>> s.complete, s.stray
     (False, 'proxy error: Failed to read connection')
     >>> s = TimingsSniffer()
-    >>> s.feed(b'data: {"content": "", "stop": true}\n\n')
+    >>> s.feed(b'data: {"content": "", "stop": true}\\n\\n')
     >>> s.complete, s.truncated
     (True, False)
     """
