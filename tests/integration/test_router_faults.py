@@ -32,12 +32,14 @@ pin = "{PINNED}"
 PROMPT = "Write a long story about a lighthouse keeper and the sea, in many chapters.\n\n"
 
 
-def _pinned(tmp_path: Path) -> RunningDaemon:
+def _pinned(tmp_path: Path, **env: str) -> RunningDaemon:
+    """A daemon whose every class is pinned to ``PINNED``, with these settings."""
     tuning = tmp_path / "tuning.toml"
     tuning.write_text(TUNING)
     state = tmp_path / "state"
     state.mkdir()
-    return start_daemon(state, env={"TUNER_TUNING_FILE": str(tuning), "TUNER_THREADS": "2"})
+    full = {"TUNER_TUNING_FILE": str(tuning), "TUNER_THREADS": "2", **env}
+    return start_daemon(state, env=full)
 
 
 def _instance(running: RunningDaemon, variant: str) -> psutil.Process:
@@ -111,12 +113,7 @@ def test_a_stopped_instance_is_cut_off_reloaded_and_the_next_request_answered(
     after the stall bound (the openai SDK raises it), ``/ready`` and ``/metrics`` show the
     stall, the next request is answered at once without speculation while the router kills
     the stopped instance and reloads it."""
-    tuning = tmp_path / "tuning.toml"
-    tuning.write_text(TUNING)
-    state = tmp_path / "state"
-    state.mkdir()
-    env = {"TUNER_TUNING_FILE": str(tuning), "TUNER_THREADS": "2", "TUNER_STALL_TIMEOUT_S": "3"}
-    running = start_daemon(state, env=env)
+    running = _pinned(tmp_path, TUNER_STALL_TIMEOUT_S="3")
     client = openai.OpenAI(api_key="unused", base_url=running.v1, max_retries=0, timeout=120)
     client.completions.create(model="x", prompt=PROMPT, max_tokens=8)
     instance = _instance(running, PINNED)
@@ -160,12 +157,8 @@ def test_a_preset_that_cannot_load_is_quarantined_and_every_request_answered(
     starts (``--spec-draft-p-min notanumber``): each request is still answered, without
     speculation, and after two failures the variant is quarantined (``/metrics``,
     ``tuner report``) so later requests do not try it at all."""
-    tuning = tmp_path / "tuning.toml"
-    tuning.write_text(TUNING)
-    state = tmp_path / "state"
-    state.mkdir()
-    env = {"TUNER_TUNING_FILE": str(tuning), "TUNER_SPEC_ARGS": "--spec-draft-p-min notanumber"}
-    running = start_daemon(state, env=env)
+    running = _pinned(tmp_path, TUNER_SPEC_ARGS="--spec-draft-p-min notanumber")
+    state = running.state_dir
     client = openai.OpenAI(api_key="unused", base_url=running.v1, max_retries=0, timeout=120)
     timings = []
     for _ in range(4):
@@ -210,12 +203,7 @@ def test_a_whole_answer_from_a_stopped_instance_is_cut_after_a_failed_probe(
     nothing until it is done, so after the stall bound the daemon probes the instance; it
     does not answer, so the request ends with a 504 ``upstream_stalled`` (the SDK raises
     it) well before the request timeout, and the next request is answered."""
-    tuning = tmp_path / "tuning.toml"
-    tuning.write_text(TUNING)
-    state = tmp_path / "state"
-    state.mkdir()
-    env = {"TUNER_TUNING_FILE": str(tuning), "TUNER_THREADS": "2", "TUNER_STALL_TIMEOUT_S": "3"}
-    running = start_daemon(state, env=env)
+    running = _pinned(tmp_path, TUNER_STALL_TIMEOUT_S="3")
     client = openai.OpenAI(api_key="unused", base_url=running.v1, max_retries=0, timeout=120)
     client.completions.create(model="x", prompt=PROMPT, max_tokens=8)
     instance = _instance(running, PINNED)
