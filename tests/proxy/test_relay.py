@@ -217,3 +217,25 @@ async def test_a_whole_answer_that_takes_long_is_probed_and_cut_only_if_stuck(
         assert response.json()["error"]["code"] == "upstream_stalled"
         assert upstream.is_recovering("ngram-mod") and upstream.stalls == 1
     await upstream.aclose()
+
+
+async def test_a_second_try_that_fails_is_recorded_too(
+    fake: FakeLlamaServer, store: RecordStore
+) -> None:
+    """The fallback's own failure (the server became unreachable) is the answer, and both
+    tries are recorded."""
+    fake.plain_error, fake.plain_error_times = (500, b"model name=ngram-mod failed to load"), 1
+    upstream = UpstreamClient("http://fake", transport=fake.transport())
+    upstream.mark_ready(True)
+
+    def fallback(variant: str) -> _Routed:
+        upstream.mark_ready(False)  # gone between the two tries
+        return _Routed("none", "fallback")
+
+    app = create_app(upstream, store, router=lambda key: _Routed("ngram-mod"), fallback=fallback)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://p") as p:
+        response = await p.post("/v1/completions", json={"prompt": "hi"})
+    assert response.status_code == 503
+    await store.flush()
+    assert [(r.variant, r.status) for r in store.recent] == [("ngram-mod", 502), ("none", 503)]
+    await upstream.aclose()

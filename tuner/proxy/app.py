@@ -209,9 +209,16 @@ class _Handlers:
                 queued = time.perf_counter()
                 if await hold.acquire(trace.variant):
                     trace.wait_ms = (time.perf_counter() - queued) * 1000
-            response = await forward(
-                self.upstream, trace, body, raw, self.drain, self._shown_model()
-            )
+            try:
+                response = await forward(
+                    self.upstream, trace, body, raw, self.drain, self._shown_model()
+                )
+            except TunerError as exc:
+                if attempt == 0:
+                    raise  # the handler records it on its own trace
+                error = error_for_exception(exc)  # the second try's trace is ours to finish
+                trace.finish(error.status, error=error.message)
+                return error_response(error, trace.request_id)
             retry = self._second_try(trace, response) if attempt == 0 else None
             if retry is None:
                 return response
