@@ -176,8 +176,9 @@ class _Stall:
 
     @classmethod
     def of(cls, upstream: UpstreamClient, sent: object) -> _Stall:
-        router = len(upstream.model_ids) > 1 and isinstance(sent, str)
-        return cls(upstream, upstream.stall_timeout_s, sent if router else None)  # type: ignore[arg-type]
+        router = len(upstream.model_ids) > 1
+        preset = sent if router and isinstance(sent, str) else None
+        return cls(upstream, upstream.stall_timeout_s, preset)
 
     def answered(self) -> None:
         if self.preset is not None:
