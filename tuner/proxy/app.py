@@ -196,10 +196,14 @@ class _Handlers:
         """Apply the tuner's decision to the body; the new body bytes when it changed."""
         assert self.router is not None
         changed = self._apply(trace, body, self.router(trace.class_key))
+        self._keep_answer(trace, body)
+        return changed
+
+    def _keep_answer(self, trace: Trace, body: dict[str, Any]) -> None:
+        """A routed request's answer goes to ``keep`` (the replays) once it is recorded."""
         if self.keep is not None and trace.variant is not None:
             trace.keep, trace.request_body = self.keep, body
             trace.chunks = [] if trace.stream else None
-        return changed
 
     async def _send(self, trace: Trace, body: dict[str, Any], raw: bytes, hold: _Hold) -> Response:
         """Forward (through the variant gate); where the variant failed on the server before
@@ -225,6 +229,7 @@ class _Handlers:
             await hold.release()
             trace = self._retrace(trace, body)
             raw = self._apply(trace, body, retry) or raw
+            self._keep_answer(trace, body)
         raise AssertionError("unreachable: the second try returns")
 
     def _second_try(self, trace: Trace, response: Response) -> Routing | None:
@@ -240,9 +245,6 @@ class _Handlers:
         trace = Trace(self.records, failed.endpoint, failed.request_id)
         trace.note_body(body)
         trace.class_key, trace.features = failed.class_key, failed.features
-        if self.keep is not None:
-            trace.keep, trace.request_body = self.keep, body
-            trace.chunks = [] if trace.stream else None
         return trace
 
     @staticmethod

@@ -126,7 +126,6 @@ class Engine(Rules):
                 state.explored += 1
                 state.spent += 1.0  # until observed (``Pricing.explore_cost``)
             if decision.variant == BASELINE.name:
-                state.none_routed += 1
                 self._plain_routed += 1
             return decision
 
@@ -156,7 +155,6 @@ class Engine(Rules):
             if self.search is not None:
                 self.io(functools.partial(self.search.abandon, key, trial))
         elif trial is not None:
-            trial.sent += 1
             return Decision(trial.variant.name, "trial", trial.number, key)
         search = self.search
         if not state.converged and not state.preparing and search is not None:

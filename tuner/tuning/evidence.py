@@ -150,7 +150,6 @@ class Trial:
 
     number: int
     variant: Variant
-    sent: int = 0
     counts: list[Counts] = field(default_factory=list)
 
 
@@ -159,7 +158,6 @@ class ClassState:
     key: str
     seen: int = 0
     explored: int = 0
-    none_routed: int = 0  # requests sent without speculation (exploit or control)
     trials_done: int = 0
     converged: bool = False
     switches: int = 0  # times the chosen variant changed (this process)
@@ -190,15 +188,9 @@ class ClassState:
     def counters(self) -> ClassState:
         """A copy of the counters alone (for summaries read off the engine's lock)."""
         return ClassState(
-            self.key,
-            self.seen,
-            self.explored,
-            self.none_routed,
-            self.trials_done,
-            self.converged,
-            self.switches,
-            self.spent,
-        )
+            self.key, seen=self.seen, explored=self.explored, trials_done=self.trials_done,
+            converged=self.converged, switches=self.switches, spent=self.spent,
+        )  # fmt: skip
 
     def dump(self) -> dict[str, Any]:
         """The persisted part (the policy file's entry adds what the engine derives)."""
