@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -57,8 +58,25 @@ def _records(running: RunningDaemon) -> list[dict[str, object]]:
     return [json.loads(line) for f in files for line in f.read_text().splitlines()]
 
 
-def _kill_after(process: psutil.Process, seconds: float) -> threading.Thread:
-    thread = threading.Thread(target=lambda: (time.sleep(seconds), process.kill()), daemon=True)
+def _when_busy(process: psutil.Process, fault: Callable[[], None]) -> threading.Thread:
+    """Run ``fault`` as soon as the instance works on a request (its ``/slots``), so the
+    fault lands mid-request however fast the machine is (a fixed delay did not on CI)."""
+    argv = process.cmdline()
+    port = argv[argv.index("--port") + 1]
+
+    def watch() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                slots = httpx.get(f"http://127.0.0.1:{port}/slots", timeout=2).json()
+            except httpx.HTTPError:
+                slots = []
+            if any(slot.get("is_processing") for slot in slots):
+                fault()
+                return
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=watch, daemon=True)
     thread.start()
     return thread
 
@@ -75,15 +93,20 @@ def test_an_instance_killed_mid_stream_or_mid_request_is_an_error_the_sdk_sees(
     client = openai.OpenAI(api_key="unused", base_url=running.v1, max_retries=0, timeout=120)
     warm = client.completions.create(model="x", prompt=PROMPT, max_tokens=8)
     assert warm.choices[0].text is not None  # the pinned instance is loaded
-    _kill_after(_instance(running, PINNED), 2.0)
+    instance = _instance(running, PINNED)
+    killed: list[bool] = []
     text = ""
     with pytest.raises(openai.APIError, match="middle of the answer"):
         for chunk in client.completions.create(
             model="x", prompt=PROMPT, max_tokens=400, stream=True
         ):
             text += chunk.choices[0].text if chunk.choices else ""
-    assert text  # it was cut while it streamed, not before
-    _kill_after(_instance_when_back(running, client), 1.0)
+            if text and not killed:
+                instance.kill()  # cut while it streams, however fast the machine is
+                killed.append(True)
+    assert text
+    back = _instance_when_back(running, client)
+    _when_busy(back, back.kill)
     raw = client.completions.with_raw_response.create(model="x", prompt=PROMPT, max_tokens=400)
     assert raw.headers["x-spec-variant"] == "none" and raw.headers["x-spec-role"] == "fallback"
     assert raw.parse().choices[0].text  # answered in full on the second try
@@ -117,14 +140,16 @@ def test_a_stopped_instance_is_cut_off_reloaded_and_the_next_request_answered(
     client = openai.OpenAI(api_key="unused", base_url=running.v1, max_retries=0, timeout=120)
     client.completions.create(model="x", prompt=PROMPT, max_tokens=8)
     instance = _instance(running, PINNED)
-    threading.Thread(target=lambda: (time.sleep(2.0), instance.suspend()), daemon=True).start()
+    stopped: list[bool] = []
     started = time.monotonic()
     try:
         with pytest.raises(openai.APIError, match="sent nothing for 3 s"):
-            for _ in client.completions.create(
+            for chunk in client.completions.create(
                 model="x", prompt=PROMPT, max_tokens=400, stream=True
             ):
-                pass
+                if chunk.choices and chunk.choices[0].text and not stopped:
+                    instance.suspend()  # stopped while it streams, however fast it is
+                    stopped.append(True)
         assert time.monotonic() - started < 30
         ready = httpx.get(running.url + "/ready", timeout=5).json()
         metrics = httpx.get(running.url + "/metrics", timeout=5).text
@@ -207,7 +232,7 @@ def test_a_whole_answer_from_a_stopped_instance_is_cut_after_a_failed_probe(
     client = openai.OpenAI(api_key="unused", base_url=running.v1, max_retries=0, timeout=120)
     client.completions.create(model="x", prompt=PROMPT, max_tokens=8)
     instance = _instance(running, PINNED)
-    threading.Thread(target=lambda: (time.sleep(1.0), instance.suspend()), daemon=True).start()
+    _when_busy(instance, instance.suspend)
     started = time.monotonic()
     try:
         with pytest.raises(openai.APIStatusError) as caught:
