@@ -17,6 +17,7 @@ from tuner.commands import (
     cmd_classify,
     cmd_inspect,
     cmd_measure,
+    cmd_policies,
     cmd_predict,
     cmd_provision,
     cmd_report,
@@ -185,6 +186,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.add_argument("--plot", metavar="FILE.png", help="also draw the evidence to a file")
     report.set_defaults(func=cmd_report)
+
+    policies = sub.add_parser(
+        "policies", help="export learned policies to a file, or import them on another machine"
+    )
+    policies.add_argument("action", choices=["export", "import"])
+    policies.add_argument("file", help="the JSON file to write (export) or read (import)")
+    policies.add_argument("--state-dir", dest="state_dir")
+    policies.add_argument("--model", help="target GGUF the import is checked against")
+    policies.set_defaults(func=cmd_policies)
 
     version = sub.add_parser("version", help="print the version")
     version.set_defaults(func=cmd_version)

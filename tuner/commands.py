@@ -351,6 +351,21 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_policies(args: argparse.Namespace) -> int:
+    """Move learned policies between machines: ``export FILE`` / ``import FILE``."""
+    from tuner.transfer import export_policies, import_policies, this_machine
+
+    settings = _settings(args)
+    if args.action == "export":
+        wrapped = export_policies(settings.state_dir, Path(args.file))
+        print(f"{len(wrapped['policies']['classes'])} classes exported to {args.file}")
+        return 0
+    done = import_policies(Path(args.file), settings.state_dir, this_machine(settings))
+    aside = f"; the previous policies kept as {done['set_aside']}" if done["set_aside"] else ""
+    print(f"{len(done['classes'])} classes imported into {settings.state_dir}{aside}")
+    return 0
+
+
 def cmd_version(args: argparse.Namespace) -> int:
     print(f"spec-tuner {__version__}")
     return 0

@@ -28,6 +28,7 @@ from tuner.proxy.app import Service, create_app
 from tuner.proxy.gate import VariantGate
 from tuner.records import RecordStore
 from tuner.settings import Settings
+from tuner.statedir import state_dir_lock
 from tuner.systemd import Notifier, notify
 from tuner.tuning.collectors import ReplayCollector, TuningCollector
 from tuner.tuning.counterfactual import Counterfactual
@@ -258,6 +259,11 @@ def serve(settings: Settings, reload_settings: Callable[[], Settings] | None = N
 
     ``reload_settings`` builds fresh settings for SIGHUP (the same sources as at start).
     """
+    with state_dir_lock(settings.state_dir):
+        return _serve(settings, reload_settings)
+
+
+def _serve(settings: Settings, reload_settings: Callable[[], Settings] | None) -> int:
     daemon = build_daemon(settings)
     config = uvicorn.Config(
         daemon.app,

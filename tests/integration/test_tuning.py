@@ -102,9 +102,19 @@ def test_engine_settles_per_class_on_real_llama_server(tmp_path: Path) -> None:
     assert {"ngram-simple.n3.m8", "ngram-simple.n3.m16"} <= set(policies[story_class]["speedups"])
     assert set(variants["story"]) > {"none"}  # it did explore there
 
-    # Restart on the same state with no exploration: the learned policy is used at once.
+    # What it learned, exported and imported into an empty state dir (as on a second
+    # machine of the same kind), serves from the first request there, with no exploration.
+    export = tmp_path / "policies-export.json"
+    _tuner("policies", "export", str(export), "--state-dir", str(state))
+    state = tmp_path / "imported"
+    imported = _tuner("policies", "import", str(export), "--state-dir", str(state))
+    assert imported.startswith(f"{len(policies)} classes imported"), imported
     again = start_daemon(state, env=env | {"TUNER_EXPLORE_SHARE": "0"})
     try:
+        # the state dir is its own while it runs: no import under it, no second daemon on it
+        for argv in (("policies", "import", str(export)), ("serve", "--port", "0")):
+            refused = _tuner(*argv, "--state-dir", str(state), check=False)
+            assert f"pid {again.process.pid}" in refused, refused
         response = _send(again.url, edits[0].request(32))
         assert response.headers["x-spec-variant"] == edit_policy["variant"]
         story_path, story = stories[0].request(32)
@@ -128,23 +138,26 @@ def test_engine_settles_per_class_on_real_llama_server(tmp_path: Path) -> None:
             policy["variant"], policy["speculation"], policy["speedup"], policy["reason"]
         ), key  # fmt: skip
         assert row["requests"] == final[key]["seen"]
-    history = json.loads(_report(state, "--class", story_class, "--format", "json"))
+    learned_on = tmp_path / "state"  # the trial history stays with the Optuna studies there
+    history = json.loads(_report(learned_on, "--class", story_class, "--format", "json"))
     assert len(history["trials"]) >= 2 and all(t["variant"] != "?" for t in history["trials"])
-    table = _report(state, "--plot", str(tmp_path / "report.png"))
+    table = _report(learned_on, "--plot", str(tmp_path / "report.png"))
     assert edit_class in table and "speculation off" in table
     assert (tmp_path / "report.png").stat().st_size > 50_000
 
 
 def _report(state: Path, *args: str) -> str:
     """``tuner report`` as a user runs it: a separate process."""
+    return _tuner("report", "--state-dir", str(state), *args)
+
+
+def _tuner(*args: str, check: bool = True) -> str:
+    """A ``tuner`` command in its own process: its output (with stderr when not ``check``)."""
     done = subprocess.run(
-        [sys.executable, "-m", "tuner", "report", "--state-dir", str(state), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    return done.stdout
+        [sys.executable, "-m", "tuner", *args],
+        capture_output=True, text=True, timeout=120, check=check,
+    )  # fmt: skip
+    return done.stdout if check else done.stdout + done.stderr
 
 
 ONE_AT_A_TIME = """

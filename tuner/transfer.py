@@ -1,0 +1,140 @@
+"""Learned policies moved between machines without a database (``tuner policies``).
+
+An export is the policy file (per class the chosen variant and every variant's evidence,
+plus the one-variant-at-a-time state) wrapped with a format name and version. An import
+checks it against this machine: a file learned on another model, kind of machine or
+llama.cpp build is refused, since its speedups do not carry over (the daemon would set it
+aside at start). The policy file it replaces is set aside (renamed and kept), never
+overwritten, and the state dir must not be in use by a running daemon, which would write
+its own policies over the import.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tuner.atomic import write_atomic
+from tuner.errors import ConfigError, ProvisionError
+from tuner.settings import Settings
+from tuner.statedir import state_dir_lock
+from tuner.tuning.state import POLICY_FILE, VERSION, read_document, set_aside
+
+__all__ = ["FORMAT", "Machine", "export_policies", "import_policies", "refusal", "this_machine"]
+
+FORMAT = "spec-tuner-policies"
+FORMAT_VERSION = 1
+# what a policy file says about where it was learned, besides its classes
+META_KEYS = ("model", "model_key", "build", "hardware", "hardware_key", "variants")
+
+
+@dataclass(frozen=True, slots=True)
+class Machine:
+    """What an import is checked against: this machine's model, hardware and build keys
+    (``build`` None when no llama-server is installed yet: not checked)."""
+
+    model: str
+    model_key: str
+    hardware_key: str
+    build: str | None
+
+
+def export_policies(state_dir: Path, target: Path) -> dict[str, Any]:
+    """Write the state dir's learned policies to ``target``; returns the written document."""
+    document = read_document(state_dir / POLICY_FILE)
+    if document is None:
+        raise ConfigError(f"no learned policies in {state_dir} (no readable {POLICY_FILE})")
+    wrapped = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "exported": time.time(),
+        "exported_from": socket.gethostname(),
+        "policies": document,
+    }
+    write_atomic(target, json.dumps(wrapped, indent=1, sort_keys=True) + "\n")
+    return wrapped
+
+
+def refusal(wrapped: object, here: Machine) -> str | None:
+    """Why this export cannot be imported here, or None when it can.
+
+    >>> here = Machine("m", "m-1", "hw-1", "abc")
+    >>> ok = {"format": FORMAT, "format_version": 1, "policies": {"version": 1,
+    ...       "model_key": "m-1", "hardware_key": "hw-1", "build": "abc", "classes": {}}}
+    >>> refusal(ok, here) is None
+    True
+    >>> refusal({**ok, "policies": {**ok["policies"], "model_key": "q-2"}}, here)
+    'learned on another model (q-2); this daemon serves m (m-1)'
+    """
+    if not isinstance(wrapped, dict) or wrapped.get("format") != FORMAT:
+        return f"not a {FORMAT} export"
+    if wrapped.get("format_version") != FORMAT_VERSION:
+        return f"export format version {wrapped.get('format_version')!r}, not {FORMAT_VERSION}"
+    policies = wrapped.get("policies")
+    if not isinstance(policies, dict) or policies.get("version") != VERSION:
+        return "its policies are not of this version"
+    if not isinstance(policies.get("classes"), dict):
+        return "it holds no classes"
+    if policies.get("model_key") != here.model_key:
+        return (
+            f"learned on another model ({policies.get('model_key')}); "
+            f"this daemon serves {here.model} ({here.model_key})"
+        )
+    if policies.get("hardware_key") != here.hardware_key:
+        return (
+            f"learned on another kind of machine ({policies.get('hardware_key')}; "
+            f"this one is {here.hardware_key}): its speedups do not carry over"
+        )
+    if here.build is not None and policies.get("build") != here.build:
+        return f"learned on llama.cpp build {policies.get('build')}; this one is {here.build}"
+    return None
+
+
+def import_policies(source: Path, state_dir: Path, here: Machine) -> dict[str, Any]:
+    """Install an export as the state dir's policy file, once it is checked against this
+    machine; returns what was imported (classes, and the file set aside, if any)."""
+    try:
+        wrapped = json.loads(source.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read {source}: {exc}") from exc
+    why = refusal(wrapped, here)
+    if why is not None:
+        raise ConfigError(f"{source} not imported: {why}")
+    state_dir.mkdir(parents=True, exist_ok=True)
+    with state_dir_lock(state_dir, "import policies into"):
+        path = state_dir / POLICY_FILE
+        aside = set_aside(path, "replaced", by=str(source)) if path.exists() else None
+        if path.exists():  # could not be renamed: never overwrite what was learned here
+            raise ConfigError(f"{path} could not be set aside; nothing imported")
+        document = wrapped["policies"]
+        write_atomic(path, json.dumps(document, indent=1, sort_keys=True) + "\n")
+    return {
+        "classes": sorted(document["classes"]),
+        "set_aside": str(aside) if aside else None,
+        "from": wrapped.get("exported_from"),
+    }
+
+
+def this_machine(settings: Settings) -> Machine:
+    """The keys an import is checked against: the configured model on this machine, and
+    the build of the llama-server installed here (None when there is none yet)."""
+    from tuner.model.profile import fingerprint_key, hardware_fingerprint, model_key
+    from tuner.upstream.capabilities import probe_capabilities
+    from tuner.upstream.launch import model_alias, resolve_model
+    from tuner.upstream.provision import locate_llama_server
+
+    model, _ = resolve_model(settings)
+    try:
+        binary = locate_llama_server(
+            settings.llama_server, settings.cache_dir, build=False, cuda=settings.llama_cuda
+        )
+    except ProvisionError:
+        build = None
+    else:
+        build = probe_capabilities(binary).commit
+    hardware = fingerprint_key(hardware_fingerprint())
+    return Machine(model_alias(settings, model), model_key(model), hardware, build)
