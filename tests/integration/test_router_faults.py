@@ -221,6 +221,26 @@ def test_a_flag_the_build_does_not_know_stops_the_daemon_with_a_clear_error(
     assert "TUNER_SPEC_ARGS" in result.stderr and "--bogus-flag" in result.stderr
 
 
+def test_a_draft_of_another_vocabulary_stops_the_daemon_before_anything_runs(
+    tmp_path: Path,
+) -> None:
+    """This build throws when it loads a draft whose vocabulary differs from the target's,
+    so every draft preset would fail: the daemon refuses at start and says why."""
+    from tests.model.synthetic_gguf import write_gguf
+
+    draft = write_gguf(tmp_path / "other-vocab.gguf", "llama")  # 300 tokens, Gemma has 262,144
+    env = {**os.environ, "TUNER_DRAFT_MODEL": str(draft), "TUNER_STATE_DIR": str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, "-m", "tuner", "serve", "--port", "0"],
+        capture_output=True, text=True, timeout=120, env=env, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert (
+        "TUNER_DRAFT_MODEL" in result.stderr and "vocabulary sizes 300 and 262144" in result.stderr
+    )
+    assert "model family" in result.stderr  # the fix
+
+
 def test_a_whole_answer_from_a_stopped_instance_is_cut_after_a_failed_probe(
     tmp_path: Path,
 ) -> None:

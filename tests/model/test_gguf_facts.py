@@ -59,6 +59,28 @@ def test_draft_with_other_tokens_is_incompatible(tmp_path: Path) -> None:
     assert draft_compatibility(target, target).compatible
 
 
+def test_special_ids_matter_only_where_the_token_is_added(tmp_path: Path) -> None:
+    """llama.cpp's rule: the add flags must agree; the ids only where the token is added."""
+    target = read_facts(
+        write_gguf(tmp_path / "t.gguf", "llama", kv={"tokenizer.ggml.add_eos_token": 0})
+    )
+    no_eos = {"tokenizer.ggml.add_eos_token": 0}
+    other_eos = read_facts(write_gguf(tmp_path / "d1.gguf", "llama", eos=9, kv=no_eos))
+    assert draft_compatibility(target, other_eos).compatible
+    adds_eos = read_facts(
+        write_gguf(tmp_path / "d2.gguf", "llama", kv={"tokenizer.ggml.add_eos_token": 1})
+    )
+    assert (
+        "the draft adds the EOS token, the target omits it"
+        in draft_compatibility(target, adds_eos).explain()
+    )
+    other_bos = read_facts(write_gguf(tmp_path / "d3.gguf", "llama", bos=7, kv=no_eos))
+    assert (
+        "BOS token 7 differs from the target's 1"
+        in draft_compatibility(target, other_bos).explain()
+    )
+
+
 def test_tokens_before_id_5_may_differ(tmp_path: Path) -> None:
     """llama.cpp starts its token check at id 5 (special tokens often differ)."""
     tokens = [f"t{i}" for i in range(300)]

@@ -55,6 +55,7 @@ class ModelFacts:
     bos_id: int | None
     eos_id: int | None
     add_bos: bool | None
+    add_eos: bool | None
     vocab_digest: str
     tokens: tuple[str, ...]
 
@@ -138,7 +139,7 @@ def read_facts(path: Path) -> ModelFacts:
             recurrent.add(int(layer.group(1)))
     raw_tokens = meta.get("tokenizer.ggml.tokens")
     tokens = tuple(str(t) for t in raw_tokens) if isinstance(raw_tokens, list) else ()
-    add_bos = meta.get("tokenizer.ggml.add_bos_token")
+    add_bos, add_eos = (meta.get(f"tokenizer.ggml.add_{t}_token") for t in ("bos", "eos"))
     name, model = meta.get("general.name"), meta.get("tokenizer.ggml.model")
     bos, eos = meta.get("tokenizer.ggml.bos_token_id"), meta.get("tokenizer.ggml.eos_token_id")
     return ModelFacts(
@@ -164,6 +165,7 @@ def read_facts(path: Path) -> ModelFacts:
         bos_id=int(bos) if isinstance(bos, int) else None,
         eos_id=int(eos) if isinstance(eos, int) else None,
         add_bos=bool(add_bos) if add_bos is not None else None,
+        add_eos=bool(add_eos) if add_eos is not None else None,
         vocab_digest=hashlib.sha256("\x00".join(tokens).encode()).hexdigest()[:16],
         tokens=tokens,
     )
@@ -180,8 +182,8 @@ class DraftCompatibility:
         return (
             "draft is NOT compatible with the target: "
             + "; ".join(self.problems)
-            + ". llama.cpp will then translate tokens between vocabularies (slow) "
-            "or refuse the draft; pick a draft from the same model family."
+            + ". llama-server refuses such a draft; pick one from the target's model family "
+            "(same tokenizer and vocabulary)."
         )
 
 
@@ -190,10 +192,18 @@ def draft_compatibility(target: ModelFacts, draft: ModelFacts) -> DraftCompatibi
     problems: list[str] = []
     if target.tokenizer_model != draft.tokenizer_model:
         problems.append(f"tokenizer type {draft.tokenizer_model!r} != {target.tokenizer_model!r}")
-    if (target.bos_id, target.add_bos) != (draft.bos_id, draft.add_bos):
-        problems.append(f"BOS token {draft.bos_id} differs from the target's {target.bos_id}")
-    if target.eos_id != draft.eos_id:
-        problems.append(f"EOS token {draft.eos_id} differs from the target's {target.eos_id}")
+    for name, adds, ids in (
+        ("BOS", (target.add_bos, draft.add_bos), (target.bos_id, draft.bos_id)),
+        ("EOS", (target.add_eos, draft.add_eos), (target.eos_id, draft.eos_id)),
+    ):
+        # ids matter only where the token is added; a flag the file leaves out counts as set
+        if adds[0] != adds[1]:
+            verb = {True: "adds", False: "omits", None: "adds"}
+            problems.append(
+                f"the draft {verb[adds[1]]} the {name} token, the target {verb[adds[0]]} it"
+            )
+        elif adds[0] is not False and ids[0] != ids[1]:
+            problems.append(f"{name} token {ids[1]} differs from the target's {ids[0]}")
     diff = abs(target.vocab_size - draft.vocab_size)
     if diff > _VOCAB_MAX_DIFF:
         problems.append(

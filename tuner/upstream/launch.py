@@ -120,7 +120,19 @@ def prepare(settings: Settings, progress: Progress = stderr_progress) -> Prepare
                 f"(see {binary} --help)"
             )
     model, draft = resolve_model(settings)
+    if draft is not None:
+        check_draft(model, draft)
     return Prepared(binary, caps, model, draft)
+
+
+def check_draft(model: Path, draft: Path) -> None:
+    """Stop before anything runs when the draft cannot pair with the target: the build
+    throws when it loads such a draft, so every speculative instance would fail."""
+    from tuner.model.gguf_facts import draft_compatibility, read_facts
+
+    result = draft_compatibility(read_facts(model), read_facts(draft))
+    if not result.compatible:
+        raise ConfigError(f"TUNER_DRAFT_MODEL {draft}: {result.explain()}")
 
 
 def unknown_flags(args: list[str], caps: Capabilities) -> list[str]:
