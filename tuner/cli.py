@@ -23,6 +23,7 @@ from tuner.commands import (
     cmd_report,
     cmd_serve,
     cmd_synth,
+    cmd_variants,
     cmd_version,
 )
 from tuner.errors import TunerError
@@ -186,6 +187,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.add_argument("--plot", metavar="FILE.png", help="also draw the evidence to a file")
     report.set_defaults(func=cmd_report)
+
+    variants = sub.add_parser(
+        "variants", help="the search space on this build, model and draft, with predictions"
+    )
+    variants.add_argument("--model", help="target GGUF (default: the configured model)")
+    variants.add_argument("--draft", help="draft GGUF (default: TUNER_DRAFT_MODEL)")
+    variants.add_argument("--llama-server", dest="llama_server", help="llama-server binary")
+    variants.add_argument("--format", choices=["table", "json"], default="table")
+    variants.set_defaults(func=cmd_variants)
 
     policies = sub.add_parser(
         "policies", help="export learned policies to a file, or import them on another machine"

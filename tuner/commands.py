@@ -24,6 +24,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         "host": getattr(args, "host", None),
         "port": getattr(args, "port", None),
         "model": getattr(args, "model", None),
+        "draft_model": getattr(args, "draft", None),
         "llama_server": getattr(args, "llama_server", None),
         "upstream_url": getattr(args, "upstream_url", None),
         "state_dir": getattr(args, "state_dir", None),
@@ -363,6 +364,14 @@ def cmd_policies(args: argparse.Namespace) -> int:
     done = import_policies(Path(args.file), settings.state_dir, this_machine(settings))
     aside = f"; the previous policies kept as {done['set_aside']}" if done["set_aside"] else ""
     print(f"{len(done['classes'])} classes imported into {settings.state_dir}{aside}")
+    return 0
+
+
+def cmd_variants(args: argparse.Namespace) -> int:
+    """The search space the daemon would run here, with the prior's predictions."""
+    from tuner.tuning.space import show_space
+
+    print(show_space(_settings(args), args.format), end="")
     return 0
 
 

@@ -48,7 +48,7 @@ from tuner.model.profile import hardware_fingerprint
 from tuner.settings import Settings
 from tuner.tuning.capacity import instances_that_fit
 from tuner.tuning.plan import tuning_config, write_presets
-from tuner.tuning.variants import BASELINE, Variant, parse_name
+from tuner.tuning.variants import BASELINE, Variant, parse_name, unavailable
 from tuner.upstream.client import UpstreamClient
 from tuner.upstream.launch import Prepared, prepare, router_argv
 from tuner.upstream.process import ManagedServer, free_port
@@ -62,17 +62,18 @@ BUSY_WARNING = 0.05  # a share of the machine's CPU used by others worth a warni
 
 
 def matrix_variants(names: Sequence[str], prepared: Prepared) -> list[Variant]:
-    """The matrix's variants this build can run (draft types only with a draft model)."""
+    """The matrix's variants this build, target and draft can run (draft types only with a
+    draft model, ``draft-mtp`` only on a target with MTP layers)."""
     out: list[Variant] = []
+    mtp_layers = read_facts(prepared.model).nextn_layers
     for name in names:
         try:
             variant = parse_name(name)
         except ValueError as exc:
             raise ConfigError(f"matrix: {exc}") from exc
-        try:
-            variant.flags(prepared.capabilities, prepared.draft)
-        except ValueError:
-            continue  # not in this build, or no draft model
+        caps, draft = prepared.capabilities, prepared.draft
+        if unavailable(variant.spec_type, caps, draft_model=draft, mtp_layers=mtp_layers):
+            continue
         if variant != BASELINE and variant not in out:
             out.append(variant)
     return out

@@ -42,8 +42,8 @@ from tuner.upstream.capabilities import Capabilities
 from tuner.upstream.launch import Prepared, model_alias
 
 __all__ = [
-    "TuningPlan", "default_cost", "machine_profile", "plan_tuning", "shared_flags",
-    "tuning_config", "write_presets",
+    "TuningPlan", "default_cost", "machine_profile", "plan_tuning", "search_variants",
+    "shared_flags", "tuning_config", "write_presets",
 ]  # fmt: skip
 
 log = get_logger(__name__)
@@ -114,10 +114,13 @@ def default_cost(facts: ModelFacts, draft: ModelFacts | None, profile: Profile |
     return replace(base, verify=verify)
 
 
-def _variants(config: TuningConfig, caps: Capabilities, draft: Path | None) -> list[Variant]:
-    variants = grid(
-        config.search, caps, draft_model=draft, forbid=config.override_for("all").forbid
-    )
+def search_variants(
+    config: TuningConfig, caps: Capabilities, draft: Path | None, mtp_layers: int
+) -> list[Variant]:
+    """The variants the daemon searches: the space this build, target and draft can run,
+    plus any pin outside it."""
+    forbid = config.override_for("all").forbid
+    variants = grid(config.search, caps, draft_model=draft, mtp_layers=mtp_layers, forbid=forbid)
     for override in config.overrides.values():
         if override.pin and override.pin not in {v.name for v in variants}:
             variants.append(parse_name(override.pin))  # a pin outside the space still runs
@@ -151,13 +154,16 @@ def plan_tuning(settings: Settings, prepared: Prepared) -> TuningPlan | None:
     """The tuning plan for this build, or None when tuning is not possible (logged)."""
     config = tuning_config(settings)
     caps, model, draft = prepared.capabilities, prepared.model, prepared.draft
+    facts = read_facts(model)
     if caps.router and caps.has_flag("--spec-type"):
         mode: Mode = "router"
-        variants = _variants(config, caps, draft)
+        variants = search_variants(config, caps, draft, facts.nextn_layers)
     elif caps.old_draft_flags and draft is not None:
         mode = "per-request"
         variants = [
-            v for v in _variants(config, caps, draft) if v.spec_type in ("none", "draft-simple")
+            v
+            for v in search_variants(config, caps, draft, 0)
+            if v.spec_type in ("none", "draft-simple")
         ]
     else:
         log.warning(
@@ -166,7 +172,6 @@ def plan_tuning(settings: Settings, prepared: Prepared) -> TuningPlan | None:
             "--spec-type nor per-request draft settings",
         )
         return None
-    facts = read_facts(model)
     draft_facts = read_facts(draft) if draft else None
     fingerprint = hardware_fingerprint()  # NVML and /proc: read once for the profile and meta
     hardware_key = fingerprint_key(fingerprint)

@@ -25,6 +25,7 @@ __all__ = [
     "parse_name",
     "presets_ini",
     "request_fields",
+    "unavailable",
 ]
 
 ParamValue = int | float
@@ -177,24 +178,38 @@ def parse_name(name: str) -> Variant:
     return Variant.of(spec_type, params)
 
 
+def unavailable(
+    spec_type: str, caps: Capabilities, *, draft_model: Path | None = None, mtp_layers: int = 0
+) -> str | None:
+    """Why this build, model and draft cannot run a spec type; None when they can."""
+    if spec_type not in PARAMS:
+        return "not a spec type spec-tuner knows"
+    if not caps.supports_spec_type(spec_type):
+        return "not in this llama-server build"
+    if spec_type in NEEDS_DRAFT_MODEL and draft_model is None:
+        return "needs a draft model (TUNER_DRAFT_MODEL)"
+    if spec_type == "draft-mtp" and mtp_layers < 1:
+        return "the target has no MTP (next-n) layers"
+    return None
+
+
 def grid(
     space: Mapping[str, Mapping[str, Sequence[ParamValue]]],
     caps: Capabilities,
     *,
     draft_model: Path | None = None,
+    mtp_layers: int = 0,
     forbid: Iterable[str] = (),
 ) -> list[Variant]:
-    """Every variant of a search space this build can run, baseline first."""
+    """Every variant of a search space this build, target and draft can run, baseline first
+    (``draft-mtp`` only on a target with ``mtp_layers`` next-n layers)."""
     forbidden = set(forbid)
     out = [BASELINE]
     for spec_type, params in space.items():
-        if spec_type in forbidden or spec_type not in PARAMS or spec_type == "none":
+        if spec_type in forbidden or spec_type == "none":
             continue
-        candidate = Variant.of(spec_type)
-        try:
-            candidate.flags(caps, draft_model)
-        except ValueError:
-            continue  # not in this build, or no draft model
+        if unavailable(spec_type, caps, draft_model=draft_model, mtp_layers=mtp_layers):
+            continue
         names = list(params)
         for values in itertools.product(*(params[n] for n in names)):
             variant = Variant.of(spec_type, dict(zip(names, values, strict=True)))
