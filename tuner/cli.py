@@ -161,7 +161,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--dense", action="store_true",
         help="the dense twin: one FFN as wide as the active experts together",
     )  # fmt: skip
-    synth.add_argument("--vocab", help="tokenizer GGUF (default: llama.cpp's llama-spm vocab)")
+    synth.add_argument(
+        "--arch", choices=["qwen3moe", "qwen35moe"], default="qwen3moe",
+        help="qwen35moe: the hybrid (recurrent and attention layers, a shared expert)",
+    )  # fmt: skip
+    synth.add_argument(
+        "--mtp-layers", type=int, choices=[0, 1], default=0, dest="mtp_layers",
+        help="MTP (next-n) blocks after the trunk, for --spec-type draft-mtp (qwen35moe)",
+    )  # fmt: skip
+    synth.add_argument(
+        "--attention-only", action="store_true", dest="attention_only",
+        help="the hybrid's twin: the same layers and routed experts, every layer attending "
+        "(written as qwen3moe: this llama.cpp runs no qwen35moe without recurrent layers)",
+    )  # fmt: skip
+    synth.add_argument(
+        "--vocab", help="tokenizer GGUF (default: llama.cpp's llama-spm, or qwen35 for qwen35moe)"
+    )
     synth.add_argument("--seed", type=int, default=0)
     synth.set_defaults(func=cmd_synth)
 

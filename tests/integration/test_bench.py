@@ -239,3 +239,48 @@ def test_synth_moe_writes_a_model_llama_server_runs(tmp_path: Path) -> None:
     for model in (path, dense):
         answer = asyncio.run(complete(model))
         assert answer["tokens_predicted"] == 8, answer
+
+
+def test_synth_moe_writes_a_hybrid_whose_mtp_head_llama_server_drafts_with(
+    tmp_path: Path,
+) -> None:
+    """``--arch qwen35moe --mtp-layers 1``: recurrent, attention and expert layers plus an MTP
+    block, on the Qwen3.5 vocabulary; the real llama-server loads it and drafts with its MTP
+    head (``--spec-type draft-mtp``); its attention-only twin has no recurrent layer."""
+    import asyncio
+
+    from tuner.calibrate import temporary_server
+    from tuner.settings import load_settings
+    from tuner.upstream.launch import prepare
+
+    size = ["--experts", "16", "--active", "4", "--layers", "4", "--hidden", "64",
+            "--expert-ffn", "64"]  # fmt: skip
+    hybrid, twin = tmp_path / "hybrid.gguf", tmp_path / "twin.gguf"
+    for path, extra in ((hybrid, ["--mtp-layers", "1"]), (twin, ["--attention-only"])):
+        made = tuner("synth-moe", str(path), "--arch", "qwen35moe", *size, *extra, state=tmp_path)
+        assert made.returncode == 0, made.stderr[-2000:]
+    inspected = tuner("inspect", str(hybrid), "--format", "json", state=tmp_path)
+    target = json.loads(inspected.stdout)["target"]
+    assert (target["recurrent_layers"], target["mtp_layers"], target["experts"]) == (3, 1, 16)
+    assert target["tokenizer"] == "gpt2" and target["vocab_size"] > 100_000  # Qwen's
+    twin_facts = read_facts(twin)  # the same trunk and routed experts, every layer attending
+    assert (twin_facts.recurrent_layers, twin_facts.n_layers, twin_facts.expert_count) == (0, 4, 16)
+    settings = load_settings(state_dir=tmp_path)
+    prepared = prepare(settings)
+    mtp = ["--spec-type", "draft-mtp", "--spec-draft-n-max", "2"]
+
+    async def complete(model: Path, flags: list[str]) -> dict[str, object]:
+        caps = prepared.capabilities
+        async with temporary_server(prepared.binary, settings, caps, model, flags, "mtp") as c:
+            response = await c.open(
+                "POST", "/completion", content=b'{"prompt": "Hello", "n_predict": 12}'
+            )
+            data: dict[str, object] = json.loads(await response.aread())
+            await response.aclose()
+            return data
+
+    answer = asyncio.run(complete(hybrid, mtp))
+    timings = answer["timings"]
+    assert answer["tokens_predicted"] == 12, answer
+    assert isinstance(timings, dict) and timings["draft_n"] > 0, timings  # the MTP head drafted
+    assert asyncio.run(complete(twin, []))["tokens_predicted"] == 12

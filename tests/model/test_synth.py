@@ -77,3 +77,33 @@ def test_same_seed_same_weights(vocab: Path, tmp_path: Path) -> None:
 def test_impossible_shapes_are_refused(bad: dict[str, int]) -> None:
     with pytest.raises(ValueError):
         SynthSpec(**{"experts": 8, "active": 2, **bad})
+
+
+def test_the_hybrid_has_recurrent_attention_expert_and_mtp_layers(
+    vocab: Path, tmp_path: Path
+) -> None:
+    """Every fourth trunk layer attends, the others are recurrent; the MTP block follows."""
+    from tuner.model.synth_hybrid import HybridShape, write_qwen35moe
+
+    spec = replace(TINY, layers=8)
+    shape = HybridShape(mtp_layers=1, state_size=16, key_heads=2, value_heads=4, shared_ffn=32)
+    facts = read_facts(write_qwen35moe(tmp_path / "h.gguf", vocab, spec, shape))
+    assert (facts.architecture, facts.n_layers, facts.nextn_layers) == ("qwen35moe", 9, 1)
+    assert facts.recurrent_layers == 6 and facts.is_moe and facts.expert_count == 8
+    # llama.cpp's state for gated delta net: conv (d_conv - 1) x conv_dim, plus d_state x d_inner
+    assert facts.recurrent_state_bytes == 4 * 6 * (3 * (2 * 32 + 64) + 16 * 64)
+    tensors = {t.name: t for t in gguf.GGUFReader(tmp_path / "h.gguf").tensors}
+    assert "blk.3.attn_q.weight" in tensors and "blk.3.ssm_a" not in tensors
+    assert list(tensors["blk.3.attn_q.weight"].shape) == [64, 2 * 2 * 32]  # Q and its gate
+    assert list(tensors["blk.0.ssm_conv1d.weight"].shape) == [4, 2 * 32 + 64]
+    assert tensors["blk.0.ssm_conv1d.weight"].tensor_type == gguf.GGMLQuantizationType.F32
+    assert list(tensors["blk.8.nextn.eh_proj.weight"].shape) == [2 * 64, 64]
+
+
+def test_the_hybrid_refuses_shapes_llama_cpp_cannot_run() -> None:
+    from tuner.model.synth_hybrid import HybridShape
+
+    with pytest.raises(ValueError, match="one MTP block"):
+        HybridShape(mtp_layers=2)
+    with pytest.raises(ValueError, match="attention_every >= 2"):
+        HybridShape(attention_every=1)

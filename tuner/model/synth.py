@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["SynthSpec", "default_vocab", "vocab_from_sdist", "write_moe"]
+__all__ = ["SynthSpec", "Writer", "default_vocab", "vocab_from_sdist", "write_moe"]
 
 VOCAB_MEMBER = "vendor/llama.cpp/models/ggml-vocab-{name}.gguf"
 
@@ -76,11 +76,12 @@ def vocab_from_sdist(sdist: Path, dest_dir: Path, name: str = "llama-spm") -> Pa
     return dest
 
 
-def default_vocab(cache_dir: Path) -> Path:
-    """llama.cpp's llama-spm vocabulary from the cached sources (downloaded once if absent)."""
+def default_vocab(cache_dir: Path, name: str = "llama-spm") -> Path:
+    """A llama.cpp test vocabulary (``llama-spm``, ``qwen35``, ...) from the cached sources
+    (downloaded once if absent)."""
     from tuner.upstream.provision import llama_cpp_sources
 
-    return vocab_from_sdist(llama_cpp_sources(cache_dir), cache_dir / "vocab")
+    return vocab_from_sdist(llama_cpp_sources(cache_dir), cache_dir / "vocab", name)
 
 
 def _tokenizer_fields(vocab: Path) -> list[tuple[str, Any, Any]]:
@@ -107,84 +108,113 @@ def _vocab_size(fields: list[tuple[str, Any, Any]]) -> int:
     return len(tokens)
 
 
+class Writer:
+    """A GGUF being written: the shape's header keys, the copied tokenizer, random tensors."""
+
+    def __init__(self, tmp: Path, arch: str, name: str, spec: SynthSpec, vocab: Path) -> None:
+        import gguf
+
+        fields = _tokenizer_fields(vocab)
+        self.n_vocab = _vocab_size(fields)
+        self.spec = spec
+        self.rng = np.random.default_rng(spec.seed)
+        self.out = gguf.GGUFWriter(str(tmp), arch)
+        w = self.out
+        w.add_name(f"spec-tuner synthetic {arch} ({name}, random weights)")
+        w.add_context_length(spec.context)
+        w.add_embedding_length(spec.hidden)
+        w.add_head_count(spec.heads)
+        w.add_head_count_kv(spec.kv_heads)
+        w.add_key_length(spec.head_dim)
+        w.add_value_length(spec.head_dim)
+        w.add_rope_freq_base(1_000_000.0)
+        w.add_layer_norm_rms_eps(1e-6)
+        w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+        for key, value, sub_type in fields:
+            if isinstance(value, list):
+                w.add_array(key, value)
+            elif sub_type == gguf.GGUFValueType.STRING:
+                w.add_string(key, value)
+            elif sub_type == gguf.GGUFValueType.BOOL:
+                w.add_bool(key, bool(value))
+            elif sub_type == gguf.GGUFValueType.FLOAT32:
+                w.add_float32(key, float(value))
+            else:
+                w.add_uint32(key, int(value))
+
+    def matrix(self, name: str, *shape: int, scale: float = 0.02) -> None:
+        """An F16 tensor; numpy's shape is llama.cpp's reversed ({ne0, ne1} = (ne1, ne0))."""
+        values = self.rng.standard_normal(shape, dtype=np.float32) * scale
+        self.out.add_tensor(name, values.astype(np.float16))
+
+    def f32(self, name: str, values: np.ndarray[Any, Any]) -> None:
+        self.out.add_tensor(name, values.astype(np.float32))
+
+    def norm(self, name: str, n: int) -> None:
+        self.f32(name, np.ones(n))
+
+    def embeddings(self) -> None:
+        h = self.spec.hidden
+        self.matrix("token_embd.weight", self.n_vocab, h)
+        self.norm("output_norm.weight", h)
+        self.matrix("output.weight", self.n_vocab, h)
+
+    def attention(self, b: str, *, gated: bool = False) -> None:
+        """Q (twice as wide where the arch gates its attention output), K, V, output, norms."""
+        spec, h = self.spec, self.spec.hidden
+        q, kv = spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
+        self.matrix(b + "attn_q.weight", 2 * q if gated else q, h)
+        self.matrix(b + "attn_k.weight", kv, h)
+        self.matrix(b + "attn_v.weight", kv, h)
+        self.matrix(b + "attn_output.weight", h, q)
+        self.norm(b + "attn_q_norm.weight", spec.head_dim)
+        self.norm(b + "attn_k_norm.weight", spec.head_dim)
+
+    def experts(self, b: str) -> None:
+        e, f, h = self.spec.experts, self.spec.expert_ffn, self.spec.hidden
+        gate = self.rng.standard_normal((e, h), dtype=np.float32) * 0.5
+        self.f32(b + "ffn_gate_inp.weight", gate.astype(np.float16))
+        self.matrix(b + "ffn_gate_exps.weight", e, f, h)
+        self.matrix(b + "ffn_up_exps.weight", e, f, h)
+        self.matrix(b + "ffn_down_exps.weight", e, h, f)
+
+    def finish(self, tmp: Path, path: Path) -> Path:
+        self.out.write_header_to_file()
+        self.out.write_kv_data_to_file()
+        self.out.write_tensors_to_file()
+        self.out.close()
+        tmp.replace(path)
+        return path
+
+
 def write_moe(
     path: Path, vocab: Path, spec: SynthSpec = SynthSpec(), *, dense: bool = False
 ) -> Path:
     """Write the random-weight model to ``path`` (F16 matrices, F32 norms); returns ``path``."""
-    import gguf
-
-    fields = _tokenizer_fields(vocab)
-    n_vocab = _vocab_size(fields)
     arch = "qwen3" if dense else "qwen3moe"
-    rng = np.random.default_rng(spec.seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    writer = gguf.GGUFWriter(str(tmp), arch)
     kind = "dense twin" if dense else f"{spec.experts} experts, {spec.active} routed"
-    writer.add_name(f"spec-tuner synthetic {arch} ({kind}, random weights)")
-    writer.add_block_count(spec.layers)
-    writer.add_context_length(spec.context)
-    writer.add_embedding_length(spec.hidden)
-    writer.add_head_count(spec.heads)
-    writer.add_head_count_kv(spec.kv_heads)
-    writer.add_key_length(spec.head_dim)
-    writer.add_value_length(spec.head_dim)
-    writer.add_rope_freq_base(1_000_000.0)
-    writer.add_layer_norm_rms_eps(1e-6)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    w = Writer(tmp, arch, kind, spec, vocab)
+    w.out.add_block_count(spec.layers)
     if dense:
-        writer.add_feed_forward_length(spec.active * spec.expert_ffn)
+        w.out.add_feed_forward_length(spec.active * spec.expert_ffn)
     else:
-        writer.add_feed_forward_length(spec.expert_ffn)
-        writer.add_expert_count(spec.experts)
-        writer.add_expert_used_count(spec.active)
-        writer.add_expert_feed_forward_length(spec.expert_ffn)
-    for key, value, sub_type in fields:
-        if isinstance(value, list):
-            writer.add_array(key, value)
-        elif sub_type == gguf.GGUFValueType.STRING:
-            writer.add_string(key, value)
-        elif sub_type == gguf.GGUFValueType.BOOL:
-            writer.add_bool(key, bool(value))
-        elif sub_type == gguf.GGUFValueType.FLOAT32:
-            writer.add_float32(key, float(value))
-        else:
-            writer.add_uint32(key, int(value))
-
-    def matrix(*shape: int, scale: float = 0.02) -> np.ndarray[Any, np.dtype[np.float16]]:
-        return (rng.standard_normal(shape, dtype=np.float32) * scale).astype(np.float16)
-
-    def norm(n: int) -> np.ndarray[Any, np.dtype[np.float32]]:
-        return np.ones(n, dtype=np.float32)
-
-    q, kv = spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
-    writer.add_tensor("token_embd.weight", matrix(n_vocab, spec.hidden))
-    writer.add_tensor("output_norm.weight", norm(spec.hidden))
-    writer.add_tensor("output.weight", matrix(n_vocab, spec.hidden))
+        w.out.add_feed_forward_length(spec.expert_ffn)
+        w.out.add_expert_count(spec.experts)
+        w.out.add_expert_used_count(spec.active)
+        w.out.add_expert_feed_forward_length(spec.expert_ffn)
+    w.embeddings()
     for i in range(spec.layers):
         b = f"blk.{i}."
-        writer.add_tensor(b + "attn_norm.weight", norm(spec.hidden))
-        writer.add_tensor(b + "attn_q.weight", matrix(q, spec.hidden))
-        writer.add_tensor(b + "attn_k.weight", matrix(kv, spec.hidden))
-        writer.add_tensor(b + "attn_v.weight", matrix(kv, spec.hidden))
-        writer.add_tensor(b + "attn_output.weight", matrix(spec.hidden, q))
-        writer.add_tensor(b + "attn_q_norm.weight", norm(spec.head_dim))
-        writer.add_tensor(b + "attn_k_norm.weight", norm(spec.head_dim))
-        writer.add_tensor(b + "ffn_norm.weight", norm(spec.hidden))
+        w.norm(b + "attn_norm.weight", spec.hidden)
+        w.attention(b)
+        w.norm(b + "ffn_norm.weight", spec.hidden)
         if dense:
             ffn = spec.active * spec.expert_ffn
-            writer.add_tensor(b + "ffn_gate.weight", matrix(ffn, spec.hidden))
-            writer.add_tensor(b + "ffn_up.weight", matrix(ffn, spec.hidden))
-            writer.add_tensor(b + "ffn_down.weight", matrix(spec.hidden, ffn))
+            w.matrix(b + "ffn_gate.weight", ffn, spec.hidden)
+            w.matrix(b + "ffn_up.weight", ffn, spec.hidden)
+            w.matrix(b + "ffn_down.weight", spec.hidden, ffn)
         else:
-            e, f, h = spec.experts, spec.expert_ffn, spec.hidden
-            writer.add_tensor(b + "ffn_gate_inp.weight", matrix(e, h, scale=0.5).astype(np.float32))
-            writer.add_tensor(b + "ffn_gate_exps.weight", matrix(e, f, h))
-            writer.add_tensor(b + "ffn_up_exps.weight", matrix(e, f, h))
-            writer.add_tensor(b + "ffn_down_exps.weight", matrix(e, h, f))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    tmp.replace(path)
-    return path
+            w.experts(b)
+    return w.finish(tmp, path)
