@@ -143,3 +143,11 @@ def test_a_lock_dies_with_its_process(tmp_path: Path) -> None:
         holder.kill()
     with state_dir_lock(tmp_path):
         assert (tmp_path / "daemon.lock").read_text().strip() == str(os.getpid())
+
+
+def test_a_state_dir_that_refuses_writes_is_served_without_the_lock(tmp_path: Path) -> None:
+    """The daemon keeps serving where it cannot write (the lock is not worth an outage)."""
+    blocked = tmp_path / "a-file"
+    blocked.write_text("where the state dir should be")
+    with state_dir_lock(blocked / "state"):
+        pass  # no error: entered unlocked
