@@ -28,6 +28,7 @@ import numpy as np
 __all__ = ["SynthSpec", "Writer", "default_vocab", "vocab_from_sdist", "write_moe"]
 
 VOCAB_MEMBER = "vendor/llama.cpp/models/ggml-vocab-{name}.gguf"
+SHARE_ABOVE = 2**22  # elements: larger tensors of one shape share their values
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +119,7 @@ class Writer:
         self.n_vocab = _vocab_size(fields)
         self.spec = spec
         self.rng = np.random.default_rng(spec.seed)
+        self.shared: dict[tuple[tuple[int, ...], float], np.ndarray[Any, Any]] = {}
         self.out = gguf.GGUFWriter(str(tmp), arch)
         w = self.out
         w.add_name(f"spec-tuner synthetic {arch} ({name}, random weights)")
@@ -143,9 +145,18 @@ class Writer:
                 w.add_uint32(key, int(value))
 
     def matrix(self, name: str, *shape: int, scale: float = 0.02) -> None:
-        """An F16 tensor; numpy's shape is llama.cpp's reversed ({ne0, ne1} = (ne1, ne0))."""
-        values = self.rng.standard_normal(shape, dtype=np.float32) * scale
-        self.out.add_tensor(name, values.astype(np.float16))
+        """An F16 tensor; numpy's shape is llama.cpp's reversed ({ne0, ne1} = (ne1, ne0)).
+
+        A large shape's values are drawn once and shared by every tensor of that shape (the
+        layers' experts, say): what is measured is cost, never output, and drawing tens of GB
+        of normals would take minutes where writing them takes seconds."""
+        shared = self.shared.get((shape, scale)) if np.prod(shape) > SHARE_ABOVE else None
+        if shared is None:
+            values = self.rng.standard_normal(shape, dtype=np.float32) * scale
+            shared = values.astype(np.float16)
+            if np.prod(shape) > SHARE_ABOVE:
+                self.shared[(shape, scale)] = shared
+        self.out.add_tensor(name, shared)
 
     def f32(self, name: str, values: np.ndarray[Any, Any]) -> None:
         self.out.add_tensor(name, values.astype(np.float32))
