@@ -31,8 +31,10 @@ unit: $(STAMP)
 integration: provision
 	$(BIN)/pytest -m llama
 
+# the unit tests on both cores at once; the real-server tests one at a time (each uses both)
 test: lint provision
-	$(BIN)/pytest
+	$(BIN)/pytest -m "not llama" -n 2
+	$(BIN)/pytest -m llama
 
 bench: provision
 	$(BIN)/python benchmarks/proxy_overhead.py --out benchmarks/results/proxy_overhead.json
