@@ -270,7 +270,7 @@ def test_synth_moe_writes_a_hybrid_whose_mtp_head_llama_server_drafts_with(
     mtp = ["--spec-type", "draft-mtp", "--spec-draft-n-max", "2"]
 
     async def complete(model: Path, flags: list[str]) -> dict[str, object]:
-        caps = prepared.capabilities
+        caps = prepared.capabilities  # (a qwen3moe like the twin is served in the test above)
         async with temporary_server(prepared.binary, settings, caps, model, flags, "mtp") as c:
             response = await c.open(
                 "POST", "/completion", content=b'{"prompt": "Hello", "n_predict": 12}'
@@ -283,4 +283,3 @@ def test_synth_moe_writes_a_hybrid_whose_mtp_head_llama_server_drafts_with(
     timings = answer["timings"]
     assert answer["tokens_predicted"] == 12, answer
     assert isinstance(timings, dict) and timings["draft_n"] > 0, timings  # the MTP head drafted
-    assert asyncio.run(complete(twin, []))["tokens_predicted"] == 12
