@@ -51,7 +51,7 @@ def test_the_view_predicts_every_kind_of_class_and_says_why_types_are_absent(
         assert predicted["echo greedy"] >= predicted["fresh greedy"]
     assert view.absent["draft-mtp"] == "the target has no MTP (next-n) layers"
     assert "TUNER_DRAFT_MODEL" in view.absent["draft-simple"]
-    assert view.absent["draft-eagle3"] == "not in the tuning file's search"
+    assert "TUNER_DRAFT_MODEL" in view.absent["draft-eagle3"]
     document = json.loads(as_json(view))
     assert [v["name"] for v in document["variants"]] == [v.name for v, _ in view.variants]
     table = as_table(view)
@@ -70,3 +70,31 @@ def test_tuner_variants_lists_mtp_variants_for_a_target_with_heads(tmp_path: Pat
     assert document["mtp_layers"] == 1
     assert "draft-mtp.max1" in [v["name"] for v in document["variants"]]
     assert "draft-mtp" not in document["absent"]
+
+
+def test_a_draft_is_searched_as_the_kind_its_gguf_says(tmp_path: Path) -> None:
+    """An EAGLE3 head (GGUF architecture ``eagle3``) is searched as draft-eagle3 and nothing
+    else; a plain model as draft-simple."""
+    caps, config = caps_of("0c1e570"), load_tuning()
+    target = read_facts(write_gguf(tmp_path / "t.gguf", "llama"))
+    eagle = read_facts(write_gguf(tmp_path / "eagle.gguf", "eagle3"))
+    names = [v.name for v in search_variants(config, caps, Path(eagle.path), 0, "draft-eagle3")]
+    assert "draft-eagle3.max3" in names and not any("draft-simple" in n for n in names)
+    view = space_view(config, caps, [], target, eagle, default_cost(target, None, None))
+    assert view.absent["draft-simple"] == "the configured draft is a draft-eagle3 model"
+    plain = search_variants(config, caps, Path(target.path), 0, "draft-simple")
+    assert any(v.spec_type == "draft-simple" for v in plain)
+    assert not any(v.spec_type in ("draft-eagle3", "draft-dflash") for v in plain)
+
+
+@pytest.mark.llama
+def test_tuner_variants_searches_an_eagle3_draft_as_draft_eagle3(tmp_path: Path) -> None:
+    """The vocabulary rule, which stops the daemon for a mismatched plain draft, is not
+    applied to an EAGLE3 head; the space holds its variants."""
+    eagle = write_gguf(tmp_path / "eagle.gguf", "eagle3")
+    done = subprocess.run(
+        [sys.executable, "-m", "tuner", "variants", "--draft", str(eagle), "--format", "json"],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    names = [v["name"] for v in json.loads(done.stdout)["variants"]]
+    assert "draft-eagle3.max6" in names and not any(n.startswith("draft-simple") for n in names)

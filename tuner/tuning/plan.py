@@ -37,7 +37,7 @@ from tuner.tuning.pricing import prior_cost
 from tuner.tuning.service import EngineFactory, Mode
 from tuner.tuning.state import PolicyMeta
 from tuner.tuning.studies import StudyBook
-from tuner.tuning.variants import Variant, grid, parse_name, presets_ini
+from tuner.tuning.variants import Variant, draft_type, grid, parse_name, presets_ini
 from tuner.upstream.capabilities import Capabilities
 from tuner.upstream.launch import Prepared, model_alias
 
@@ -115,12 +115,23 @@ def default_cost(facts: ModelFacts, draft: ModelFacts | None, profile: Profile |
 
 
 def search_variants(
-    config: TuningConfig, caps: Capabilities, draft: Path | None, mtp_layers: int
+    config: TuningConfig,
+    caps: Capabilities,
+    draft: Path | None,
+    mtp_layers: int,
+    draft_kind: str = "draft-simple",
 ) -> list[Variant]:
     """The variants the daemon searches: the space this build, target and draft can run,
     plus any pin outside it."""
     forbid = config.override_for("all").forbid
-    variants = grid(config.search, caps, draft_model=draft, mtp_layers=mtp_layers, forbid=forbid)
+    variants = grid(
+        config.search,
+        caps,
+        draft_model=draft,
+        draft_kind=draft_kind,
+        mtp_layers=mtp_layers,
+        forbid=forbid,
+    )
     for override in config.overrides.values():
         if override.pin and override.pin not in {v.name for v in variants}:
             variants.append(parse_name(override.pin))  # a pin outside the space still runs
@@ -155,9 +166,11 @@ def plan_tuning(settings: Settings, prepared: Prepared) -> TuningPlan | None:
     config = tuning_config(settings)
     caps, model, draft = prepared.capabilities, prepared.model, prepared.draft
     facts = read_facts(model)
+    draft_facts = read_facts(draft) if draft else None
+    kind = draft_type(draft_facts.architecture) if draft_facts else "draft-simple"
     if caps.router and caps.has_flag("--spec-type"):
         mode: Mode = "router"
-        variants = search_variants(config, caps, draft, facts.nextn_layers)
+        variants = search_variants(config, caps, draft, facts.nextn_layers, kind)
     elif caps.old_draft_flags and draft is not None:
         mode = "per-request"
         variants = [
@@ -172,7 +185,6 @@ def plan_tuning(settings: Settings, prepared: Prepared) -> TuningPlan | None:
             "--spec-type nor per-request draft settings",
         )
         return None
-    draft_facts = read_facts(draft) if draft else None
     fingerprint = hardware_fingerprint()  # NVML and /proc: read once for the profile and meta
     hardware_key = fingerprint_key(fingerprint)
     profile = machine_profile(facts, settings, hardware_key)

@@ -18,7 +18,7 @@ from tuner.render import text_table
 from tuner.settings import Settings
 from tuner.tuning.config import TuningConfig
 from tuner.tuning.prior import rank
-from tuner.tuning.variants import PARAMS, Variant, unavailable
+from tuner.tuning.variants import PARAMS, Variant, draft_type, unavailable
 from tuner.upstream.capabilities import Capabilities
 
 __all__ = ["KINDS", "SpaceView", "as_json", "as_table", "show_space", "space_view"]
@@ -71,8 +71,13 @@ def space_view(
             absent[spec_type] = "forbidden for every class ([overrides.all])"
         else:
             draft_path = None if draft is None else Path(draft.path)
+            kind = draft_type(draft.architecture) if draft else "draft-simple"
             why = unavailable(
-                spec_type, caps, draft_model=draft_path, mtp_layers=facts.nextn_layers
+                spec_type,
+                caps,
+                draft_model=draft_path,
+                draft_kind=kind,
+                mtp_layers=facts.nextn_layers,
             )
             absent[spec_type] = why or "not searched"
     return SpaceView(
@@ -128,7 +133,8 @@ def show_space(settings: Settings, fmt: str = "table") -> str:
     draft = read_facts(prepared.draft) if prepared.draft else None
     profile = machine_profile(facts, settings, fingerprint_key(hardware_fingerprint()))
     caps = prepared.capabilities
-    variants = search_variants(config, caps, prepared.draft, facts.nextn_layers)
+    kind = draft_type(draft.architecture) if draft else "draft-simple"
+    variants = search_variants(config, caps, prepared.draft, facts.nextn_layers, kind)
     cost = default_cost(facts, draft, profile)
     view = space_view(config, caps, variants, facts, draft, cost)
     return as_json(view) if fmt == "json" else as_table(view)

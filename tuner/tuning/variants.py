@@ -21,6 +21,7 @@ __all__ = [
     "BASELINE",
     "PARAMS",
     "Variant",
+    "draft_type",
     "grid",
     "parse_name",
     "presets_ini",
@@ -60,6 +61,17 @@ _OLD_DRAFT_FLAGS = {"n_max": "--draft-max", "n_min": "--draft-min", "p_min": "--
 # Defaults of the current build, used for the nominal draft length of a variant.
 _DEFAULT_DRAFT = {"ngram-mod": 64, "ngram-cache": 8, "draft": 3, "ngram": 48}
 NEEDS_DRAFT_MODEL = frozenset({"draft-simple", "draft-eagle3", "draft-dflash"})
+# a draft GGUF's architecture -> the one spec type it serves (any other model: draft-simple)
+DRAFT_ARCHS = {"eagle3": "draft-eagle3", "dflash": "draft-dflash"}
+
+
+def draft_type(architecture: str) -> str:
+    """The spec type a draft model of this GGUF architecture is run as.
+
+    >>> draft_type("eagle3"), draft_type("gemma3")
+    ('draft-eagle3', 'draft-simple')
+    """
+    return DRAFT_ARCHS.get(architecture, "draft-simple")
 
 
 def _label(value: ParamValue) -> str:
@@ -179,15 +191,23 @@ def parse_name(name: str) -> Variant:
 
 
 def unavailable(
-    spec_type: str, caps: Capabilities, *, draft_model: Path | None = None, mtp_layers: int = 0
+    spec_type: str,
+    caps: Capabilities,
+    *,
+    draft_model: Path | None = None,
+    draft_kind: str = "draft-simple",
+    mtp_layers: int = 0,
 ) -> str | None:
-    """Why this build, model and draft cannot run a spec type; None when they can."""
+    """Why this build, model and draft cannot run a spec type; None when they can.
+    ``draft_kind``: the spec type the configured draft serves (``draft_type``)."""
     if spec_type not in PARAMS:
         return "not a spec type spec-tuner knows"
     if not caps.supports_spec_type(spec_type):
         return "not in this llama-server build"
     if spec_type in NEEDS_DRAFT_MODEL and draft_model is None:
         return "needs a draft model (TUNER_DRAFT_MODEL)"
+    if spec_type in NEEDS_DRAFT_MODEL and spec_type != draft_kind:
+        return f"the configured draft is a {draft_kind} model"
     if spec_type == "draft-mtp" and mtp_layers < 1:
         return "the target has no MTP (next-n) layers"
     return None
@@ -198,6 +218,7 @@ def grid(
     caps: Capabilities,
     *,
     draft_model: Path | None = None,
+    draft_kind: str = "draft-simple",
     mtp_layers: int = 0,
     forbid: Iterable[str] = (),
 ) -> list[Variant]:
@@ -208,7 +229,10 @@ def grid(
     for spec_type, params in space.items():
         if spec_type in forbidden or spec_type == "none":
             continue
-        if unavailable(spec_type, caps, draft_model=draft_model, mtp_layers=mtp_layers):
+        why = unavailable(
+            spec_type, caps, draft_model=draft_model, draft_kind=draft_kind, mtp_layers=mtp_layers
+        )
+        if why:
             continue
         names = list(params)
         for values in itertools.product(*(params[n] for n in names)):

@@ -129,8 +129,14 @@ def check_draft(model: Path, draft: Path) -> None:
     """Stop before anything runs when the draft cannot pair with the target: the build
     throws when it loads such a draft, so every speculative instance would fail."""
     from tuner.model.gguf_facts import draft_compatibility, read_facts
+    from tuner.tuning.variants import DRAFT_ARCHS
 
-    result = draft_compatibility(read_facts(model), read_facts(draft))
+    draft_facts = read_facts(draft)
+    if draft_facts.architecture in DRAFT_ARCHS:
+        # the vocabulary rule is draft-simple's; EAGLE3 and DFlash heads pair with a target
+        # by their own checks in llama.cpp
+        return
+    result = draft_compatibility(read_facts(model), draft_facts)
     if not result.compatible:
         raise ConfigError(f"TUNER_DRAFT_MODEL {draft}: {result.explain()}")
 
