@@ -14,7 +14,7 @@ from tests.model.synthetic_gguf import write_gguf
 from tests.tuning.test_variants import caps_of
 from tuner.model.gguf_facts import read_facts
 from tuner.tuning.config import load_tuning
-from tuner.tuning.plan import default_cost, search_variants
+from tuner.tuning.plan import default_cost, draft_kind, search_variants
 from tuner.tuning.space import KINDS, as_json, as_table, space_view
 
 
@@ -78,11 +78,11 @@ def test_a_draft_is_searched_as_the_kind_its_gguf_says(tmp_path: Path) -> None:
     caps, config = caps_of("0c1e570"), load_tuning()
     target = read_facts(write_gguf(tmp_path / "t.gguf", "llama"))
     eagle = read_facts(write_gguf(tmp_path / "eagle.gguf", "eagle3"))
-    names = [v.name for v in search_variants(config, caps, Path(eagle.path), 0, "draft-eagle3")]
+    names = [v.name for v in search_variants(config, caps, draft_kind(eagle), 0)]
     assert "draft-eagle3.max3" in names and not any("draft-simple" in n for n in names)
     view = space_view(config, caps, [], target, eagle, default_cost(target, None, None))
     assert view.absent["draft-simple"] == "the configured draft is a draft-eagle3 model"
-    plain = search_variants(config, caps, Path(target.path), 0, "draft-simple")
+    plain = search_variants(config, caps, draft_kind(target), 0)
     assert any(v.spec_type == "draft-simple" for v in plain)
     assert not any(v.spec_type in ("draft-eagle3", "draft-dflash") for v in plain)
 

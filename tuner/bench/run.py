@@ -47,8 +47,8 @@ from tuner.model.gguf_facts import read_facts
 from tuner.model.profile import hardware_fingerprint
 from tuner.settings import Settings
 from tuner.tuning.capacity import instances_that_fit
-from tuner.tuning.plan import tuning_config, write_presets
-from tuner.tuning.variants import BASELINE, Variant, draft_type, parse_name, unavailable
+from tuner.tuning.plan import draft_kind, tuning_config, write_presets
+from tuner.tuning.variants import BASELINE, Variant, parse_name, unavailable
 from tuner.upstream.client import UpstreamClient
 from tuner.upstream.launch import Prepared, prepare, router_argv
 from tuner.upstream.process import ManagedServer, free_port
@@ -66,17 +66,13 @@ def matrix_variants(names: Sequence[str], prepared: Prepared) -> list[Variant]:
     draft model, ``draft-mtp`` only on a target with MTP layers)."""
     out: list[Variant] = []
     mtp_layers = read_facts(prepared.model).nextn_layers
-    kind = draft_type(read_facts(prepared.draft).architecture) if prepared.draft else "draft-simple"
+    kind = draft_kind(read_facts(prepared.draft) if prepared.draft else None)
     for name in names:
         try:
             variant = parse_name(name)
         except ValueError as exc:
             raise ConfigError(f"matrix: {exc}") from exc
-        caps, draft = prepared.capabilities, prepared.draft
-        why = unavailable(
-            variant.spec_type, caps, draft_model=draft, draft_kind=kind, mtp_layers=mtp_layers
-        )
-        if why:
+        if unavailable(variant.spec_type, prepared.capabilities, draft=kind, mtp_layers=mtp_layers):
             continue
         if variant != BASELINE and variant not in out:
             out.append(variant)

@@ -42,8 +42,8 @@ from tuner.upstream.capabilities import Capabilities
 from tuner.upstream.launch import Prepared, model_alias
 
 __all__ = [
-    "TuningPlan", "default_cost", "machine_profile", "plan_tuning", "search_variants",
-    "shared_flags", "tuning_config", "write_presets",
+    "TuningPlan", "default_cost", "draft_kind", "machine_profile", "plan_tuning",
+    "search_variants", "shared_flags", "tuning_config", "write_presets",
 ]  # fmt: skip
 
 log = get_logger(__name__)
@@ -114,24 +114,18 @@ def default_cost(facts: ModelFacts, draft: ModelFacts | None, profile: Profile |
     return replace(base, verify=verify)
 
 
+def draft_kind(draft: ModelFacts | None) -> str | None:
+    """The spec type the configured draft model serves; None without one."""
+    return None if draft is None else draft_type(draft.architecture)
+
+
 def search_variants(
-    config: TuningConfig,
-    caps: Capabilities,
-    draft: Path | None,
-    mtp_layers: int,
-    draft_kind: str = "draft-simple",
+    config: TuningConfig, caps: Capabilities, draft: str | None, mtp_layers: int
 ) -> list[Variant]:
-    """The variants the daemon searches: the space this build, target and draft can run,
-    plus any pin outside it."""
+    """The variants the daemon searches: the space this build, target and draft
+    (``draft_kind``) can run, plus any pin outside it."""
     forbid = config.override_for("all").forbid
-    variants = grid(
-        config.search,
-        caps,
-        draft_model=draft,
-        draft_kind=draft_kind,
-        mtp_layers=mtp_layers,
-        forbid=forbid,
-    )
+    variants = grid(config.search, caps, draft=draft, mtp_layers=mtp_layers, forbid=forbid)
     for override in config.overrides.values():
         if override.pin and override.pin not in {v.name for v in variants}:
             variants.append(parse_name(override.pin))  # a pin outside the space still runs
@@ -167,15 +161,15 @@ def plan_tuning(settings: Settings, prepared: Prepared) -> TuningPlan | None:
     caps, model, draft = prepared.capabilities, prepared.model, prepared.draft
     facts = read_facts(model)
     draft_facts = read_facts(draft) if draft else None
-    kind = draft_type(draft_facts.architecture) if draft_facts else "draft-simple"
+    kind = draft_kind(draft_facts)
     if caps.router and caps.has_flag("--spec-type"):
         mode: Mode = "router"
-        variants = search_variants(config, caps, draft, facts.nextn_layers, kind)
+        variants = search_variants(config, caps, kind, facts.nextn_layers)
     elif caps.old_draft_flags and draft is not None:
         mode = "per-request"
         variants = [
             v
-            for v in search_variants(config, caps, draft, 0)
+            for v in search_variants(config, caps, kind, 0)
             if v.spec_type in ("none", "draft-simple")
         ]
     else:

@@ -10,15 +10,21 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 
 from tuner.model.gguf_facts import ModelFacts
 from tuner.model.speedup import CostModel
 from tuner.render import text_table
 from tuner.settings import Settings
 from tuner.tuning.config import TuningConfig
+from tuner.tuning.plan import (
+    default_cost,
+    draft_kind,
+    machine_profile,
+    search_variants,
+    tuning_config,
+)
 from tuner.tuning.prior import rank
-from tuner.tuning.variants import PARAMS, Variant, draft_type, unavailable
+from tuner.tuning.variants import PARAMS, Variant, unavailable
 from tuner.upstream.capabilities import Capabilities
 
 __all__ = ["KINDS", "SpaceView", "as_json", "as_table", "show_space", "space_view"]
@@ -61,6 +67,7 @@ def space_view(
     )
     searched = {v.spec_type for v in variants}
     forbidden = set(config.override_for("all").forbid)
+    kind = draft_kind(draft)
     absent: dict[str, str] = {}
     for spec_type in PARAMS:
         if spec_type == "none" or spec_type in searched:
@@ -70,15 +77,7 @@ def space_view(
         elif spec_type in forbidden:
             absent[spec_type] = "forbidden for every class ([overrides.all])"
         else:
-            draft_path = None if draft is None else Path(draft.path)
-            kind = draft_type(draft.architecture) if draft else "draft-simple"
-            why = unavailable(
-                spec_type,
-                caps,
-                draft_model=draft_path,
-                draft_kind=kind,
-                mtp_layers=facts.nextn_layers,
-            )
+            why = unavailable(spec_type, caps, draft=kind, mtp_layers=facts.nextn_layers)
             absent[spec_type] = why or "not searched"
     return SpaceView(
         facts.name or facts.architecture,
@@ -124,7 +123,6 @@ def show_space(settings: Settings, fmt: str = "table") -> str:
     llama-server (a draft that cannot pair with the target is refused, as at start)."""
     from tuner.model.gguf_facts import read_facts
     from tuner.model.profile import fingerprint_key, hardware_fingerprint
-    from tuner.tuning.plan import default_cost, machine_profile, search_variants, tuning_config
     from tuner.upstream.launch import prepare
 
     prepared = prepare(settings)
@@ -133,8 +131,7 @@ def show_space(settings: Settings, fmt: str = "table") -> str:
     draft = read_facts(prepared.draft) if prepared.draft else None
     profile = machine_profile(facts, settings, fingerprint_key(hardware_fingerprint()))
     caps = prepared.capabilities
-    kind = draft_type(draft.architecture) if draft else "draft-simple"
-    variants = search_variants(config, caps, prepared.draft, facts.nextn_layers, kind)
+    variants = search_variants(config, caps, draft_kind(draft), facts.nextn_layers)
     cost = default_cost(facts, draft, profile)
     view = space_view(config, caps, variants, facts, draft, cost)
     return as_json(view) if fmt == "json" else as_table(view)

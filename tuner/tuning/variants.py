@@ -191,23 +191,19 @@ def parse_name(name: str) -> Variant:
 
 
 def unavailable(
-    spec_type: str,
-    caps: Capabilities,
-    *,
-    draft_model: Path | None = None,
-    draft_kind: str = "draft-simple",
-    mtp_layers: int = 0,
+    spec_type: str, caps: Capabilities, *, draft: str | None = None, mtp_layers: int = 0
 ) -> str | None:
     """Why this build, model and draft cannot run a spec type; None when they can.
-    ``draft_kind``: the spec type the configured draft serves (``draft_type``)."""
+    ``draft``: the spec type the configured draft model serves (``draft_type``), None
+    without one."""
     if spec_type not in PARAMS:
         return "not a spec type spec-tuner knows"
     if not caps.supports_spec_type(spec_type):
         return "not in this llama-server build"
-    if spec_type in NEEDS_DRAFT_MODEL and draft_model is None:
+    if spec_type in NEEDS_DRAFT_MODEL and draft is None:
         return "needs a draft model (TUNER_DRAFT_MODEL)"
-    if spec_type in NEEDS_DRAFT_MODEL and spec_type != draft_kind:
-        return f"the configured draft is a {draft_kind} model"
+    if spec_type in NEEDS_DRAFT_MODEL and spec_type != draft:
+        return f"the configured draft is a {draft} model"
     if spec_type == "draft-mtp" and mtp_layers < 1:
         return "the target has no MTP (next-n) layers"
     return None
@@ -217,22 +213,19 @@ def grid(
     space: Mapping[str, Mapping[str, Sequence[ParamValue]]],
     caps: Capabilities,
     *,
-    draft_model: Path | None = None,
-    draft_kind: str = "draft-simple",
+    draft: str | None = None,
     mtp_layers: int = 0,
     forbid: Iterable[str] = (),
 ) -> list[Variant]:
     """Every variant of a search space this build, target and draft can run, baseline first
-    (``draft-mtp`` only on a target with ``mtp_layers`` next-n layers)."""
+    (``draft``: the configured draft's spec type; ``draft-mtp`` only on a target with
+    ``mtp_layers`` next-n layers)."""
     forbidden = set(forbid)
     out = [BASELINE]
     for spec_type, params in space.items():
         if spec_type in forbidden or spec_type == "none":
             continue
-        why = unavailable(
-            spec_type, caps, draft_model=draft_model, draft_kind=draft_kind, mtp_layers=mtp_layers
-        )
-        if why:
+        if unavailable(spec_type, caps, draft=draft, mtp_layers=mtp_layers):
             continue
         names = list(params)
         for values in itertools.product(*(params[n] for n in names)):
