@@ -135,3 +135,14 @@ def drive(engine: Engine, sim: SimUpstream, schedule: list[str]) -> list[Decisio
         engine.observe(sim.answer(class_key, decision))
         out.append(decision)
     return out
+
+
+def evidence(engine: Engine) -> dict[str, Any]:
+    """Every class's evidence per variant: counts and the replayed rows."""
+    return {
+        key: {
+            name: (a.requests, a.tokens, a.drafted, a.accepted, list(a.shadow))
+            for name, a in sorted(s.arms.items())
+        }
+        for key, s in sorted(engine.classes.items())
+    }

@@ -42,6 +42,7 @@ from tuner.tuning.counts import Calibration, Counts
 from tuner.tuning.drift import drift
 from tuner.tuning.evidence import SAMPLED, ClassState, levels, parse_class
 from tuner.tuning.policy import Decision, Policy
+from tuner.tuning.pooling import Event, apply, replayed, served
 from tuner.tuning.pricing import Pricing
 from tuner.tuning.rules import Rules
 from tuner.tuning.search import TrialSearch
@@ -74,6 +75,7 @@ class Engine(Rules):
         on_change: Callable[[Engine], None] | None = None,
         clock: Callable[[], float] = time.time,
         excluded: Callable[[str], bool] = lambda _: False,
+        publish: Callable[[Event], None] | None = None,
     ) -> None:
         self.config = config
         self.variants = {v.name: v for v in variants}
@@ -85,6 +87,7 @@ class Engine(Rules):
         self.on_change = on_change
         self.clock = clock
         self.excluded = excluded  # variants that cannot run now (``tuning.quarantine``)
+        self.publish = publish  # the fleet's outbox (``tuner.fleet``): called under the lock
         self.classes: dict[str, ClassState] = {}
         self.pricing = Pricing(
             self.classes, self.variants, self.cost, draft_step,
@@ -183,9 +186,7 @@ class Engine(Rules):
                 if cost is not None:
                     self.state(key).spent -= 1.0 - cost
             # a request that drafted nothing (a baseline one included) only fits a step
-            self.calibration.add(key, record.variant, counts, t.predicted_n / tok_s)
-            for level in levels(key):
-                self.state(level).arm(record.variant).add(tok_s, *counts)
+            self.own(served(key, record.variant, tok_s, counts))
             state = self.state(key)
             trial, finish = state.trial, None
             if trial is not None and record.trial == trial.number:
@@ -214,15 +215,36 @@ class Engine(Rules):
             for name, found in counts.items()
             if name != served and name in self.variants and name != BASELINE.name
         }
+        if not row:
+            return
         with self._lock:
-            for level in levels(key):
-                state = self.state(level)
-                for name, found in row.items():
-                    state.arm(name).add_replayed(found)
+            self.own(replayed(key, row))
             changed = self.decide_all(key)
             self._open()
         if changed:
             self.changed()
+
+    def own(self, event: Event) -> None:
+        """Apply one of this daemon's events and publish it (caller holds the lock)."""
+        apply(event, self.state, self.calibration, self.variants.__contains__)
+        if self.publish is not None:
+            self.publish(event)
+
+    def absorb(self, events: Iterable[Event]) -> int:
+        """Add other daemons' events (parsed) to the evidence and re-decide the classes
+        they touched; how many applied."""
+        applied, touched = 0, set()
+        with self._lock:
+            for event in events:
+                if apply(event, self.state, self.calibration, self.variants.__contains__):
+                    applied += 1
+                    touched.add(event["c"])
+                    self._served += event["k"] == "served" and event["v"] != BASELINE.name
+            changed = [self.decide_all(key) for key in sorted(touched)]
+            self._open()
+        if any(changed):
+            self.changed()
+        return applied
 
     def _open(self) -> None:
         """Choose the opening variant (caller holds the lock): until a trial's worth of
@@ -274,45 +296,6 @@ class Engine(Rules):
             self.changed()
         return reopened
 
-    def reconfigure(self, config: TuningConfig) -> list[str]:
-        """Apply an edited tuning file (SIGHUP): budget, guard, prior and overrides at once.
-
-        The search space stays: its variants are llama-server presets fixed at start, so a
-        changed space is kept for the next start (and said so). Returns what changed.
-        """
-        with self._lock:
-            old = self.config
-            if config.search != old.search:
-                log.warning("tuning_search_needs_restart",
-                            detail="search-space changes apply at the next start")  # fmt: skip
-                config = config.model_copy(update={"search": old.search})
-            overrides = {}
-            for key, override in config.overrides.items():
-                if override.pin is not None and override.pin not in self.variants:
-                    log.warning(
-                        "tuning_pin_needs_restart",
-                        class_key=key,
-                        pin=override.pin,
-                        detail="not among the running variants; applies at next start",
-                    )
-                    override = override.model_copy(update={"pin": None})
-                overrides[key] = override
-            config = config.model_copy(update={"overrides": overrides})
-            changed = [
-                name for name in ("budget", "guard", "prior", "overrides")
-                if getattr(config, name) != getattr(old, name)
-            ]  # fmt: skip
-            self.config = config
-            self.pricing.configure(config.guard.confidence)
-            self._overrides.clear()
-            for state in self.classes.values():
-                if "prior" in changed:
-                    state.prior = self.rank(state.key)
-                self.decide(state)
-        if changed:
-            self.changed()
-        return changed
-
     def refresh(self) -> None:
         """Re-decide every class (a variant became unusable, or usable again)."""
         with self._lock:
@@ -332,6 +315,10 @@ class Engine(Rules):
                 for _, s in sorted(self.classes.items())
                 if (p := s.policy) is not None
             ]
+
+    def locked(self) -> threading.RLock:
+        """The engine's lock, to read something beside a snapshot that must match it."""
+        return self._lock
 
     def snapshot(self) -> dict[str, Any]:
         """The whole learned state, JSON-ready (``tuner.tuning.state`` writes it)."""

@@ -46,6 +46,48 @@ class Rules:
     _overrides: dict[str, Override]
     _lock: threading.RLock
 
+    def reconfigure(self, config: TuningConfig) -> list[str]:
+        """Apply an edited tuning file (SIGHUP): budget, guard, prior and overrides at once.
+
+        The search space stays: its variants are llama-server presets fixed at start, so a
+        changed space is kept for the next start (and said so). Returns what changed.
+        """
+        with self._lock:
+            old = self.config
+            if config.search != old.search:
+                log.warning("tuning_search_needs_restart",
+                            detail="search-space changes apply at the next start")  # fmt: skip
+                config = config.model_copy(update={"search": old.search})
+            overrides = {}
+            for key, override in config.overrides.items():
+                if override.pin is not None and override.pin not in self.variants:
+                    log.warning(
+                        "tuning_pin_needs_restart",
+                        class_key=key,
+                        pin=override.pin,
+                        detail="not among the running variants; applies at next start",
+                    )
+                    override = override.model_copy(update={"pin": None})
+                overrides[key] = override
+            config = config.model_copy(update={"overrides": overrides})
+            changed = [
+                name for name in ("budget", "guard", "prior", "overrides")
+                if getattr(config, name) != getattr(old, name)
+            ]  # fmt: skip
+            self.config = config
+            self.pricing.configure(config.guard.confidence)
+            self._overrides.clear()
+            for state in self.classes.values():
+                if "prior" in changed:
+                    state.prior = self.rank(state.key)
+                self.decide(state)
+        if changed:
+            self.changed()
+        return changed
+
+    def changed(self) -> None:
+        raise NotImplementedError  # the engine tells its owner
+
     def state(self, key: str) -> ClassState:
         state = self.classes.get(key)
         if state is None:

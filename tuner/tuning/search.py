@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from tuner.logs import get_logger
 from tuner.tuning.config import TuningConfig
 from tuner.tuning.evidence import ClassState, Trial, levels
+from tuner.tuning.pooling import Event, trial_done
 from tuner.tuning.pricing import Pricing
 from tuner.tuning.prior import PriorView
 from tuner.tuning.studies import Space, StudyBook
@@ -46,6 +47,7 @@ class Host(Protocol):
     def clears(self, state: ClassState) -> bool: ...
     def decide_all(self, key: str) -> bool: ...
     def changed(self) -> None: ...
+    def own(self, event: Event) -> None: ...
 
 
 class TrialSearch:
@@ -187,11 +189,12 @@ class TrialSearch:
             found = self.pricing.trial_speedup(state, trial)
             served = len(trial.counts)
             pruned = found is not None and found.high < 1.0 and served < budget.trial_requests
-            state.trials_done += 1
             bar = state.policy.gain if state.policy else 1.0
             state.stale = 0 if found is not None and found.value > bar else state.stale + 1
-            if state.trials_done >= self.max_trials(state) or 0 < budget.patience <= state.stale:
-                state.converged = True
+            done = state.trials_done + 1 >= self.max_trials(state)
+            host.own(
+                trial_done(key, trial.variant.name, done or 0 < budget.patience <= state.stale)
+            )
             host.decide_all(key)
         attrs: dict[str, Any] = {"requests": served, "variant": trial.variant.name}
         if found is not None:

@@ -1,0 +1,97 @@
+"""Evidence as events: what one engine publishes, another absorbs to the same evidence."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.tuning.sim import (
+    CODE,
+    PROSE,
+    SimUpstream,
+    config,
+    drive,
+    evidence,
+    make,
+    schedule,
+    truth,
+)
+from tuner.tuning import pooling
+from tuner.upstream.capabilities import Capabilities, parse_capabilities
+
+HELP = Path(__file__).parents[1] / "upstream" / "data" / "help-0c1e570.txt"
+
+
+@pytest.fixture(scope="module")
+def caps() -> Capabilities:
+    return parse_capabilities(HELP.read_text())
+
+
+def test_an_engine_absorbing_anothers_events_holds_the_same_evidence_and_choices(
+    tmp_path: Path, caps: Capabilities
+) -> None:
+    events: list[pooling.Event] = []
+    learner = make(tmp_path / "a", config(explore_share=0.5), caps, publish=events.append)
+    sim = SimUpstream(truth(list(learner.variants.values())))
+    drive(learner, sim, schedule(500))
+    mod, simple = (next(n for n in learner.variants if n.startswith(t + ".")) for t in
+                   ("ngram-mod", "ngram-simple"))  # fmt: skip
+    learner.observe_replayed(CODE, "none", {mod: (64, 40, 30), "not-run-here": (64, 9, 1)})
+    learner.observe_replayed(PROSE, "none", {simple: (64, 9, 1)})
+    learner.observe_replayed(PROSE, "none", {"not-run-here": (64, 9, 1)})  # nothing to say
+    kinds = {e["k"] for e in events}
+    assert kinds == {"served", "replayed", "trial"}
+
+    joiner = make(tmp_path / "b", config(explore_share=0.5), caps)
+    assert joiner.absorb([e for e in events if pooling.parse(e) is not None]) == len(events)
+    assert evidence(joiner) == evidence(learner)
+    for key in (CODE, PROSE):
+        mine, theirs = joiner.classes[key], learner.classes[key]
+        assert mine.trials_done == theirs.trials_done and mine.converged == theirs.converged
+        assert mine.policy is not None and theirs.policy is not None
+        assert mine.policy.variant == theirs.policy.variant
+        assert mine.seen == 0  # its own budget counters stay its own
+    code = joiner.classes[CODE].policy
+    assert code is not None and code.speculation  # served from its first request
+    assert joiner.route(CODE).variant == code.variant
+
+
+def test_events_naming_variants_this_daemon_does_not_run_are_skipped(
+    tmp_path: Path, caps: Capabilities
+) -> None:
+    engine = make(tmp_path, config(), caps)
+    foreign = pooling.served(CODE, "draft-mtp.n_max3", 40.0, (64, 30, 20))
+    assert engine.absorb([foreign]) == 0
+    assert all("draft-mtp.n_max3" not in s.arms for s in engine.classes.values())
+
+
+counts = st.lists(st.integers(-2, 10**6), min_size=0, max_size=4)
+junk = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8) | counts,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner),
+    max_leaves=8,
+)
+
+
+@given(
+    kind=st.sampled_from(["served", "replayed", "trial", "x"]),
+    fields=st.dictionaries(st.sampled_from(["c", "v", "r", "n", "x", "conv"]), junk),
+)
+def test_parse_never_raises_and_what_it_accepts_applies(kind: str, fields: dict[str, Any]) -> None:
+    event = {"k": kind, **fields}
+    parsed = pooling.parse(event)
+    if parsed is None:
+        return
+    engine_state: dict[str, Any] = {}
+    from tuner.tuning.counts import Calibration
+    from tuner.tuning.evidence import ClassState
+
+    def state(key: str) -> ClassState:
+        return engine_state.setdefault(key, ClassState(key))
+
+    pooling.apply(parsed, state, Calibration(), lambda _: True)  # must not raise
+    assert parsed["c"] in engine_state
