@@ -1,13 +1,18 @@
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
+import psycopg
 import pytest
 from hypothesis import HealthCheck, settings
 
 from tests.fake_llama import FakeLlamaServer
+from tests.pg_server import PgServer, pg_bin
 from tuner.proxy.app import create_app
 from tuner.records import RecordStore
 from tuner.upstream.client import UpstreamClient
@@ -47,3 +52,32 @@ async def proxy(upstream: UpstreamClient, store: RecordStore) -> AsyncIterator[h
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
         yield client
+
+
+# A real PostgreSQL server per test module (``tests.pg_server``). Where PostgreSQL is not
+# installed the tests that use it are skipped, unless SPEC_TUNER_TEST_POSTGRES=1 (``.ci/run``
+# sets it, after installing it): there they fail.
+@pytest.fixture(scope="module")
+def pg() -> Iterator[PgServer]:
+    if pg_bin("initdb") is None and os.environ.get("SPEC_TUNER_TEST_POSTGRES") != "1":
+        pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
+    # not under pytest's temporary dirs: the server's user could not reach into them
+    root = Path(tempfile.mkdtemp(prefix="spec-tuner-pg-"))
+    server = PgServer(root)
+    server.start()
+    yield server
+    server.stop()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def pg_url(pg: PgServer) -> Iterator[str]:
+    """The server's URL, with the tables emptied after the test."""
+    if pg.proc is None:
+        pg.start()
+    yield pg.url
+    if pg.proc is None:
+        pg.start()
+    with psycopg.connect(pg.url, autocommit=True) as conn:  # ours and Optuna's tables
+        conn.execute("DROP SCHEMA public CASCADE")
+        conn.execute("CREATE SCHEMA public")

@@ -201,6 +201,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="the trial history of one class (from its Optuna studies)",
     )
     report.add_argument("--plot", metavar="FILE.png", help="also draw the evidence to a file")
+    report.add_argument(
+        "--storage-url",
+        dest="storage_url",
+        metavar="URL",
+        help="the fleet's view, from its PostgreSQL database (TUNER_STORAGE_URL)",
+    )
     report.set_defaults(func=cmd_report)
 
     variants = sub.add_parser(

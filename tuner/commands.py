@@ -339,6 +339,12 @@ def cmd_report(args: argparse.Namespace) -> int:
         history_table,
     )
 
+    if args.storage_url:
+        from tuner.report.fleet import load_fleet_report
+
+        fleet = load_fleet_report(args.storage_url)
+        print({"json": as_json, "markdown": as_markdown}.get(args.format, as_table)(fleet), end="")
+        return 0
     settings = _settings(args)
     state_dir = settings.state_dir
     if args.class_key:

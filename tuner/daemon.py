@@ -18,10 +18,12 @@ from functools import partial
 from typing import Any
 
 import uvicorn
+from prometheus_client.registry import Collector
 from starlette.applications import Starlette
 
 from tuner.classify import classify, load_definitions
 from tuner.errors import ConfigError
+from tuner.fleet.collector import FleetCollector
 from tuner.logs import configure_logging, get_logger
 from tuner.metrics import Metrics
 from tuner.proxy.app import Service, create_app
@@ -121,6 +123,7 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
                 flush=records.flush,
                 single_reload_s=plan.reload_guess_s if plan.single else None,
                 unavailable=client.is_recovering,
+                fleet=plan.fleet,
             )
             records.observers.append(tuning.observe)
     notifier = Notifier(
@@ -136,9 +139,11 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
         )
         services.append(counterfactual)
     definitions = load_definitions(settings.classes_file)
-    collectors = ([TuningCollector(tuning.engine, tuning.quarantine)] if tuning else []) + (
-        [ReplayCollector(counterfactual)] if counterfactual else []
-    )
+    collectors: list[Collector] = (
+        [TuningCollector(tuning.engine, tuning.quarantine)] if tuning else []
+    ) + ([ReplayCollector(counterfactual)] if counterfactual else [])
+    if tuning is not None and tuning.fleet is not None:
+        collectors.append(FleetCollector(tuning.fleet))
     metrics = Metrics(client, records, collectors)
     app = create_app(
         client,

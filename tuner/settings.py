@@ -124,6 +124,11 @@ class Settings(BaseSettings):
         default_factory=lambda: Path(platformdirs.user_state_dir(APP_NAME)),
         description="request records, studies, policies",
     )
+    storage_url: str | None = Field(
+        None,
+        description="PostgreSQL URL a fleet of daemons shares its studies and evidence on "
+        "(postgresql://user@host/db); default: local files in the state dir only",
+    )
     cache_dir: Path = Field(
         default_factory=lambda: Path(platformdirs.user_cache_dir(APP_NAME)),
         description="llama-server builds and downloads",
@@ -135,6 +140,13 @@ class Settings(BaseSettings):
 
     _split_server_args = field_validator("server_args", "spec_args", mode="before")(_split_args)
     _split_api_keys = field_validator("api_keys", mode="before")(_split_keys)
+
+    @field_validator("storage_url")
+    @classmethod
+    def _postgres(cls, value: str | None) -> str | None:
+        if value and not value.startswith(("postgresql://", "postgres://")):
+            raise ValueError("storage_url must be a postgresql:// URL")
+        return value or None
 
     @classmethod
     def settings_customise_sources(

@@ -77,6 +77,7 @@ class ClassRow:
     since: float | None
     served_by: str | None  # whose policy its requests use (itself or a parent)
     arms: list[ArmRow] = field(default_factory=list)
+    daemons: int | None = None  # a fleet's report: daemons whose requests are its evidence
 
     def public(self) -> dict[str, Any]:
         """The stable JSON form (see the README's report schema)."""
@@ -98,6 +99,7 @@ class Report:
     single: dict[str, Any] | None = None  # one variant loaded at a time: what serves all
     # variants out of routing and search because they failed on the server, and why
     quarantine: dict[str, Any] = field(default_factory=dict)
+    fleet: dict[str, Any] | None = None  # read from a fleet's database (``report.fleet``)
 
     @property
     def requests(self) -> int:
@@ -138,6 +140,7 @@ class Report:
             "single": self.single,
             "quarantine": self.quarantine,
             "classes": [row.public() for row in self.classes],
+            "fleet": self.fleet,
         }
 
 

@@ -108,9 +108,19 @@ def _header(report: Report) -> list[str]:
         for name, entry in report.quarantine.items()
         if isinstance(entry, dict)
     ]
+    fleet = report.fleet
+    shared = (
+        [
+            f"fleet: {fleet.get('url')}, {len(fleet.get('daemons') or [])} daemons; policies "
+            f"as {fleet.get('shown')} saved them (evidence pooled from all)"
+        ]
+        if fleet
+        else []
+    )
     return [
         *one,
         *held,
+        *shared,
         f"model: {report.model}  build: {report.build}",
         f"hardware: {_hardware(report.hardware)}",
         f"state: {report.state_dir}  saved: {when(report.saved) or '-'} UTC",
@@ -120,17 +130,26 @@ def _header(report: Report) -> list[str]:
     ]
 
 
+def _rows(report: Report) -> tuple[tuple[str, ...], list[list[object]]]:
+    """The table; a fleet's has a column of how many daemons each class's evidence is from."""
+    if report.fleet is None:
+        return HEADERS, [_cells(row) for row in report.classes]
+    return (*HEADERS[:7], "daemons", *HEADERS[7:]), [
+        [*(c := _cells(row))[:7], row.daemons, *c[7:]] for row in report.classes
+    ]
+
+
 def as_table(report: Report) -> str:
     lines = _header(report)
     if report.classes:
-        lines += ["", text_table(HEADERS, [_cells(row) for row in report.classes])]
+        lines += ["", text_table(*_rows(report))]
     return "\n".join(lines) + "\n"
 
 
 def as_markdown(report: Report) -> str:
     lines = ["# spec-tuner report", ""] + [f"- {line}" for line in _header(report)]
     if report.classes:
-        lines += ["", markdown_table(HEADERS, [_cells(row) for row in report.classes])]
+        lines += ["", markdown_table(*_rows(report))]
     return "\n".join(lines) + "\n"
 
 

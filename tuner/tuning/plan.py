@@ -12,11 +12,14 @@
 from __future__ import annotations
 
 import functools
+import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tuner.atomic import write_atomic
+from tuner.fleet.ledger import Ledger, redact
+from tuner.fleet.sync import FleetSync
 from tuner.logs import get_logger
 from tuner.model.envelope import cost_model_from_facts
 from tuner.model.gguf_facts import ModelFacts, read_facts
@@ -66,6 +69,7 @@ class TuningPlan:
     capacity: int
     gpu: bool  # a CUDA build: instances share a GPU, not the CPU cores
     reload_guess_s: float  # loading the model again, until a reload is measured
+    fleet: FleetSync | None = None  # evidence shared on the fleet's database
 
     @property
     def single(self) -> bool:
@@ -196,14 +200,20 @@ def plan_tuning(settings: Settings, prepared: Prepared) -> TuningPlan | None:
     presets = settings.state_dir / "router" / "presets.ini"
     if mode == "router":
         write_presets(presets, variants, settings, prepared)
-    studies = StudyBook(
-        settings.state_dir / "studies.db",
-        f"{meta['model_key']}@{meta['hardware_key']}",
-        seed=settings.seed,
-    )
+    scope = f"{meta['model_key']}@{meta['hardware_key']}"
+    url = settings.storage_url
+    studies = StudyBook(settings.state_dir / "studies.db", scope, seed=settings.seed)
+    fleet = None
+    if url is not None:  # one study per class for the fleet, of this build only
+        scope = f"{scope}@{caps.commit}"
+        studies = StudyBook(url, scope, seed=settings.seed)
+        node = f"{socket.gethostname()}:{settings.state_dir.resolve()}"
+        fleet = FleetSync(Ledger(url), scope, node)
+        log.info("fleet_storage", url=redact(url), scope=scope, node=node)
     build = functools.partial(
-        Engine, config, variants, studies, cost=cost, draft_step=cost.draft_step
-    )
+        Engine, config, variants, studies, cost=cost, draft_step=cost.draft_step,
+        publish=fleet.publish if fleet else None,
+    )  # fmt: skip
     drafted_cost, drafted_cost_se = prior_cost(cost, cost.draft_step)
     log.info(
         "tuning_plan",
@@ -216,4 +226,4 @@ def plan_tuning(settings: Settings, prepared: Prepared) -> TuningPlan | None:
         drafted_cost_prior_se=drafted_cost_se,
     )
     reload_guess = RELOAD_FIXED_S + facts.total_bytes / RELOAD_BYTES_PER_S
-    return TuningPlan(mode, build, meta, presets, capacity.instances, gpu, reload_guess)
+    return TuningPlan(mode, build, meta, presets, capacity.instances, gpu, reload_guess, fleet)

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import shutil
 import threading
@@ -24,6 +25,7 @@ from typing import Any, Literal
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
+from tuner.fleet.sync import FleetSync
 from tuner.logs import get_logger
 from tuner.records import RequestRecord
 from tuner.tuning.engine import Decision, Engine
@@ -33,6 +35,7 @@ from tuner.tuning.state import (
     POLICY_FILE,
     PolicyMeta,
     load_policies,
+    read_document,
     save_policies,
     set_aside,
 )
@@ -77,8 +80,12 @@ class TuningService:
         flush: Callable[[], Awaitable[None]] | None = None,
         single_reload_s: float | None = None,
         unavailable: Callable[[str], bool] = lambda _: False,
+        fleet: FleetSync | None = None,
+        sync_s: float = 2.0,
     ) -> None:
         self.flush = flush
+        self.fleet = fleet  # built with the engine's ``publish``; synced here
+        self.sync_s = sync_s
         self.state_dir = state_dir
         self.path = state_dir / POLICY_FILE
         self.meta = meta
@@ -164,13 +171,33 @@ class TuningService:
             extra: dict[str, Any] = {"quarantine": self.quarantine.describe()}
             if self.single is not None:
                 extra["single"] = self.single.describe()
-            save_policies(self.path, self.meta, self.engine.snapshot(), extra=extra)
+            with self.engine.locked():  # the fleet's cursors match the evidence saved
+                classes = self.engine.snapshot()
+                if self.fleet is not None:
+                    extra["fleet"] = self.fleet.describe()
+            save_policies(self.path, self.meta, classes, extra=extra)
         except OSError as exc:
             self.save_errors += 1
             self._dirty.set()
             log.error("policies_write_failed", path=str(self.path), error=str(exc))
             return False
         return True
+
+    def sync(self) -> None:
+        """Trade evidence with the fleet; renew the heartbeats of running trials."""
+        if self.fleet is None:
+            return
+        if self.fleet.sync(self.engine) and self.engine.studies is not None:
+            try:
+                self.engine.studies.beat()
+            except Exception as exc:  # the database went away between the two
+                log.warning("trial_heartbeat_failed", error=str(exc)[:200])
+
+    def publish_document(self) -> None:
+        """The policy file, for the fleet's report."""
+        document = read_document(self.path)
+        if self.fleet is not None and document is not None:
+            self.fleet.put_document(document)
 
     def reevaluate(self) -> None:
         self.engine.check_drift()
@@ -205,6 +232,10 @@ class TuningService:
                 set_aside(self.path, "bad", reason=f"cannot restore: {exc!r}")
             else:
                 log.info("policies_restored", classes=len(restored), path=str(self.path))
+        if self.fleet is not None:
+            saved = read_document(self.path) if restored else None
+            self.fleet.restore((saved or {}).get("fleet"))
+            await asyncio.wrap_future(self._pool.submit(self.sync))  # warm from the fleet
         if self.single is not None:
             log.info("single_variant", detail="one variant loaded at a time",
                      reload_guess_s=round(self.single.reload_s, 1))  # fmt: skip
@@ -218,6 +249,14 @@ class TuningService:
         self.scheduler.add_job(
             lambda: self._submit(self.snapshot), "interval", seconds=self.snapshot_s, id="snapshot"
         )
+        if self.fleet is not None:
+            self.scheduler.add_job(
+                lambda: self._submit(self.sync), "interval", seconds=self.sync_s, id="sync"
+            )
+            self.scheduler.add_job(
+                lambda: self._submit(self.publish_document),
+                "interval", seconds=self.reevaluate_s, id="document",
+            )  # fmt: skip
         self.scheduler.start()
 
     async def stop(self) -> None:
@@ -227,4 +266,10 @@ class TuningService:
             self.scheduler.shutdown(wait=False)
             self.scheduler = None
         self._pool.shutdown(wait=True)
+        self.sync()  # the fleet gets what is left in the outbox
         self.save()
+        if self.fleet is not None:
+            self.publish_document()
+            self.fleet.ledger.close()
+            if self.engine.studies is not None:
+                self.engine.studies.close()

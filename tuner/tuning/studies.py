@@ -1,4 +1,5 @@
-"""Optuna studies, one per (model, hardware, class), in one SQLite file in the state dir.
+"""Optuna studies, one per (model, hardware, class): in a SQLite file in the state dir, or
+in a fleet's shared database (``TUNER_STORAGE_URL``).
 
 Driven with ask/tell from live traffic: ``ask`` returns the next variant to try
 (enqueued prior picks first, then TPE over the class's search space), ``tell``
@@ -8,6 +9,12 @@ file is in WAL mode so a kill -9 during a write leaves it intact;
 
 The study name carries a hash of the search space: a changed space starts a new
 study instead of clashing with the old distributions.
+
+On a shared database several daemons ask the same study; Optuna hands each waiting or
+new trial to one of them. Each running trial carries a heartbeat (``beat``), and a trial
+whose daemon died is failed once its heartbeat is ``GRACE_S`` old, not at the next start
+(which would fail the other daemons' running trials). The database is reached lazily, so a
+daemon starts while it is down; each call then raises, and its caller logs and goes on.
 """
 
 from __future__ import annotations
@@ -17,7 +24,10 @@ import json
 import logging
 import sqlite3
 import threading
-from collections.abc import Mapping, Sequence
+import time
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +41,9 @@ __all__ = ["StudyBook", "TrialRecord", "study_name"]
 
 SPEC_TYPE = "spec_type"
 Space = Mapping[str, Mapping[str, Sequence[ParamValue]]]
+
+HEARTBEAT_S = 30  # a running trial's heartbeat, on a shared database
+GRACE_S = 180  # a trial whose heartbeat is this old is failed (its daemon died)
 
 optuna.logging.set_verbosity(logging.WARNING)
 optuna.logging.disable_default_handler()
@@ -67,21 +80,73 @@ def _params_of(variant: Variant) -> dict[str, Any]:
     }
 
 
-class StudyBook:
-    """The studies of one model on one machine; thread-safe (one lock around Optuna)."""
+def sqlalchemy_url(url: str) -> str:
+    """A ``postgresql://`` URL as SQLAlchemy's name for the psycopg 3 driver.
 
-    def __init__(self, path: Path, scope: str, *, seed: int | None = None) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with sqlite3.connect(path) as db:
-            db.execute("PRAGMA journal_mode=WAL")
-        self.path = path
+    >>> sqlalchemy_url("postgresql://tuner@db:5432/tuner")
+    'postgresql+psycopg://tuner@db:5432/tuner'
+    """
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+@contextmanager
+def _heartbeats() -> Iterator[None]:
+    """Optuna calls heartbeats experimental (since 2.9) and meant for ``optimize``; this
+    ask-and-tell use of them is what they are for across processes."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        warnings.filterwarnings("ignore", "Heartbeat of storage", UserWarning)
+        yield
+
+
+def _fail_stale(study: optuna.Study) -> None:
+    with _heartbeats():
+        optuna.storages.fail_stale_trials(study)
+
+
+class StudyBook:
+    """The studies of one model on one machine; thread-safe (one lock around Optuna).
+
+    ``where``: the SQLite file of this state dir, or a shared database's URL."""
+
+    def __init__(self, where: Path | str, scope: str, *, seed: int | None = None) -> None:
+        self.shared = isinstance(where, str)
+        if isinstance(where, Path):
+            where.parent.mkdir(parents=True, exist_ok=True)
+            with sqlite3.connect(where) as db:
+                db.execute("PRAGMA journal_mode=WAL")
+        self.where = where
         self.scope = scope
         self.seed = seed
-        self.storage = optuna.storages.RDBStorage(
-            f"sqlite:///{path}", engine_kwargs={"connect_args": {"timeout": 30}}
-        )
+        self._storage: optuna.storages.RDBStorage | None = None
         self._studies: dict[str, optuna.Study] = {}
+        self._running: set[int] = set()  # trial ids this process runs (heartbeats)
+        self._last_beat = 0.0
         self._lock = threading.Lock()
+
+    @property
+    def storage(self) -> optuna.storages.RDBStorage:
+        """Optuna's storage, connected on first use (raises while the database is down)."""
+        if self._storage is None:
+            if isinstance(self.where, Path):
+                self._storage = optuna.storages.RDBStorage(
+                    f"sqlite:///{self.where}", engine_kwargs={"connect_args": {"timeout": 30}}
+                )
+            else:
+                with _heartbeats():
+                    self._storage = optuna.storages.RDBStorage(
+                        sqlalchemy_url(self.where),
+                        engine_kwargs={
+                            "pool_pre_ping": True,
+                            "connect_args": {"connect_timeout": 5},
+                        },
+                        heartbeat_interval=HEARTBEAT_S,
+                        grace_period=GRACE_S,
+                    )
+        return self._storage
 
     def study(self, class_key: str, space: Space) -> optuna.Study:
         name = study_name(self.scope, class_key, space)
@@ -111,7 +176,13 @@ class StudyBook:
         """Start a trial; the variant it stands for."""
         study = self.study(class_key, space)
         with self._lock:
-            trial = study.ask()
+            if self.shared:
+                _fail_stale(study)
+            with _heartbeats():
+                trial = study.ask()
+            if self.shared:
+                self.storage.record_heartbeat(trial._trial_id)
+                self._running.add(trial._trial_id)
             spec_type = trial.suggest_categorical(SPEC_TYPE, sorted(space))
             params = {
                 p: trial.suggest_categorical(f"{spec_type}.{p}", list(values))
@@ -135,6 +206,7 @@ class StudyBook:
         study = self.study(class_key, space)
         with self._lock:
             trial_id = self.storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
+            self._running.discard(trial_id)
             if self.storage.get_trial(trial_id).state.is_finished():
                 return  # told already (a crash's restart failed it): keep what it says
             for key, val in (attrs or {}).items():
@@ -146,10 +218,34 @@ class StudyBook:
             else:
                 study.tell(number, value)
 
+    def close(self) -> None:
+        """Close the storage's connections (reopened if used again)."""
+        with self._lock:
+            if self._storage is not None:
+                self._storage.remove_session()
+                self._storage.engine.dispose()
+                self._storage = None
+                self._studies.clear()
+
+    def beat(self) -> None:
+        """Renew the heartbeat of each trial this process runs (shared database only), at
+        most three times per ``HEARTBEAT_S``."""
+        with self._lock:
+            now = time.monotonic()
+            if now - self._last_beat < HEARTBEAT_S / 3:
+                return
+            self._last_beat = now
+            for trial_id in sorted(self._running):
+                self.storage.record_heartbeat(trial_id)
+
     def fail_running(self, class_key: str, space: Space) -> int:
-        """Mark trials left running by a stop or crash as failed; how many."""
+        """Mark trials left running by a stop or crash as failed; how many. On a shared
+        database only those whose heartbeat stopped: the others are other daemons' trials."""
         study = self.study(class_key, space)
         with self._lock:
+            if self.shared:
+                _fail_stale(study)
+                return 0
             running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
             for trial in running:
                 study.tell(trial.number, state=TrialState.FAIL)

@@ -1,0 +1,118 @@
+"""Daemons' engines pooling evidence through a real PostgreSQL server (``FleetSync``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.pg_server import PgServer
+from tests.tuning.sim import CODE, SimUpstream, config, drive, evidence, make, schedule, truth
+from tuner.fleet.ledger import Ledger
+from tuner.fleet.sync import FleetSync
+from tuner.tuning.engine import Engine
+from tuner.upstream.capabilities import Capabilities, parse_capabilities
+
+HELP = Path(__file__).parents[1] / "upstream" / "data" / "help-0c1e570.txt"
+SCOPE = "gemma@cpu-2@0c1e570"
+
+
+@pytest.fixture(scope="module")
+def caps() -> Capabilities:
+    return parse_capabilities(HELP.read_text())
+
+
+class Daemons:
+    """Engines wired to their fleet's sync, as ``plan_tuning`` wires them."""
+
+    def __init__(self, url: str, tmp: Path, caps: Capabilities) -> None:
+        self.url, self.tmp, self.caps = url, tmp, caps
+        self.syncs: list[FleetSync] = []
+
+    def start(self, name: str, scope: str = SCOPE, **kw: int) -> tuple[Engine, FleetSync]:
+        sync = FleetSync(Ledger(self.url), scope, f"host:{name}", **kw)
+        self.syncs.append(sync)
+        engine = make(self.tmp / name, config(explore_share=0.5), self.caps, publish=sync.publish)
+        return engine, sync
+
+
+@pytest.fixture
+def daemons(pg_url: str, tmp_path: Path, caps: Capabilities) -> Iterator[Daemons]:
+    made = Daemons(pg_url, tmp_path, caps)
+    yield made
+    for sync in made.syncs:
+        sync.ledger.close()
+
+
+def test_two_daemons_end_with_the_evidence_of_both(daemons: Daemons) -> None:
+    a, sync_a = daemons.start("a")
+    b, sync_b = daemons.start("b")
+    sim = SimUpstream(truth(list(a.variants.values())))
+    drive(a, sim, schedule(300, seed=1))
+    assert sync_a.sync(a) and sync_b.sync(b)
+    assert evidence(b) == evidence(a)  # b learned everything a served
+    drive(b, sim, schedule(200, seed=2))
+    drive(a, sim, schedule(100, seed=3))
+    for _ in range(2):
+        assert sync_a.sync(a) and sync_b.sync(b)
+    assert evidence(a) == evidence(b)
+    assert a.classes[CODE].arms["none"].requests > 0
+    assert sum(s.requests for s in a.classes["all"].arms.values()) == 600
+    assert sync_a.up and sync_a.outages == 0 and not sync_a.outbox
+
+
+def test_another_model_or_build_never_mixes(daemons: Daemons) -> None:
+    a, sync_a = daemons.start("a")
+    other, sync_other = daemons.start("o", scope="gemma@cpu-2@another-build")
+    drive(a, SimUpstream(truth(list(a.variants.values()))), schedule(50))
+    assert sync_a.sync(a) and sync_other.sync(other)
+    assert other.classes == {} and sync_other.absorbed == 0
+
+
+def test_a_database_outage_loses_nothing(pg: PgServer, daemons: Daemons) -> None:
+    a, sync_a = daemons.start("a")
+    b, sync_b = daemons.start("b")
+    sim = SimUpstream(truth(list(a.variants.values())))
+    drive(a, sim, schedule(50, seed=1))
+    assert sync_a.sync(a)
+    pg.stop()
+    drive(a, sim, schedule(150, seed=2))  # a keeps serving and learning
+    assert not sync_a.sync(a) and not sync_a.sync(a)
+    assert sync_a.up is False and sync_a.outages == 1  # one outage, however many tries
+    assert len(sync_a.outbox) >= 150
+    pg.start()
+    assert sync_a.sync(a) and not sync_a.outbox
+    assert sync_b.sync(b)
+    assert evidence(b) == evidence(a)
+
+
+def test_a_crash_between_saves_neither_loses_nor_doubles(daemons: Daemons) -> None:
+    """The policy file holds the evidence with the numbers it includes; what was written
+    after it is read back from the database by the restarted daemon."""
+    a, sync_a = daemons.start("a")
+    sim = SimUpstream(truth(list(a.variants.values())))
+    drive(a, sim, schedule(120, seed=1))
+    assert sync_a.sync(a)
+    drive(a, sim, schedule(30, seed=2))  # in the outbox when the file is saved
+    with a.locked():
+        saved, cursors = a.snapshot(), sync_a.describe()
+    drive(a, sim, schedule(40, seed=3))  # written to the database, not to the file
+    assert sync_a.sync(a)
+    # -9 here; the restart: a new writer, the file's evidence, its cursors and outbox
+    again, sync_again = daemons.start("a")
+    again.restore(saved)
+    sync_again.restore(cursors)
+    assert len(sync_again.outbox) >= 30  # sent again: the database keeps one copy
+    assert sync_again.sync(again)
+    assert evidence(again) == evidence(a)
+
+
+def test_a_long_outage_drops_the_oldest_events_and_says_so(pg: PgServer, daemons: Daemons) -> None:
+    a, sync_a = daemons.start("a", outbox=20)
+    pg.stop()
+    drive(a, SimUpstream(truth(list(a.variants.values()))), schedule(30))
+    assert not sync_a.sync(a)
+    assert len(sync_a.outbox) == 20 and sync_a.dropped >= 10
+    pg.start()
+    assert sync_a.sync(a) and sync_a.written == 20

@@ -1,0 +1,1 @@
+"""A fleet of daemons sharing what they learn on one PostgreSQL database."""
