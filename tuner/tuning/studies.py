@@ -14,7 +14,8 @@ On a shared database several daemons ask the same study; Optuna hands each waiti
 new trial to one of them. Each running trial carries a heartbeat (``beat``), and a trial
 whose daemon died is failed once its heartbeat is ``GRACE_S`` old, not at the next start
 (which would fail the other daemons' running trials). The database is reached lazily, so a
-daemon starts while it is down; each call then raises, and its caller logs and goes on.
+daemon starts while it is down; each call then raises, and its caller logs and goes on. A
+local SQLite file is opened at once.
 """
 
 from __future__ import annotations
@@ -126,6 +127,8 @@ class StudyBook:
         self._running: set[int] = set()  # trial ids this process runs (heartbeats)
         self._last_beat = 0.0
         self._lock = threading.Lock()
+        if not self.shared:  # a local file opens now, as it always can
+            _ = self.storage
 
     @property
     def storage(self) -> optuna.storages.RDBStorage:
