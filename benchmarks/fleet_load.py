@@ -10,7 +10,8 @@ outbox in one transaction and reads every other daemon's new events. Its engine 
 counts what it absorbs (the real engine's cost is the daemon's, not the database's). The
 database is a fresh local server (``tests.pg_server``) unless ``--url`` names one.
 Reported per fleet size: events written and read per second, sync latency, and the
-database's CPU seconds (its processes, from /proc) per 1,000 events written and read.
+database's CPU seconds (its processes, from /proc) per 1,000 events written and read; and
+what one Optuna trial (ask and tell on a shared study) costs in transactions and rows.
 """
 
 from __future__ import annotations
@@ -129,6 +130,41 @@ def run(url: str, daemons: int, rate: float, seconds: float) -> dict[str, Any]:
     }
 
 
+def trial_cost(url: str, trials: int = 20) -> dict[str, float]:
+    """What one Optuna trial (ask, heartbeat, tell) costs the database: transactions and
+    rows written, from ``pg_stat_database`` around ``trials`` of them on a shared study."""
+    import psycopg
+
+    from tuner.tuning.studies import StudyBook
+
+    space = {"ngram-simple": {"size_n": [3, 6, 12], "size_m": [8, 16, 48]}}
+    book = StudyBook(url, f"trial-cost-{time.time_ns()}")
+    book.ask("code", space)  # the study and Optuna's tables exist before counting
+
+    def stats() -> tuple[int, int]:
+        with psycopg.connect(url, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT xact_commit, tup_inserted + tup_updated + tup_deleted"
+                " FROM pg_stat_database WHERE datname = current_database()"
+            ).fetchone()
+            time.sleep(0.6)  # the statistics collector's delay
+            row = conn.execute(
+                "SELECT xact_commit, tup_inserted + tup_updated + tup_deleted"
+                " FROM pg_stat_database WHERE datname = current_database()"
+            ).fetchone()
+        assert row is not None
+        return int(row[0]), int(row[1])
+
+    x0, w0 = stats()
+    for _ in range(trials):
+        number, _ = book.ask("code", space)
+        book.tell("code", space, number, 1.1)
+    x1, w1 = stats()
+    book.close()
+    return {"transactions_per_trial": round((x1 - x0 - 2) / trials, 1),
+            "rows_written_per_trial": round((w1 - w0) / trials, 1)}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--daemons", default="5,20,50")
@@ -144,10 +180,11 @@ def main() -> None:
     url = args.url or (server.url if server else "")
     try:
         rows = [run(url, int(n), args.rate, args.seconds) for n in args.daemons.split(",")]
+        trial = trial_cost(url)
     finally:
         if server is not None:
             server.stop()
-    emit({"machine_cores": psutil.cpu_count(), "rows": rows}, args.out)
+    emit({"machine_cores": psutil.cpu_count(), "rows": rows, "optuna_trial": trial}, args.out)
 
 
 if __name__ == "__main__":
