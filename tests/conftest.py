@@ -13,8 +13,10 @@ from hypothesis import HealthCheck, settings
 
 from tests.fake_llama import FakeLlamaServer
 from tests.pg_server import PgServer, pg_bin
+from tests.tuning.sim import HELP
 from tuner.proxy.app import create_app
 from tuner.records import RecordStore
+from tuner.upstream.capabilities import Capabilities, parse_capabilities
 from tuner.upstream.client import UpstreamClient
 
 # The suite shares two cores with llama-server: judge examples, not wall-clock speed.
@@ -22,6 +24,12 @@ settings.register_profile(
     "shared-cpu", deadline=None, suppress_health_check=[HealthCheck.too_slow], max_examples=100
 )
 settings.load_profile("shared-cpu")
+
+
+@pytest.fixture(scope="session")
+def caps() -> Capabilities:
+    """The pinned build's capabilities, from its recorded ``--help``."""
+    return parse_capabilities(HELP.read_text())
 
 
 @pytest.fixture

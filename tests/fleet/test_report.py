@@ -14,16 +14,14 @@ from tests.tuning.sim import SimUpstream, config, drive, make, truth
 from tuner.fleet.ledger import Ledger
 from tuner.fleet.sync import FleetSync
 from tuner.report.fleet import load_fleet_report
-from tuner.upstream.capabilities import parse_capabilities
+from tuner.upstream.capabilities import Capabilities
 
-HELP = Path(__file__).parents[1] / "upstream" / "data" / "help-0c1e570.txt"
 SCOPE = "gemma@cpu-2@0c1e570"
 
 
 @pytest.fixture
-def fleet(pg_url: str, tmp_path: Path) -> Iterator[str]:
+def fleet(pg_url: str, tmp_path: Path, caps: Capabilities) -> Iterator[str]:
     """Two daemons of one scope, each with its own classes, and one of another scope."""
-    caps = parse_capabilities(HELP.read_text())
     syncs = []
     for name, scope, key in (("a", SCOPE, "code/echo/greedy"), ("b", SCOPE, "prose/fresh/sampled"),
                              ("c", "other@hw@b", "code/echo/greedy")):  # fmt: skip

@@ -12,15 +12,9 @@ from tests.tuning.sim import CODE, SimUpstream, config, drive, evidence, make, s
 from tuner.fleet.ledger import Ledger
 from tuner.fleet.sync import FleetSync
 from tuner.tuning.engine import Engine
-from tuner.upstream.capabilities import Capabilities, parse_capabilities
+from tuner.upstream.capabilities import Capabilities
 
-HELP = Path(__file__).parents[1] / "upstream" / "data" / "help-0c1e570.txt"
 SCOPE = "gemma@cpu-2@0c1e570"
-
-
-@pytest.fixture(scope="module")
-def caps() -> Capabilities:
-    return parse_capabilities(HELP.read_text())
 
 
 class Daemons:

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.fake_llama import FakeLlamaServer
-from tests.tuning.sim import CODE, HELP, SimUpstream, config, make
+from tests.tuning.sim import CODE, SimUpstream, config, make
 from tuner.model.speedup import CostModel
 from tuner.proxy.app import create_app
 from tuner.records import RecordStore, RequestRecord, Timings
@@ -22,13 +22,8 @@ from tuner.tuning.engine import Decision, Engine
 from tuner.tuning.evidence import Arm
 from tuner.tuning.service import TuningService
 from tuner.tuning.shadow import EXACT, REPLAYABLE, ModDrafter, replay_simple
-from tuner.upstream.capabilities import Capabilities, parse_capabilities
+from tuner.upstream.capabilities import Capabilities
 from tuner.upstream.client import UpstreamClient
-
-
-@pytest.fixture(scope="module")
-def caps() -> Capabilities:
-    return parse_capabilities(HELP.read_text())
 
 
 def _gains(engine: Engine) -> dict[str, float]:

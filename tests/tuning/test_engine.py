@@ -6,21 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.tuning.sim import CODE, HELP, PROSE, SimUpstream, config, drive, make, schedule, truth
+from tests.tuning.sim import CODE, PROSE, SimUpstream, config, drive, make, schedule, truth
 from tuner.model.envelope import cost_model
 from tuner.model.speedup import CostModel
 from tuner.tuning.config import Budget, Override
 from tuner.tuning.engine import Decision
 from tuner.tuning.evidence import Arm
 from tuner.tuning.state import load_policies, save_policies
-from tuner.upstream.capabilities import Capabilities, parse_capabilities
+from tuner.upstream.capabilities import Capabilities
 
 FRESH = "code/fresh/greedy"  # no echo: on a small-active MoE nothing is predicted to pay
-
-
-@pytest.fixture(scope="module")
-def caps() -> Capabilities:
-    return parse_capabilities(HELP.read_text())
 
 
 def test_converges_to_the_best_variant_and_switches_losers_off(

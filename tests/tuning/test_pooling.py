@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -21,14 +20,7 @@ from tests.tuning.sim import (
     truth,
 )
 from tuner.tuning import pooling
-from tuner.upstream.capabilities import Capabilities, parse_capabilities
-
-HELP = Path(__file__).parents[1] / "upstream" / "data" / "help-0c1e570.txt"
-
-
-@pytest.fixture(scope="module")
-def caps() -> Capabilities:
-    return parse_capabilities(HELP.read_text())
+from tuner.upstream.capabilities import Capabilities
 
 
 def test_an_engine_absorbing_anothers_events_holds_the_same_evidence_and_choices(

@@ -9,19 +9,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.tuning.sim import CODE, HELP, PROSE, SimUpstream, config, make
+from tests.tuning.sim import CODE, PROSE, SimUpstream, config, make
 from tuner.records import RequestRecord
 from tuner.tuning.config import TuningConfig
 from tuner.tuning.single import SingleVariant, switch_pays, traffic_gain
-from tuner.upstream.capabilities import Capabilities, parse_capabilities
+from tuner.upstream.capabilities import Capabilities
 
 speedups = st.floats(min_value=0.3, max_value=3.0)
 shares = st.floats(min_value=0.01, max_value=1.0)
-
-
-@pytest.fixture(scope="module")
-def caps() -> Capabilities:
-    return parse_capabilities(HELP.read_text())
 
 
 @given(st.dictionaries(st.sampled_from("abcdef"), st.tuples(shares, speedups), min_size=1))

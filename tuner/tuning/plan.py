@@ -202,9 +202,10 @@ def plan_tuning(settings: Settings, prepared: Prepared) -> TuningPlan | None:
         write_presets(presets, variants, settings, prepared)
     scope = f"{meta['model_key']}@{meta['hardware_key']}"
     url = settings.storage_url
-    studies = StudyBook(settings.state_dir / "studies.db", scope, seed=settings.seed)
     fleet = None
-    if url is not None:  # one study per class for the fleet, of this build only
+    if url is None:
+        studies = StudyBook(settings.state_dir / "studies.db", scope, seed=settings.seed)
+    else:  # one study per class for the fleet, of this build only
         scope = f"{scope}@{caps.commit}"
         studies = StudyBook(url, scope, seed=settings.seed)
         node = f"{socket.gethostname()}:{settings.state_dir.resolve()}"
