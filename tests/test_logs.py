@@ -1,4 +1,5 @@
-"""Logs are JSON lines when not on a terminal, uvicorn's included; httpx stays quiet."""
+"""Logs are JSON lines when not on a terminal, uvicorn's included; httpx and apscheduler
+stay quiet."""
 
 from __future__ import annotations
 
@@ -27,10 +28,11 @@ def test_json_lines_for_ours_and_stdlib(capsys: pytest.CaptureFixture[str]) -> N
     structlog.contextvars.clear_contextvars()
     logging.getLogger("uvicorn.error").info("Uvicorn running")
     logging.getLogger("httpx").info("HTTP Request: GET /health")
+    logging.getLogger("apscheduler.executors.default").info('Running job "sync"')
     lines = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
     assert lines[0] == {**lines[0], "event": "request", "status": 200, "request_id": "req_1"}
     assert lines[1]["event"] == "Uvicorn running" and lines[1]["logger"] == "uvicorn.error"
-    assert len(lines) == 2  # httpx's INFO line was dropped
+    assert len(lines) == 2  # the INFO lines of httpx and apscheduler were dropped
 
 
 def test_level_filters(capsys: pytest.CaptureFixture[str]) -> None:

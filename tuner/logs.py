@@ -18,7 +18,8 @@ __all__ = ["configure_logging", "get_logger"]
 
 LogFormat = Literal["auto", "json", "console"]
 
-_QUIET = ("httpx", "httpcore", "uvicorn.access")
+# per-request and per-job INFO lines (the fleet sync runs every 2 s) that would drown ours
+_QUIET = ("httpx", "httpcore", "uvicorn.access", "apscheduler")
 
 
 class _Stderr:

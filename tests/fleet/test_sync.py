@@ -11,10 +11,13 @@ from tests.pg_server import PgServer
 from tests.tuning.sim import CODE, SimUpstream, config, drive, evidence, make, schedule, truth
 from tuner.fleet.ledger import Ledger
 from tuner.fleet.sync import FleetSync
+from tuner.transfer import Machine, export_policies, import_policies
 from tuner.tuning.engine import Engine
+from tuner.tuning.state import POLICY_FILE, load_policies, read_document, save_policies
 from tuner.upstream.capabilities import Capabilities
 
 SCOPE = "gemma@cpu-2@0c1e570"
+META = {"model": "gemma", "model_key": "gemma-abc", "hardware_key": "cpu-2", "build": "0c1e570"}
 
 
 class Daemons:
@@ -110,3 +113,31 @@ def test_a_long_outage_drops_the_oldest_events_and_says_so(pg: PgServer, daemons
     assert len(sync_a.outbox) == 20 and sync_a.dropped >= 10
     pg.start()
     assert sync_a.sync(a) and sync_a.written == 20
+
+
+def test_an_export_imported_into_another_member_counts_nothing_twice(
+    daemons: Daemons, tmp_path: Path
+) -> None:
+    """``tuner policies export`` on a member carries its cursors and unsent events: the
+    member it is imported into reads from the fleet only what the file does not hold."""
+    a, sync_a = daemons.start("a")
+    b, sync_b = daemons.start("b")
+    sim = SimUpstream(truth(list(a.variants.values())))
+    drive(a, sim, schedule(120, seed=1))
+    drive(b, sim, schedule(80, seed=2))
+    assert sync_b.sync(b) and sync_a.sync(a)  # a holds b's first 80
+    drive(a, sim, schedule(30, seed=3))  # still in a's outbox when exported
+    with a.locked():
+        save_policies(tmp_path / "a" / POLICY_FILE, META, a.snapshot(),
+                      extra={"fleet": sync_a.describe()})  # fmt: skip
+    export_policies(tmp_path / "a", tmp_path / "export.json")
+    import_policies(tmp_path / "export.json", tmp_path / "c", Machine(**META))
+    drive(b, sim, schedule(40, seed=4))
+    assert sync_b.sync(b)
+    # c starts on the imported file, as ``TuningService.start`` does, a long after
+    c, sync_c = daemons.start("c")
+    c.restore(load_policies(tmp_path / "c" / POLICY_FILE, META))
+    sync_c.restore((read_document(tmp_path / "c" / POLICY_FILE) or {}).get("fleet"))
+    assert sync_c.sync(c) and sync_a.sync(a) and sync_b.sync(b)
+    assert evidence(c) == evidence(a) == evidence(b)
+    assert sum(s.requests for s in c.classes["all"].arms.values()) == 120 + 80 + 30 + 40
