@@ -10,6 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from tests.bench.test_analyse import CLASSES, static_rows, tuner_row
+from tests.bench.test_render import assert_documented
 from tuner.bench.daemons import Quiet, final_policies
 from tuner.bench.run import _report_machine, finish
 from tuner.bench.schedule import CHALLENGER, TUNER
@@ -40,6 +41,20 @@ def test_finish_writes_the_summary_from_the_directory(tmp_path: Path) -> None:
     assert code["final_reason"] == "measured 2.00x"
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
     assert (tmp_path / "summary.md").is_file() and (tmp_path / "summary.png").is_file()
+
+
+def test_finish_sets_what_the_tuner_priced_beside_the_static_arms(tmp_path: Path) -> None:
+    policy = {"variant": "fast-code", "speculation": True, "settled": True, "reason": "m"}
+    speedups = {"fast-code": [2.2, 2.0, 2.4], "not-a-static-arm": [1.5, 1.4, 1.6]}
+    write_run(tmp_path, {"code": {"policy": policy, "speedups": speedups}})
+    summary = finish(tmp_path)
+    measured = summary["classes"]["code"]["arms"]["fast-code"]["ratio"]
+    assert summary["pricing"]["pairs"] == 1
+    row = summary["pricing"]["rows"][0]
+    assert (row["class"], row["variant"], row["predicted"]) == ("code", "fast-code", 2.2)
+    assert row["ratio"] == pytest.approx(2.2 / measured, abs=1e-3)
+    assert "## Pricing: what the tuner believed" in (tmp_path / "summary.md").read_text()
+    assert_documented(summary)
 
 
 def test_a_class_served_by_its_parent_takes_the_parents_policy(tmp_path: Path) -> None:

@@ -184,6 +184,25 @@ def final_policies(state: Path) -> dict[str, FinalPolicy]:
     return out
 
 
+def final_speedups(state: Path) -> dict[str, dict[str, list[float]]]:
+    """Class key -> variant -> the speedup the daemon priced it at when it stopped
+    (``[value, low, high]``); empty without a readable policy file."""
+    try:
+        classes = json.loads((state / POLICY_FILE).read_text()).get("classes")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    out: dict[str, dict[str, list[float]]] = {}
+    for key, entry in (classes if isinstance(classes, dict) else {}).items():
+        priced = entry.get("speedups") if isinstance(entry, dict) else None
+        if isinstance(priced, dict):
+            out[key] = {
+                v: [float(x) for x in s]
+                for v, s in priced.items()
+                if isinstance(s, list) and len(s) == 3
+            }
+    return out
+
+
 class Quiet:
     """After a daemon's request, wait until its background replays are done, so that they
     never run beside another arm's request.

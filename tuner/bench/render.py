@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tuner.bench.beliefs import markdown_rows
 from tuner.bench.rows import BASELINE, Measured, item_means, succeeded
 from tuner.bench.schedule import CHALLENGER, TUNER
 
@@ -231,6 +232,8 @@ def markdown(summary: Mapping[str, Any]) -> str:
                 f" {_x(c.get('challenger_ratio'))} | {c.get('challenger_final_variant') or '-'} |"
             )
         lines.append(row)
+    if summary.get("pricing"):
+        lines += ["", *markdown_rows(summary["pricing"])]
     return "\n".join(lines) + "\n"
 
 

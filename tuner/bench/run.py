@@ -31,11 +31,13 @@ import httpx
 from tuner.atomic import write_atomic
 from tuner.bench import machine
 from tuner.bench.analyse import summarize
+from tuner.bench.beliefs import beliefs
 from tuner.bench.daemons import (
     DEFAULT_MATRIX,
     BenchOptions,
     Quiet,
     final_policies,
+    final_speedups,
     state_dir,
     tuner_daemon,
 )
@@ -286,6 +288,8 @@ def finish(out: Path) -> dict[str, Any]:
         )  # fmt: skip
     except ValueError as exc:
         raise ConfigError(f"{out}: {exc}") from exc
+    if (pricing := beliefs(summary["classes"], final_speedups(state_dir(out, TUNER)))) is not None:
+        summary["pricing"] = pricing
     write_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     write_atomic(out / "summary.md", markdown(summary))
     plot(summary, rows, out / "summary.png")

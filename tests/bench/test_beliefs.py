@@ -1,0 +1,56 @@
+"""The pricing check: the tuner's speedups beside the static arms' (``tuner.bench.beliefs``)."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tuner.bench.beliefs import beliefs, markdown_rows
+
+
+def arm(ratio: float, low: float, high: float) -> dict[str, object]:
+    return {"ratio": ratio, "interval": [low, high]}
+
+
+CLASSES = {
+    "code": {"prompts": 30, "arms": {"a": arm(1.5, 1.4, 1.6), "b": arm(1.2, 1.1, 1.3)}},
+    "text": {"prompts": 10, "arms": {"a": arm(1.0, 0.9, 1.1), "none": arm(1.0, 1.0, 1.0)}},
+    "data": {"prompts": 5, "arms": {"a": arm(1.1, 1.0, 1.2)}},
+}
+
+
+def test_pairs_only_where_both_have_a_figure_and_the_error_weighs_prompts() -> None:
+    speedups = {
+        "code": {"a": [1.53, 1.4, 1.6], "b": [1.38, 1.3, 1.4]},
+        "text": {"a": [0.9, 0.8, 1.0]},
+    }
+    found = beliefs(CLASSES, speedups)
+    assert found is not None
+    assert [(r["class"], r["variant"]) for r in found["rows"]] == [
+        ("code", "a"), ("code", "b"), ("text", "a")
+    ]  # fmt: skip
+    assert found["within_tolerance"] == 1  # code/a at 1.02; code/b 1.15, text/a 0.90
+    assert found["inside_interval"] == 2  # code/b's 1.38 is above its 1.3
+    logs = [30 * math.log(1.02), 30 * math.log(1.15), 10 * -math.log(0.9)]
+    assert found["mean_error"] == round(math.expm1(sum(abs(x) for x in logs) / 70), 4)
+    assert found["median_ratio"] == 1.02
+    table = "\n".join(markdown_rows(found))
+    assert "| code | b | 30 | 1.380x | 1.200x [1.10, 1.30] | 1.150 |" in table
+
+
+def test_nothing_to_compare_is_none() -> None:
+    assert beliefs(CLASSES, {}) is None
+    assert beliefs(CLASSES, {"code": {"c": [1.0, 1.0, 1.0]}}) is None
+    assert beliefs(CLASSES, {"data": {"a": [1.1, 1, 1.2]}}, min_prompts=6) is None
+
+
+@given(st.floats(0.2, 5.0), st.floats(0.2, 5.0))
+def test_a_prediction_equal_to_time_has_no_error(measured: float, scale: float) -> None:
+    classes = {"k": {"prompts": 3, "arms": {"v": arm(measured, measured / 2, measured * 2)}}}
+    exact = beliefs(classes, {"k": {"v": [measured, 0, 9]}})
+    off = beliefs(classes, {"k": {"v": [measured * scale, 0, 9]}})
+    assert exact is not None and off is not None
+    assert exact["mean_error"] == 0 and exact["within_tolerance"] == 1
+    assert off["mean_error"] >= 0 and (off["within_tolerance"] == 1) == (abs(scale - 1) <= 0.03)

@@ -1,0 +1,92 @@
+"""What the tuner believed each variant worth, against what time measured. Pure.
+
+When a run ends, the daemon's policy file holds, per class, the speedup it prices each
+variant at (``speedups``: from its served requests' and its replays' token counts, the
+numbers every choice is made on). A static arm of the same variant measured the class's
+prompts by time. ``beliefs`` sets the two side by side for every class and variant both
+have: the pricing is right where ``predicted / measured`` is near 1.
+
+The two are over nearly, not exactly, the same prompts (the tuner's stream meets some
+prompts twice and others not at all), and a static arm's ratio over a dozen prompts is
+itself uncertain by several percent: ``inside`` says whether the prediction falls in the
+static arm's interval, and the aggregate weighs each class by its prompts.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["TOLERANCE", "beliefs", "markdown_rows"]
+
+TOLERANCE = 0.03  # the pricing target: predicted within 3 % of time
+
+
+def beliefs(
+    classes: Mapping[str, Mapping[str, Any]],
+    speedups: Mapping[str, Mapping[str, Sequence[float]]],
+    min_prompts: int = 1,
+) -> dict[str, Any] | None:
+    """The pricing check of a run: ``classes`` is the summary's per-class section (each
+    with ``prompts`` and ``arms``: static arm -> ``ratio``, ``interval``), ``speedups`` the
+    daemon's class -> variant -> ``[value, low, high]``. None when no pair exists.
+
+    >>> found = beliefs({"code": {"prompts": 10, "arms": {"a": {"ratio": 1.5,
+    ...     "interval": [1.4, 1.6]}}}}, {"code": {"a": [1.53, 1.45, 1.6]}})
+    >>> found["rows"][0]["ratio"], found["rows"][0]["inside"], found["within_tolerance"]
+    (1.02, True, 1)
+    """
+    rows: list[dict[str, Any]] = []
+    for key, entry in sorted(classes.items()):
+        priced = speedups.get(key) or {}
+        if int(entry.get("prompts", 0)) < min_prompts:
+            continue
+        for variant, arm in sorted((entry.get("arms") or {}).items()):
+            belief = priced.get(variant)
+            measured = arm.get("ratio")
+            if not belief or not measured or measured <= 0:
+                continue
+            low, high = arm.get("interval") or (measured, measured)
+            rows.append({
+                "class": key, "variant": variant, "prompts": int(entry["prompts"]),
+                "predicted": round(float(belief[0]), 4), "measured": round(float(measured), 4),
+                "interval": [low, high], "ratio": round(float(belief[0]) / measured, 4),
+                "inside": bool(low <= belief[0] <= high),
+            })  # fmt: skip
+    if not rows:
+        return None
+    weights = [r["prompts"] for r in rows]
+    # the mean |log(predicted / measured)|, each class weighed by its prompts
+    error = sum(w * abs(math.log(r["ratio"])) for w, r in zip(weights, rows, strict=True))
+    return {
+        "pairs": len(rows),
+        "within_tolerance": sum(abs(r["ratio"] - 1) <= TOLERANCE for r in rows),
+        "inside_interval": sum(r["inside"] for r in rows),
+        "mean_error": round(math.expm1(error / sum(weights)), 4),
+        "median_ratio": round(statistics.median(r["ratio"] for r in rows), 4),
+        "rows": rows,
+    }
+
+
+def markdown_rows(found: Mapping[str, Any]) -> list[str]:
+    """The check as a markdown section."""
+    lines = [
+        "## Pricing: what the tuner believed, against time",
+        "",
+        f"{found['pairs']} class and variant pairs; predicted within {TOLERANCE:.0%} of the "
+        f"static arm's time in {found['within_tolerance']}, inside its interval in "
+        f"{found['inside_interval']}; mean error {found['mean_error']:.1%} (weighed by "
+        f"prompts), median predicted / measured {found['median_ratio']:.3f}.",
+        "",
+        "| class | variant | prompts | predicted | measured (90 %) | predicted / measured |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in found["rows"]:
+        low, high = r["interval"]
+        lines.append(
+            f"| {r['class']} | {r['variant']} | {r['prompts']} | {r['predicted']:.3f}x | "
+            f"{r['measured']:.3f}x [{low:.2f}, {high:.2f}] | {r['ratio']:.3f} |"
+        )
+    return lines
