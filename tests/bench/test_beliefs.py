@@ -7,7 +7,7 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tuner.bench.beliefs import beliefs, markdown_rows
+from tuner.bench.beliefs import beliefs, lock_in, markdown_rows
 
 
 def arm(ratio: float, low: float, high: float) -> dict[str, object]:
@@ -54,3 +54,22 @@ def test_a_prediction_equal_to_time_has_no_error(measured: float, scale: float) 
     assert exact is not None and off is not None
     assert exact["mean_error"] == 0 and exact["within_tolerance"] == 1
     assert off["mean_error"] >= 0 and (off["within_tolerance"] == 1) == (abs(scale - 1) <= 0.03)
+
+
+def test_lock_in_compares_the_held_variant_with_the_best_priced_and_the_best_static() -> None:
+    classes = {
+        "code": {"tuner_requests": 40, "final_variant": "b", "oracle_ratio": 1.5,
+                 "arms": {"a": arm(1.5, 1.4, 1.6), "b": arm(1.2, 1.1, 1.3)}},
+        "text": {"tuner_requests": 25, "final_variant": "none", "oracle_ratio": 1.1,
+                 "arms": {"a": arm(1.1, 1.0, 1.2)}},
+        "young": {"tuner_requests": 20, "final_variant": "a", "arms": {}},
+        "odd": {"tuner_requests": 50, "final_variant": "messages: a; prompt: b", "arms": {}},
+    }  # fmt: skip
+    speedups = {"code": {"a": [1.44, 1, 2], "b": [1.2, 1, 2]}, "text": {"a": [0.95, 0, 2]},
+                "young": {"a": [1.0, 1, 1]}}  # fmt: skip
+    rows = {r["class"]: r for r in lock_in(classes, speedups)}
+    assert set(rows) == {"code", "text"}  # 20 requests or fewer, or no single variant: left out
+    assert (rows["code"]["best_priced"], rows["code"]["own_gap"]) == ("a", 1.2)
+    assert rows["code"]["static_gap"] == 1.25
+    assert (rows["text"]["best_priced"], rows["text"]["own_gap"]) == ("none", 1.0)
+    assert rows["text"]["static_gap"] == 1.1  # none measures 1.0 by definition

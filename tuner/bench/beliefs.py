@@ -19,7 +19,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["TOLERANCE", "beliefs", "markdown_rows"]
+__all__ = ["TOLERANCE", "beliefs", "lock_in", "markdown_rows"]
 
 TOLERANCE = 0.03  # the pricing target: predicted within 3 % of time
 
@@ -70,6 +70,42 @@ def beliefs(
     }
 
 
+def lock_in(
+    classes: Mapping[str, Mapping[str, Any]],
+    speedups: Mapping[str, Mapping[str, Sequence[float]]],
+    min_requests: int = 20,
+) -> list[dict[str, Any]]:
+    """Each class of more than ``min_requests`` tuner requests: the variant it held at the
+    end, what its own evidence priced that at against its best-priced variant (``own_gap``),
+    and what the static arms measured for it against the class's best arm (``static_gap``,
+    where the held variant was one). A gap above ``1 + TOLERANCE`` is a near-tie the class
+    did not resolve, or a loss it did not see.
+
+    >>> k = {"tuner_requests": 30, "final_variant": "a", "oracle_ratio": 1.6,
+    ...      "arms": {"a": {"ratio": 1.5}}}
+    >>> held = lock_in({"k": k}, {"k": {"a": [1.5, 1, 2], "b": [1.6, 1, 2]}})[0]
+    >>> held["best_priced"], held["own_gap"], held["static_gap"]
+    ('b', 1.0667, 1.0667)
+    """
+    out: list[dict[str, Any]] = []
+    for key, entry in sorted(classes.items()):
+        held = entry.get("final_variant")
+        priced = {v: float(s[0]) for v, s in (speedups.get(key) or {}).items()} | {"none": 1.0}
+        if int(entry.get("tuner_requests", 0)) <= min_requests or held not in priced:
+            continue
+        best = max(priced, key=priced.__getitem__)
+        arm = (entry.get("arms") or {}).get(held)
+        static = float(arm["ratio"]) if arm else (1.0 if held == "none" else None)
+        oracle = entry.get("oracle_ratio")
+        out.append({
+            "class": key, "requests": int(entry["tuner_requests"]), "held": held,
+            "held_priced": round(priced[held], 4), "best_priced": best,
+            "own_gap": round(priced[best] / priced[held], 4),
+            "static_gap": round(float(oracle) / static, 4) if static and oracle else None,
+        })  # fmt: skip
+    return out
+
+
 def markdown_rows(found: Mapping[str, Any]) -> list[str]:
     """The check as a markdown section."""
     lines = [
@@ -89,4 +125,21 @@ def markdown_rows(found: Mapping[str, Any]) -> list[str]:
             f"| {r['class']} | {r['variant']} | {r['prompts']} | {r['predicted']:.3f}x | "
             f"{r['measured']:.3f}x [{low:.2f}, {high:.2f}] | {r['ratio']:.3f} |"
         )
+    held = found.get("lock_in") or []
+    if held:
+        lines += [
+            "",
+            f"What each class of more than 20 requests held at the end, against the best its "
+            f"own evidence priced and the best static arm (a gap above {1 + TOLERANCE:.2f} "
+            f"is lock-in):",
+            "",
+            "| class | requests | held | priced | best priced | own gap | static gap |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in held:
+            gap = f"{r['static_gap']:.3f}" if r["static_gap"] is not None else "-"
+            lines.append(
+                f"| {r['class']} | {r['requests']} | {r['held']} | {r['held_priced']:.3f}x | "
+                f"{r['best_priced']} | {r['own_gap']:.3f} | {gap} |"
+            )
     return lines

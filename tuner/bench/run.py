@@ -31,7 +31,7 @@ import httpx
 from tuner.atomic import write_atomic
 from tuner.bench import machine
 from tuner.bench.analyse import summarize
-from tuner.bench.beliefs import beliefs
+from tuner.bench.beliefs import beliefs, lock_in
 from tuner.bench.daemons import (
     DEFAULT_MATRIX,
     BenchOptions,
@@ -288,8 +288,9 @@ def finish(out: Path) -> dict[str, Any]:
         )  # fmt: skip
     except ValueError as exc:
         raise ConfigError(f"{out}: {exc}") from exc
-    if (pricing := beliefs(summary["classes"], final_speedups(state_dir(out, TUNER)))) is not None:
-        summary["pricing"] = pricing
+    priced = final_speedups(state_dir(out, TUNER))
+    if (pricing := beliefs(summary["classes"], priced)) is not None:
+        summary["pricing"] = pricing | {"lock_in": lock_in(summary["classes"], priced)}
     write_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     write_atomic(out / "summary.md", markdown(summary))
     plot(summary, rows, out / "summary.png")
