@@ -22,10 +22,11 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tuner.measure import Interval
+from tuner.tuning.lengths import by_length
 
 __all__ = [
     "GUESS_SE",
@@ -199,6 +200,9 @@ class Calibration:
 
     prior: float = 0.0
     prior_se: float = GUESS_SE
+    # variant -> the most tokens it drafts per round, for the n-gram types: a variant not
+    # served yet is priced by the served ones' costs at its length (``by_length``)
+    lengths: Mapping[str, int] = field(default_factory=dict)
     raw: dict[tuple[str, str], _Raw] = field(default_factory=dict)  # (class, variant)
     # for ``step_time``: per variant (None: drafted nothing), times capped at STALL
     steps: dict[str | None, _Raw] = field(default_factory=dict)
@@ -206,7 +210,11 @@ class Calibration:
 
     @classmethod
     def rebuilt(
-        cls, rows: Iterable[Row], prior: float = 0.0, prior_se: float = GUESS_SE
+        cls,
+        rows: Iterable[Row],
+        prior: float = 0.0,
+        prior_se: float = GUESS_SE,
+        lengths: Mapping[str, int] | None = None,
     ) -> Calibration:
         """A calibration from kept requests whose order is lost (a restart): the stall cap
         judges each against the fit of all of them, uncapped, not against a fit of whichever
@@ -216,7 +224,7 @@ class Calibration:
         reference = cls(prior, prior_se)
         for row in rows:
             reference._add(*row, fit=None)
-        out = cls(prior, prior_se)
+        out = cls(prior, prior_se, dict(lengths or {}))
         for row in rows:
             out._add(*row, fit=reference)
         return out
@@ -345,8 +353,21 @@ class Calibration:
         for each in by_variant.values():
             total += each
         pooled = total.ratio(self.prior, self.prior_se, 1.0)
+        fit = by_length([
+            (self.lengths[name], sums.x / sums.d, sums.d)
+            for name, sums in by_variant.items()
+            if name in self.lengths and sums.n >= 2 and sums.d > 0
+        ])  # fmt: skip
+
+        def start(name: str) -> tuple[float, float]:
+            """Where a variant's cost starts: at its length, else the pooled cost."""
+            length = self.lengths.get(name)
+            return (fit(length), pooled[1]) if fit is not None and length else pooled
+
         overall = {
-            name: own.ratio(*pooled, PRIOR_REQUESTS) if (own := by_variant.get(name)) else pooled
+            name: own.ratio(*start(name), PRIOR_REQUESTS)
+            if (own := by_variant.get(name))
+            else start(name)
             for name in variants
         }
         if within is None:

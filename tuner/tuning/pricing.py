@@ -64,7 +64,9 @@ class Pricing:
         self.cost = cost
         self.draft_step = draft_step
         self.configure(confidence)
-        self.calibration = Calibration(*prior_cost(cost, draft_step))
+        # the n-gram types' most tokens per round: an unserved one is priced by its length
+        self.lengths = {n: v.draft_length for n, v in variants.items() if v.copies}
+        self.calibration = Calibration(*prior_cost(cost, draft_step), self.lengths)
 
     def configure(self, confidence: float) -> None:
         """The confidence of every interval (a reloaded tuning file may change it)."""
@@ -173,4 +175,6 @@ class Pricing:
                 kept = zip(reversed(arm.samples), reversed(arm.recent), strict=False)
                 rows += [(key, name, (n, d, a), n / tok_s) for tok_s, (d, a, n) in kept
                          if n > 0 and tok_s > 0]  # fmt: skip
-        self.calibration = Calibration.rebuilt(rows, *prior_cost(self.cost, self.draft_step))
+        self.calibration = Calibration.rebuilt(
+            rows, *prior_cost(self.cost, self.draft_step), self.lengths
+        )
