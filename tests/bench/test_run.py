@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from tests.bench.test_analyse import CLASSES, static_rows, tuner_row
 from tests.bench.test_render import assert_documented
-from tuner.bench.daemons import Quiet, final_policies
+from tuner.bench.daemons import Quiet, final_policies, final_speedups
 from tuner.bench.run import _report_machine, finish
 from tuner.bench.schedule import CHALLENGER, TUNER
 from tuner.errors import ConfigError
@@ -45,8 +45,11 @@ def test_finish_writes_the_summary_from_the_directory(tmp_path: Path) -> None:
 
 def test_finish_sets_what_the_tuner_priced_beside_the_static_arms(tmp_path: Path) -> None:
     policy = {"variant": "fast-code", "speculation": True, "settled": True, "reason": "m"}
-    speedups = {"fast-code": [2.2, 2.0, 2.4], "not-a-static-arm": [1.5, 1.4, 1.6]}
+    speedups = {"fast-code": [2.2, 2.0, 2.4], "not-a-static-arm": [1.5, 1.4, 1.6],
+                "garbled": ["x", 1, 2], "short": [1.0]}  # fmt: skip
     write_run(tmp_path, {"code": {"policy": policy, "speedups": speedups}})
+    priced = final_speedups(tmp_path / "tuner-state")["code"]
+    assert set(priced) == {"fast-code", "not-a-static-arm"}  # the malformed ones left out
     summary = finish(tmp_path)
     measured = summary["classes"]["code"]["arms"]["fast-code"]["ratio"]
     assert summary["pricing"]["pairs"] == 1

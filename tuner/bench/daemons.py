@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -152,18 +153,23 @@ async def tuner_daemon(
         log.close()
 
 
-def final_policies(state: Path) -> dict[str, FinalPolicy]:
-    """Class key -> its policy when the daemon stopped (it writes the file on the way out).
-
-    A class without a policy of its own is served by its parent's (``served_by``).
-    """
+def _saved_classes(state: Path) -> dict[str, Any]:
+    """The ``classes`` of the daemon's policy file (it writes the file on the way out);
+    empty without a readable one."""
     try:
         data = json.loads((state / POLICY_FILE).read_text())
     except (OSError, ValueError):
         return {}
     classes = data.get("classes") if isinstance(data, dict) else None
-    if not isinstance(classes, dict):
-        return {}
+    return classes if isinstance(classes, dict) else {}
+
+
+def final_policies(state: Path) -> dict[str, FinalPolicy]:
+    """Class key -> its policy when the daemon stopped.
+
+    A class without a policy of its own is served by its parent's (``served_by``).
+    """
+    classes = _saved_classes(state)
 
     def own(key: object) -> FinalPolicy | None:
         entry = classes.get(key) if isinstance(key, str) else None
@@ -187,19 +193,16 @@ def final_policies(state: Path) -> dict[str, FinalPolicy]:
 def final_speedups(state: Path) -> dict[str, dict[str, list[float]]]:
     """Class key -> variant -> the speedup the daemon priced it at when it stopped
     (``[value, low, high]``); empty without a readable policy file."""
-    try:
-        classes = json.loads((state / POLICY_FILE).read_text()).get("classes")
-    except (OSError, ValueError, AttributeError):
-        return {}
     out: dict[str, dict[str, list[float]]] = {}
-    for key, entry in (classes if isinstance(classes, dict) else {}).items():
+    for key, entry in _saved_classes(state).items():
         priced = entry.get("speedups") if isinstance(entry, dict) else None
         if isinstance(priced, dict):
             out[key] = {
                 v: [float(x) for x in s]
                 for v, s in priced.items()
                 if isinstance(s, list) and len(s) == 3
-            }
+                and all(isinstance(x, int | float) for x in s)
+            }  # fmt: skip
     return out
 
 

@@ -65,8 +65,8 @@ class Pricing:
         self.draft_step = draft_step
         self.configure(confidence)
         # the n-gram types' most tokens per round: an unserved one is priced by its length
-        self.lengths = {n: v.draft_length for n, v in variants.items() if v.copies}
-        self.calibration = Calibration(*prior_cost(cost, draft_step), self.lengths)
+        lengths = {n: v.draft_length for n, v in variants.items() if v.copies}
+        self.calibration = Calibration(*prior_cost(cost, draft_step), lengths)
 
     def configure(self, confidence: float) -> None:
         """The confidence of every interval (a reloaded tuning file may change it)."""
@@ -176,5 +176,5 @@ class Pricing:
                 rows += [(key, name, (n, d, a), n / tok_s) for tok_s, (d, a, n) in kept
                          if n > 0 and tok_s > 0]  # fmt: skip
         self.calibration = Calibration.rebuilt(
-            rows, *prior_cost(self.cost, self.draft_step), self.lengths
+            rows, *prior_cost(self.cost, self.draft_step), self.calibration.lengths
         )
