@@ -257,6 +257,10 @@ class _Server(uvicorn.Server):
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 DRAIN_BACKSTOP_S = 5
+# an idle client connection stays open longer than clients keep theirs (httpx and the OpenAI
+# SDK: 5 s, uvicorn's own default; urllib3: for ever), so no client sends a request on a
+# connection the daemon is closing at that moment (a dropped request, not an error answer)
+KEEP_ALIVE_S = 75
 
 
 def serve(settings: Settings, reload_settings: Callable[[], Settings] | None = None) -> int:
@@ -279,6 +283,7 @@ def _serve(settings: Settings, reload_settings: Callable[[], Settings] | None) -
         lifespan="on",
         # the backstop for what the drain clock cannot end (no chunk comes: a long prompt)
         timeout_graceful_shutdown=settings.drain_timeout_s + DRAIN_BACKSTOP_S,
+        timeout_keep_alive=KEEP_ALIVE_S,
     )
     _Server(config, daemon, reload_settings).run()
     return 0

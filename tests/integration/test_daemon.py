@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -104,6 +105,19 @@ def test_streamed_timings_are_recorded(daemon: RunningDaemon) -> None:
     assert text.rstrip().endswith("data: [DONE]")
     record = records_with(daemon, request_id)
     assert record.stream and record.timings is not None and record.timings.predicted_n == 10
+
+
+def test_an_idle_connection_outlives_the_clients_keep_alive(daemon: RunningDaemon) -> None:
+    """A client that reuses a connection after 6 s idle (past httpx's and uvicorn's 5 s) is
+    answered on it: the daemon never closes it under a request that is on its way."""
+    host, port = daemon.url.removeprefix("http://").split(":")
+    request = f"GET /v1/models HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        for pause in (0.0, 6.0):
+            time.sleep(pause)
+            conn.sendall(request)
+            head = conn.recv(65536)
+            assert head.startswith(b"HTTP/1.1 200"), (pause, head[:200])
 
 
 def test_native_completion_and_llama_extensions_pass_through(daemon: RunningDaemon) -> None:
