@@ -170,6 +170,36 @@ def test_a_wrong_kill_switch_verdict_is_overturned(tmp_path: Path, caps: Capabil
     assert policy is not None and policy.speculation and not policy.kill_switch
 
 
+def test_the_anchors_cost_a_class_nothing_of_its_budget(tmp_path: Path, caps: Capabilities) -> None:
+    """The first requests run without speculation to anchor the step time, before any
+    baseline exists to time them by; on a class served without speculation they cost
+    nothing, so its exploring budget is whole after them."""
+    engine = make(tmp_path, config(explore_share=0.01), caps)
+    sim = SimUpstream({PROSE: {v: 1.0 for v in engine.variants}})
+    decisions = drive(engine, sim, [PROSE] * 2)
+    assert [d.role for d in decisions] == ["control", "control"], decisions
+    assert engine.classes[PROSE].spent < 0.05, engine.classes[PROSE].spent
+
+
+def test_a_verdict_yields_to_a_parent_that_measured_speculation_paying(
+    tmp_path: Path, caps: Capabilities
+) -> None:
+    """The verdict is the cost model's guess: once a level above a class measured a variant
+    clear of the guard, the class borrows it and searches in full instead of staying off."""
+    moe = cost_model(experts=256, active=8, expert_fraction=0.7)
+    engine = make(tmp_path, config(explore_share=0.1), caps, cost=moe)
+    other = "text/fresh/greedy"
+    sim = SimUpstream({key: {v: 1.3 for v in engine.variants} for key in (FRESH, other)})
+    drive(engine, sim, [other] * 600)
+    root = engine.classes["all"].policy
+    assert root is not None and root.speculation, root
+    drive(engine, sim, [FRESH] * 2)
+    policy = engine.classes[FRESH].policy
+    assert policy is not None and not policy.kill_switch and not policy.settled, policy
+    served = engine.route(FRESH)
+    assert served.variant != "none", served  # borrowed, or a trial of its own
+
+
 def test_drift_reopens_exploration(tmp_path: Path, caps: Capabilities) -> None:
     """The held variant's speedup over its recent requests, by their counts, leaves the
     interval of its older ones."""

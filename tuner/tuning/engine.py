@@ -183,6 +183,11 @@ class Engine(Rules):
             if record.role in ("trial", "control"):
                 gain = self.effective_policy(key)[1].gain
                 cost = self.pricing.explore_cost(key, tok_s, gain)
+                if cost is None and record.variant == BASELINE.name:
+                    # an anchor, before any baseline to time it by: it ran at 1 / gain of
+                    # the policy's speed by definition (left at 1, it would hold the class's
+                    # budget for 1 / explore_share requests)
+                    cost = max(0.0, gain - 1.0)
                 if cost is not None:
                     self.state(key).spent -= 1.0 - cost
             # a request that drafted nothing (a baseline one included) only fits a step

@@ -160,7 +160,12 @@ class Rules:
             )  # fmt: skip
         predicted = prior.ranked[0][1] if prior and prior.ranked else None
         verdict = (
-            prior.reason if prior is not None and not prior.pays and self.cost.structural else None
+            prior.reason
+            if prior is not None
+            and not prior.pays
+            and self.cost.structural
+            and not self._refuted(state.key)
+            else None
         )
         reason, kill, settled = off_reason(
             best.best_any, converged=state.converged, trials_done=state.trials_done, verdict=verdict
@@ -169,6 +174,17 @@ class Rules:
         losing = best.best_any is not None and best.best_any[0] < 1.0
         extra = {"predicted_speedup": predicted} if kill or losing else {}
         return self._off(state, reason, kill_switch=kill, settled=settled, **extra)
+
+    def _refuted(self, key: str) -> bool:
+        """Whether a level above this class serves a variant that measured clear of the
+        guard there: the prior's verdict is a guess from the cost model, and evidence this
+        close says speculation pays, so the class borrows and searches instead."""
+        for level in levels(key):
+            state = self.classes.get(level) if level != key else None
+            policy = state.policy if state is not None else None
+            if policy is not None and policy.speculation and policy.settled and not policy.override:
+                return True
+        return False
 
     def _off(self, state: ClassState, reason: str, **evidence: Any) -> Policy:
         """A no-speculation policy for a class (requests: the baseline's, unless given)."""
