@@ -59,6 +59,9 @@ SCALES = {
     "tiny": (TINY, HybridShape(state_size=32, key_heads=2, value_heads=4, shared_ffn=128)),
     "a3b": (A3B, HybridShape(state_size=128, key_heads=16, value_heads=32, shared_ffn=512)),
 }
+# a3b with 16 routed experts per layer (8 GB): eight instances fit one H100 at once, as the
+# tuner bench's static arms and daemon need (device/hybrid_tuner_check.sh)
+SCALES["a3b16"] = (replace(A3B, experts=16), SCALES["a3b"][1])
 NS = (1, 2, 3, 4, 6, 8, 12, 16)
 # (alpha, draft length): all accepted, then ever more rejected
 MTP_CASES = [(1.0, 1), (1.0, 3), (0.8, 1), (0.8, 3), (0.5, 1), (0.5, 3), (0.2, 3)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,15 @@ from tuner.model.envelope import cost_model
 from tuner.model.speedup import CostModel, interpolated_curve
 from tuner.tuning.config import Override, TuningConfig, load_tuning
 from tuner.tuning.prior import rank
-from tuner.tuning.variants import PARAMS, Variant, grid, parse_name, presets_ini, request_fields
+from tuner.tuning.variants import (
+    PARAMS,
+    Variant,
+    fit_synthetic,
+    grid,
+    parse_name,
+    presets_ini,
+    request_fields,
+)
 from tuner.upstream.capabilities import Capabilities, parse_capabilities
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -110,6 +119,29 @@ def test_speculative_only_flags_stay_out_of_the_baseline_preset() -> None:
     none, ngram = text.split("[none]")[1].split("[ngram-simple.n3.m16]")
     assert "spec-synth-len" not in none
     assert "spec-synth-len = 3" in ngram
+
+
+def test_forced_acceptance_rates_fit_each_variants_draft_length() -> None:
+    """llama-server wants one synthetic rate per drafted position: each preset gets the
+    profile cut or carried on to its own draft length."""
+    text = presets_ini(
+        [parse_name("draft-mtp.max1"), parse_name("draft-mtp.max3"), parse_name("ngram-mod")],
+        caps_of("0c1e570"),
+        shared=["-m", "/m.gguf"],
+        speculative=["--spec-synth-rates", "0.5,0.25"],
+    )
+    rates = [line.split(" = ")[1] for line in text.splitlines() if "synth-rates" in line]
+    assert rates[:2] == ["0.5", "0.5,0.25,0.125"]
+    assert len(rates[2].split(",")) == 64  # ngram-mod's default n-max
+
+
+@given(st.lists(st.floats(0.01, 1.0), min_size=1, max_size=6), st.integers(1, 80))
+def test_fitted_rates_have_the_draft_length_and_never_rise(rates_in: list[float], n: int) -> None:
+    ordered = sorted(rates_in, reverse=True)
+    flags = fit_synthetic(["--spec-synth-rates", ",".join(map(str, ordered))], n)
+    rates = [float(r) for r in flags[1].split(",")]
+    assert len(rates) == n
+    assert all(b <= a * (1 + 1e-5) for a, b in itertools.pairwise(rates))
 
 
 @given(

@@ -22,6 +22,7 @@ __all__ = [
     "PARAMS",
     "Variant",
     "draft_type",
+    "fit_synthetic",
     "grid",
     "parse_name",
     "presets_ini",
@@ -264,11 +265,36 @@ def presets_ini(
 
     out = ["version = 1", "", "[*]", *section(_long(shared)), ""]
     for variant in variants:
-        flags = variant.flags(caps, draft_model) + (
-            list(speculative) if variant.speculative else []
-        )
+        extra = fit_synthetic(speculative, variant.draft_length) if variant.speculative else []
+        flags = variant.flags(caps, draft_model) + extra
         out += [f"[{variant.name}]", *section(_long(flags)), ""]
     return "\n".join(out)
+
+
+def fit_synthetic(flags: Sequence[str], n_max: int) -> list[str]:
+    """``flags`` with ``--spec-synth-rates`` (one acceptance probability per drafted
+    position) fitted to a variant drafting at most ``n_max`` tokens, as llama-server wants
+    exactly that many: cut, or carried on at the last two rates' ratio (a geometric profile
+    ``alpha^(i+1)`` stays itself at any length).
+
+    >>> fit_synthetic(["--spec-synth-rates", "0.5,0.25,0.125"], 2)
+    ['--spec-synth-rates', '0.5,0.25']
+    >>> fit_synthetic(["--threads", "2", "--spec-synth-rates", "0.8,0.4"], 4)
+    ['--threads', '2', '--spec-synth-rates', '0.8,0.4,0.2,0.1']
+    """
+    out = list(flags)
+    for i, flag in enumerate(out[:-1]):
+        if flag != "--spec-synth-rates":
+            continue
+        try:
+            rates = [float(r) for r in out[i + 1].split(",")]
+        except ValueError:
+            continue  # llama-server names what is wrong with it when it starts
+        ratio = rates[-1] / rates[-2] if len(rates) > 1 and rates[-2] > 0 else 1.0
+        while len(rates) < n_max:
+            rates.append(rates[-1] * ratio)
+        out[i + 1] = ",".join(f"{r:.6g}" for r in rates[: max(1, n_max)])
+    return out
 
 
 _SHORT = {"-m": "--model", "-md": "--spec-draft-model", "-c": "--ctx-size", "-t": "--threads"}
