@@ -181,6 +181,23 @@ def test_the_anchors_cost_a_class_nothing_of_its_budget(tmp_path: Path, caps: Ca
     assert engine.classes[PROSE].spent < 0.05, engine.classes[PROSE].spent
 
 
+def test_a_new_class_waits_for_budget_before_trying_what_a_parent_measured_losing(
+    tmp_path: Path, caps: Capabilities
+) -> None:
+    """Once all traffic measured every variant slower, a class seen for the first time does
+    not spend its first request on a trial: its budget must first cover what the trial's
+    variant measured above it."""
+    moe = cost_model(experts=256, active=8, expert_fraction=0.7)
+    small = {"ngram-simple": {"size_n": [3], "size_m": [8, 16]}}  # all measured on FRESH
+    cfg = config(explore_share=0.1).model_copy(update={"search": small})
+    engine = make(tmp_path, cfg, caps, cost=moe)
+    new = ["data/echo/greedy", "text/echo/greedy", "chat/fresh/greedy", "code/echo/sampled"]
+    sim = SimUpstream({key: {v: 0.5 for v in engine.variants} for key in [FRESH, *new]})
+    drive(engine, sim, [FRESH] * 400)
+    decisions = drive(engine, sim, [key for key in new for _ in range(4)])
+    assert not any(d.role == "trial" for d in decisions), decisions
+
+
 def test_a_verdict_yields_to_a_parent_that_measured_speculation_paying(
     tmp_path: Path, caps: Capabilities
 ) -> None:

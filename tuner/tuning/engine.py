@@ -122,7 +122,7 @@ class Engine(Rules):
             policy_class, policy = self.effective_policy(key)
             share = self.config.budget.explore_share
             may_explore = not override.off and state.spent < share * state.seen
-            decision = self._explore(key, state) if may_explore else None
+            decision = self._explore(key, state, policy.gain) if may_explore else None
             if decision is None:
                 decision = self._exploit(key, state, policy_class, policy)
             else:
@@ -147,8 +147,10 @@ class Engine(Rules):
             return Decision(opening, "exploit", policy_class=ROOT)
         return Decision(policy.variant, "exploit", policy_class=policy_class)
 
-    def _explore(self, key: str, state: ClassState) -> Decision | None:
-        """A trial or control request, or None when there is nothing to explore right now."""
+    def _explore(self, key: str, state: ClassState, gain: float) -> Decision | None:
+        """A trial or control request, or None when there is nothing to explore right now
+        or the budget does not yet cover what the trial's variant measured at the nearest
+        level (a new class's first request would otherwise always explore)."""
         if max(self._plain_routed, self.state(ROOT).baseline_requests) < 2:
             # the fitted step time is anchored by two plain requests of all traffic
             return Decision(BASELINE.name, "control", policy_class=key)
@@ -158,6 +160,10 @@ class Engine(Rules):
             if self.search is not None:
                 self.io(functools.partial(self.search.abandon, key, trial))
         elif trial is not None:
+            need = self.config.budget.min_trial_requests
+            expected = self.pricing.expected_cost(key, trial.variant.name, gain, need)
+            if state.spent + expected > self.config.budget.explore_share * state.seen:
+                return None
             return Decision(trial.variant.name, "trial", trial.number, key)
         search = self.search
         if not state.converged and not state.preparing and search is not None:

@@ -157,6 +157,20 @@ class Pricing:
         c, c_se = self.costs([trial.variant.name], state.key)[trial.variant.name]
         return count_speedup(trial.counts, c, c_se, self.z)
 
+    def expected_cost(self, key: str, name: str, gain: float, need: int) -> float:
+        """What one request of variant ``name`` is expected to cost a class served at
+        ``gain``, in requests (``explore_cost``'s unit), by the nearest level that measured
+        it on ``need`` requests; 0 where none has (an unknown variant may pay)."""
+        for level in levels(key):
+            state = self.classes.get(level)
+            arm = state.arms.get(name) if state is not None else None
+            base = self.base(state) if state is not None and arm is not None else None
+            if state is None or arm is None or base is None or arm.known < need:
+                continue
+            found = self.arm_speedup(level, name, arm, base)
+            return min(MAX_COST, max(0.0, gain / found.value - 1.0)) if found.value > 0 else 0.0
+        return 0.0
+
     def measured(self, state: ClassState, need: int) -> dict[str, Interval]:
         """What the class's variants measure now (empty before any baseline)."""
         base = self.base(state)
