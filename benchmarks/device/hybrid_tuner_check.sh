@@ -2,10 +2,12 @@
 # The tuner on the hybrid recurrent MoE at Qwen3.6-35B-A3B's width and depth, on one H100
 # (issue #54 items 4 and 6): `tuner bench` at forced acceptance (the output is noise, the
 # acceptance is what we set), draft-mtp's static arms against the daemon, twice:
-#   alpha 0.8: every MTP setting lost on the 64-expert a3b (hybrid_check.sh); on this
-#              16-expert copy three drafts measured 1.32x (a verify pass reads at most twice
-#              a step's experts here), so it is a second case where one setting pays;
+#   alpha 0.8 (each drafted token kept with probability 0.8 given the ones before it):
+#              every MTP setting lost on the 64-expert a3b (hybrid_check.sh), so the kill
+#              switch must keep every class at no speculation;
 #   alpha 1.0: draft-mtp with 3 tokens pays (1.46x), so the tuner must find and serve it.
+# (Its one run so far, docs/benchmarks.md, gave the 0.8 case a flat profile: the first token
+# kept with probability 0.8, the rest always; there three drafts paid 1.32x.)
 # The model: benchmarks/hybrid_verify.py's a3b16 (40 layers, 30 gated DeltaNet, one MTP
 # block, 16 routed experts of 512 per layer, 8 GB F16), so the matrix's four instances and
 # the daemon's four fit the GPU together. Needs, beside the checkout (git-ignored, made where

@@ -88,3 +88,7 @@ def test_the_tuner_finds_and_serves_an_mtp_head_that_pays(tmp_path: Path) -> Non
     assert policy["variant"].startswith("draft-mtp") and policy["speculation"], policy
     assert policy["speedup_low"] > 1.0, policy
     assert served[-3:] == [f"{policy['variant']}:exploit"] * 3, served
+    # the report shows it like any variant: acceptance, accepted length, speedup, prediction
+    report = tuner("report", "--state-dir", str(tmp_path / "state"), state=tmp_path)
+    row = next(line for line in report.stdout.splitlines() if line.startswith(policy["class_key"]))
+    assert policy["variant"] in row and "x [" in row and "1.00 [" in row, row

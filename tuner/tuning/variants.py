@@ -274,13 +274,14 @@ def presets_ini(
 def fit_synthetic(flags: Sequence[str], n_max: int) -> list[str]:
     """``flags`` with ``--spec-synth-rates`` (one acceptance probability per drafted
     position) fitted to a variant drafting at most ``n_max`` tokens, as llama-server wants
-    exactly that many: cut, or carried on at the last two rates' ratio (a geometric profile
-    ``alpha^(i+1)`` stays itself at any length).
+    exactly that many: cut, or carried on at the last two rates' ratio, the first's taken
+    over 1 (one value ``alpha`` keeps each drafted token with probability ``alpha`` given
+    the ones before it, ``alpha^(i+1)`` at position i, at any length).
 
     >>> fit_synthetic(["--spec-synth-rates", "0.5,0.25,0.125"], 2)
     ['--spec-synth-rates', '0.5,0.25']
-    >>> fit_synthetic(["--threads", "2", "--spec-synth-rates", "0.8,0.4"], 4)
-    ['--threads', '2', '--spec-synth-rates', '0.8,0.4,0.2,0.1']
+    >>> fit_synthetic(["--threads", "2", "--spec-synth-rates", "0.8"], 3)
+    ['--threads', '2', '--spec-synth-rates', '0.8,0.64,0.512']
     """
     out = list(flags)
     for i, flag in enumerate(out[:-1]):
@@ -290,7 +291,8 @@ def fit_synthetic(flags: Sequence[str], n_max: int) -> list[str]:
             rates = [float(r) for r in out[i + 1].split(",")]
         except ValueError:
             continue  # llama-server names what is wrong with it when it starts
-        ratio = rates[-1] / rates[-2] if len(rates) > 1 and rates[-2] > 0 else 1.0
+        before = rates[-2] if len(rates) > 1 else 1.0
+        ratio = rates[-1] / before if before > 0 else 1.0
         while len(rates) < n_max:
             rates.append(rates[-1] * ratio)
         out[i + 1] = ",".join(f"{r:.6g}" for r in rates[: max(1, n_max)])
