@@ -198,6 +198,17 @@ def test_a_new_class_waits_for_budget_before_trying_what_a_parent_measured_losin
     assert not any(d.role == "trial" for d in decisions), decisions
 
 
+def test_many_new_classes_explore_inside_one_budget(tmp_path: Path, caps: Capabilities) -> None:
+    """Twelve classes, each new, where every variant loses: the share holds over all traffic
+    too, not only per class (each class's first request would otherwise be a trial)."""
+    engine = make(tmp_path, config(explore_share=0.01), caps)
+    keys = [f"{kind}/{echo}/{mode}" for kind in ("code", "text", "data")
+            for echo in ("echo", "fresh") for mode in ("greedy", "sampled")]  # fmt: skip
+    sim = SimUpstream({key: {v: 0.5 for v in engine.variants} for key in keys})
+    decisions = drive(engine, sim, keys * 6)
+    assert sum(d.role == "trial" for d in decisions) <= 2, decisions
+
+
 def test_a_verdict_yields_to_a_parent_that_measured_speculation_paying(
     tmp_path: Path, caps: Capabilities
 ) -> None:

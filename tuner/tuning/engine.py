@@ -10,8 +10,9 @@ thread in the daemon, inline in tests), never on the request path.
 
 Per class:
 
-- Budget: a request explores only while ``spent < explore_share * seen``; ``spent`` is
-  what exploring cost the class, in requests at the speed of its policy (a trial request
+- Budget: a request explores only while ``spent < explore_share * seen``, in its class and
+  over all traffic (else every new class's first request could explore); ``spent`` is
+  what exploring cost, in requests at the speed of the class's policy (a trial request
   at half that speed costs 1, one at least as fast costs nothing), so exploring is cheap
   where the variants tried are as fast as what the class runs and rare where they lose.
 - Anchors: the first two requests of all traffic run without speculation; with every
@@ -121,7 +122,11 @@ class Engine(Rules):
                 return Decision(override.pin, "pinned", policy_class=key)
             policy_class, policy = self.effective_policy(key)
             share = self.config.budget.explore_share
-            may_explore = not override.off and state.spent < share * state.seen
+            may_explore = (
+                not override.off
+                and state.spent < share * state.seen
+                and self._spent_all() < share * self._seen_all()
+            )
             decision = self._explore(key, state, policy.gain) if may_explore else None
             if decision is None:
                 decision = self._exploit(key, state, policy_class, policy)
@@ -131,6 +136,12 @@ class Engine(Rules):
             if decision.variant == BASELINE.name:
                 self._plain_routed += 1
             return decision
+
+    def _spent_all(self) -> float:
+        return sum(state.spent for state in self.classes.values())
+
+    def _seen_all(self) -> int:
+        return sum(state.seen for state in self.classes.values())
 
     def _exploit(self, key: str, state: ClassState, policy_class: str, policy: Policy) -> Decision:
         """The policy's variant, or the opening variant where the policy runs no
