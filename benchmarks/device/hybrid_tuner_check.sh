@@ -3,10 +3,11 @@
 # (issue #54 items 4 and 6): `tuner bench` at forced acceptance (the output is noise, the
 # acceptance is what we set), draft-mtp's static arms against the daemon, twice:
 #   alpha 0.8 (each drafted token kept with probability 0.8 given the ones before it):
-#              every MTP setting lost on the 64-expert a3b (hybrid_check.sh), so the kill
-#              switch must keep every class at no speculation;
+#              every MTP setting lost on the 64-expert a3b (hybrid_check.sh); on this copy,
+#              whose verify pass reads fewer distinct experts, not yet measured: the tuner
+#              must match no speculation if all lose, the best arm if one pays;
 #   alpha 1.0: draft-mtp with 3 tokens pays (1.46x), so the tuner must find and serve it.
-# (Its one run so far, docs/benchmarks.md, gave the 0.8 case a flat profile: the first token
+# (Its one run so far, docs/hybrid.md, gave the 0.8 case a flat profile: the first token
 # kept with probability 0.8, the rest always; there three drafts paid 1.32x.)
 # The model: benchmarks/hybrid_verify.py's a3b16 (40 layers, 30 gated DeltaNet, one MTP
 # block, 16 routed experts of 512 per layer, 8 GB F16), so the matrix's four instances and
