@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import signal
-import socket
 import time
 from pathlib import Path
 
@@ -111,13 +111,18 @@ def test_an_idle_connection_outlives_the_clients_keep_alive(daemon: RunningDaemo
     """A client that reuses a connection after 6 s idle (past httpx's and uvicorn's 5 s) is
     answered on it: the daemon never closes it under a request that is on its way."""
     host, port = daemon.url.removeprefix("http://").split(":")
-    request = f"GET /v1/models HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
-    with socket.create_connection((host, int(port)), timeout=10) as conn:
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        sockets = []
         for pause in (0.0, 6.0):
             time.sleep(pause)
-            conn.sendall(request)
-            head = conn.recv(65536)
-            assert head.startswith(b"HTTP/1.1 200"), (pause, head[:200])
+            conn.request("GET", "/v1/models")  # raises if the daemon closed the socket
+            response = conn.getresponse()
+            assert response.status == 200 and b"list" in response.read(), pause
+            sockets.append(conn.sock)
+        assert sockets[0] is sockets[1]  # one connection, not a reconnect
+    finally:
+        conn.close()
 
 
 def test_native_completion_and_llama_extensions_pass_through(daemon: RunningDaemon) -> None:
