@@ -164,8 +164,10 @@ class Pricing:
         for level in levels(key):
             state = self.classes.get(level)
             arm = state.arms.get(name) if state is not None else None
-            base = self.base(state) if state is not None and arm is not None else None
-            if state is None or arm is None or base is None or arm.known < need:
+            if state is None or arm is None or arm.known < need:
+                continue
+            base = self.base(state)
+            if base is None:
                 continue
             found = self.arm_speedup(level, name, arm, base)
             return min(MAX_COST, max(0.0, gain / found.value - 1.0)) if found.value > 0 else 0.0

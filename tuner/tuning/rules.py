@@ -179,8 +179,8 @@ class Rules:
         """Whether a level above this class serves a variant that measured clear of the
         guard there: the prior's verdict is a guess from the cost model, and evidence this
         close says speculation pays, so the class borrows and searches instead."""
-        for level in levels(key):
-            state = self.classes.get(level) if level != key else None
+        for level in levels(key)[1:]:
+            state = self.classes.get(level)
             policy = state.policy if state is not None else None
             if policy is not None and policy.speculation and policy.settled and not policy.override:
                 return True
