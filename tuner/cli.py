@@ -22,12 +22,12 @@ from tuner.commands import (
     cmd_provision,
     cmd_report,
     cmd_serve,
-    cmd_synth,
     cmd_variants,
     cmd_version,
 )
 from tuner.errors import TunerError
 from tuner.logs import configure_logging
+from tuner.model_commands import add_model_commands
 
 __all__ = ["main"]
 
@@ -150,35 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--model", help="target GGUF (default: the configured model)")
     bench.set_defaults(func=cmd_bench)
 
-    synth = sub.add_parser("synth-moe", help="write a random-weight small-active MoE GGUF")
-    synth.add_argument("out", help="the GGUF file to write")
-    synth.add_argument("--experts", type=_positive, default=128, help="routed experts per layer")
-    synth.add_argument("--active", type=_positive, default=8, help="experts routed per token")
-    synth.add_argument("--layers", type=_positive, default=8)
-    synth.add_argument("--hidden", type=_positive, default=512, help="embedding width")
-    synth.add_argument("--expert-ffn", type=_positive, default=512, dest="expert_ffn")
-    synth.add_argument(
-        "--dense", action="store_true",
-        help="the dense twin: one FFN as wide as the active experts together",
-    )  # fmt: skip
-    synth.add_argument(
-        "--arch", choices=["qwen3moe", "qwen35moe"], default="qwen3moe",
-        help="qwen35moe: the hybrid (recurrent and attention layers, a shared expert)",
-    )  # fmt: skip
-    synth.add_argument(
-        "--mtp-layers", type=int, choices=[0, 1], default=0, dest="mtp_layers",
-        help="MTP (next-n) blocks after the trunk, for --spec-type draft-mtp (qwen35moe)",
-    )  # fmt: skip
-    synth.add_argument(
-        "--attention-only", action="store_true", dest="attention_only",
-        help="the hybrid's twin: the same layers and routed experts, every layer attending "
-        "(written as qwen3moe: this llama.cpp runs no qwen35moe without recurrent layers)",
-    )  # fmt: skip
-    synth.add_argument(
-        "--vocab", help="tokenizer GGUF (default: llama.cpp's llama-spm, or qwen35 for qwen35moe)"
-    )
-    synth.add_argument("--seed", type=int, default=0)
-    synth.set_defaults(func=cmd_synth)
+    add_model_commands(sub, _positive)
 
     classify = sub.add_parser("classify", help="classify a workload file's prompts")
     classify.add_argument(

@@ -232,38 +232,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0 if summary["errors"] == 0 else 1
 
 
-def cmd_synth(args: argparse.Namespace) -> int:
-    """Write a random-weight small-active MoE GGUF (its dense twin, or the hybrid recurrent
-    ``qwen35moe`` with MTP blocks) for experiments."""
-    from tuner.model.synth import SynthSpec, default_vocab, write_moe
-    from tuner.model.synth_hybrid import HybridShape, write_qwen35moe
-
-    hybrid = args.arch == "qwen35moe"
-    if not hybrid and (args.mtp_layers or args.attention_only):
-        raise ConfigError("--mtp-layers and --attention-only need --arch qwen35moe")
-    if args.attention_only and args.mtp_layers:
-        raise ConfigError("the attention-only twin has no MTP block (drop --mtp-layers)")
-    if hybrid and args.dense:
-        raise ConfigError("--dense is for qwen3moe; the hybrid's twin is --attention-only")
-    try:
-        spec = SynthSpec(
-            experts=args.experts, active=args.active, layers=args.layers, hidden=args.hidden,
-            expert_ffn=args.expert_ffn, seed=args.seed,
-        )  # fmt: skip
-        shape = HybridShape(mtp_layers=args.mtp_layers)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
-    vocab = Path(args.vocab) if args.vocab else None
-    if vocab is None:
-        vocab = default_vocab(_settings(args).cache_dir, "qwen35" if hybrid else "llama-spm")
-    if hybrid and not args.attention_only:
-        path = write_qwen35moe(Path(args.out), vocab, spec, shape)
-    else:  # this build cannot run a qwen35moe without recurrent layers: the twin is qwen3moe
-        path = write_moe(Path(args.out), vocab, spec, dense=args.dense)
-    print(f"wrote {path} ({path.stat().st_size / 2**20:.0f} MiB)")
-    return 0
-
-
 def cmd_classify(args: argparse.Namespace) -> int:
     """Classify each line of a workload file and show the class and features."""
     from tuner.classify import classify, load_definitions

@@ -16,24 +16,6 @@ TINY = SynthSpec(experts=8, active=2, layers=2, hidden=64, expert_ffn=32, heads=
                  head_dim=32)  # fmt: skip
 
 
-@pytest.fixture
-def vocab(tmp_path: Path) -> Path:
-    path = tmp_path / "vocab.gguf"
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list([f"t{i}" for i in range(100)])
-    writer.add_token_scores([0.0] * 100)
-    writer.add_token_types([1] * 100)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_add_bos_token(True)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
-
 def test_moe_file_has_the_shape_and_the_tokenizer(vocab: Path, tmp_path: Path) -> None:
     path = write_moe(tmp_path / "m.gguf", vocab, TINY)
     facts = read_facts(path)
