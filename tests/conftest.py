@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -9,6 +10,7 @@ from pathlib import Path
 import httpx
 import psycopg
 import pytest
+import structlog
 from hypothesis import HealthCheck, settings
 
 from tests.fake_llama import FakeLlamaServer
@@ -24,6 +26,17 @@ settings.register_profile(
     "shared-cpu", deadline=None, suppress_health_check=[HealthCheck.too_slow], max_examples=100
 )
 settings.load_profile("shared-cpu")
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """A test that runs the command line configures logging for the whole process (level
+    warning): put it back, so tests that read info lines do not depend on the order."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:], root.level = handlers, level
+    structlog.reset_defaults()
 
 
 @pytest.fixture(scope="session")

@@ -12,15 +12,6 @@ import structlog
 from tuner.logs import configure_logging, get_logger
 
 
-@pytest.fixture(autouse=True)
-def _restore_logging():  # type: ignore[no-untyped-def]
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:], root.level = handlers, level
-    structlog.reset_defaults()
-
-
 def test_json_lines_for_ours_and_stdlib(capsys: pytest.CaptureFixture[str]) -> None:
     configure_logging("json", "info")
     structlog.contextvars.bind_contextvars(request_id="req_1")
