@@ -6,10 +6,11 @@ server's, answer by answer."""
 from __future__ import annotations
 
 import argparse
-import math
+import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import geometric_mean
 from typing import Any
 
 import httpx
@@ -55,9 +56,11 @@ def ask_side_by_side(
 ) -> dict[str, list[Answer]]:
     """Start each named llama-server command line, send every item to all of them in turn
     (greedy, plus ``fields``), stop them; the answers per server, in item order."""
-    running = {name: start_llama_server(argv, timeout_s=120) for name, argv in servers.items()}
+    running: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
     answers: dict[str, list[Answer]] = {name: [] for name in servers}
-    try:
+    try:  # one that fails to start stops the ones started before it
+        for name, argv in servers.items():
+            running[name] = start_llama_server(argv, timeout_s=120)
         for item in items:
             path, body = item.request()
             body = {**body, "temperature": 0.0, **fields}  # greedy: every server writes one text
@@ -68,20 +71,22 @@ def ask_side_by_side(
     finally:
         for proc, _ in running.values():
             proc.terminate()
+        for proc, _ in running.values():
+            proc.wait(timeout=30)
     return answers
 
 
 def over_baseline(answers: Sequence[Answer], base: Sequence[Answer]) -> dict[str, Any]:
     """Speed over the baseline's on the same prompts (geometric mean, overall and by kind),
     mean tokens/s and acceptance."""
-    logs: dict[str, list[float]] = {}
+    ratios: dict[str, list[float]] = {}
     for a, b in zip(answers, base, strict=True):
-        logs.setdefault(a.kind, []).append(math.log(a.tok_s / b.tok_s))
-    every = [v for values in logs.values() for v in values]
+        ratios.setdefault(a.kind, []).append(a.tok_s / b.tok_s)
+    every = [r for values in ratios.values() for r in values]
     drafted = sum(a.drafted for a in answers)
     return {
-        "ratio": round(math.exp(sum(every) / len(every)), 3),
+        "ratio": round(geometric_mean(every), 3),
         "tok_s": round(sum(a.tok_s for a in answers) / len(answers), 1),
         "alpha": round(sum(a.accepted for a in answers) / drafted, 3) if drafted else None,
-        "by_kind": {k: round(math.exp(sum(v) / len(v)), 3) for k, v in logs.items()},
+        "by_kind": {k: round(geometric_mean(v), 3) for k, v in ratios.items()},
     }

@@ -18,7 +18,7 @@ from tuner.logs import configure_logging
 from tuner.settings import Settings, load_settings
 
 
-def _settings(args: argparse.Namespace) -> Settings:
+def settings_from_args(args: argparse.Namespace) -> Settings:
     config = args.config or os.environ.get("TUNER_CONFIG")
     overrides = {
         "host": getattr(args, "host", None),
@@ -35,16 +35,16 @@ def _settings(args: argparse.Namespace) -> Settings:
 def cmd_serve(args: argparse.Namespace) -> int:
     from tuner.daemon import serve
 
-    settings = _settings(args)
+    settings = settings_from_args(args)
     configure_logging(settings.log_format, settings.log_level)
-    return serve(settings, reload_settings=lambda: _settings(args))
+    return serve(settings, reload_settings=lambda: settings_from_args(args))
 
 
 def cmd_provision(args: argparse.Namespace) -> int:
     """Locate or build llama-server and the default model; print what was found."""
     from tuner.upstream.launch import prepare
 
-    prepared = prepare(_settings(args))
+    prepared = prepare(settings_from_args(args))
     caps, model, draft = prepared.capabilities, prepared.model, prepared.draft
     info = {
         "llama_server": str(prepared.binary),
@@ -76,7 +76,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         "state_ratio": args.state_ratio,
     }
     if args.target:
-        facts = load_target(args.target, _profile_dirs(_settings(args)))
+        facts = load_target(args.target, _profile_dirs(settings_from_args(args)))
         inputs |= {
             "experts": facts.experts,
             "active": facts.experts_used,
@@ -101,7 +101,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     target = read_facts(Path(args.model))
     draft = read_facts(Path(args.draft)) if args.draft else None
     profile = load_profile(
-        _profile_dirs(_settings(args)),
+        _profile_dirs(settings_from_args(args)),
         model_key(Path(args.model)),
         fingerprint_key(hardware_fingerprint()),
     )
@@ -155,7 +155,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from tuner.upstream.launch import prepare
     from tuner.workload import DEFAULT_WORKLOAD, load_workload
 
-    settings = _settings(args)
+    settings = settings_from_args(args)
     prepared = prepare(settings)
     caps = prepared.capabilities
     items = load_workload(Path(args.workload) if args.workload else DEFAULT_WORKLOAD)
@@ -197,7 +197,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 0
     if not args.workload:
         raise ConfigError("bench needs --workload FILE.jsonl (or --analyse DIR)")
-    settings = _settings(args)
+    settings = settings_from_args(args)
     items = load_workload(Path(args.workload))
     if args.prompts:
         items = items[: args.prompts]
@@ -238,7 +238,7 @@ def cmd_classify(args: argparse.Namespace) -> int:
     from tuner.render import text_table
     from tuner.workload import load_workload, parse_workload
 
-    settings = _settings(args)
+    settings = settings_from_args(args)
     definitions = load_definitions(settings.classes_file)
     if args.file in (None, "-"):
         items = parse_workload(sys.stdin.read().splitlines(), "<stdin>")
@@ -268,7 +268,7 @@ def cmd_measure(args: argparse.Namespace) -> int:
     from tuner.records import read_records
     from tuner.render import text_table
 
-    settings = _settings(args)
+    settings = settings_from_args(args)
     arms = arm_stats(read_records(settings.records_dir))
     if not arms:
         print(f"no successful requests recorded in {settings.records_dir}")
@@ -313,7 +313,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         fleet = load_fleet_report(args.storage_url)
         print({"json": as_json, "markdown": as_markdown}.get(args.format, as_table)(fleet), end="")
         return 0
-    settings = _settings(args)
+    settings = settings_from_args(args)
     state_dir = settings.state_dir
     if args.class_key:
         trials = load_history(state_dir, args.class_key)
@@ -341,7 +341,7 @@ def cmd_policies(args: argparse.Namespace) -> int:
     """Move learned policies between machines: ``export FILE`` / ``import FILE``."""
     from tuner.transfer import export_policies, import_policies, this_machine
 
-    settings = _settings(args)
+    settings = settings_from_args(args)
     if args.action == "export":
         wrapped = export_policies(settings.state_dir, Path(args.file))
         print(f"{len(wrapped['policies']['classes'])} classes exported to {args.file}")
@@ -356,7 +356,7 @@ def cmd_variants(args: argparse.Namespace) -> int:
     """The search space the daemon would run here, with the prior's predictions."""
     from tuner.tuning.space import show_space
 
-    print(show_space(_settings(args), args.format), end="")
+    print(show_space(settings_from_args(args), args.format), end="")
     return 0
 
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tuner.commands import _settings
+from tuner.commands import settings_from_args
 from tuner.errors import ConfigError
 
 __all__ = ["add_model_commands", "cmd_derive_draft", "cmd_synth"]
@@ -88,7 +88,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
         raise ConfigError(str(exc)) from exc
     vocab = Path(args.vocab) if args.vocab else None
     if vocab is None:
-        vocab = default_vocab(_settings(args).cache_dir, "qwen35" if hybrid else "llama-spm")
+        cache = settings_from_args(args).cache_dir
+        vocab = default_vocab(cache, "qwen35" if hybrid else "llama-spm")
     if hybrid and not args.attention_only:
         path = write_qwen35moe(Path(args.out), vocab, spec, shape)
     else:  # this build cannot run a qwen35moe without recurrent layers: the twin is qwen3moe
@@ -103,7 +104,7 @@ def cmd_derive_draft(args: argparse.Namespace) -> int:
     from tuner.model.gguf_facts import read_facts
     from tuner.upstream.launch import resolve_model
 
-    source, _ = resolve_model(_settings(args))  # --model, else the configured or default one
+    source, _ = resolve_model(settings_from_args(args))  # --model, else configured or default
     try:
         layers = parse_layers(args.layers, read_facts(source).n_layers)
     except ValueError as exc:

@@ -43,11 +43,15 @@ def parse_layers(text: str, total: int) -> tuple[int, ...]:
         if m is None:
             raise ValueError(f"layers: {part!r} is not N or N-M")
         out.extend(range(int(m.group(1)), int(m.group(2) or m.group(1)) + 1))
-    if not out or any(b <= a for a, b in itertools.pairwise(out)):
-        raise ValueError(f"layers {text!r}: want ascending block indices without repeats")
-    if out[-1] >= total:
-        raise ValueError(f"layers {text!r}: the model has blocks 0-{total - 1}")
-    return tuple(out)
+    return _checked(out, total, text)
+
+
+def _checked(blocks: Sequence[int], total: int, shown: str) -> tuple[int, ...]:
+    if not blocks or any(b <= a for a, b in itertools.pairwise(blocks)):
+        raise ValueError(f"layers {shown!r}: want ascending block indices without repeats")
+    if blocks[0] < 0 or blocks[-1] >= total:
+        raise ValueError(f"layers {shown!r}: the model has blocks 0-{total - 1}")
+    return tuple(blocks)
 
 
 def _field_value(reader: GGUFReader, name: str) -> object:
@@ -62,7 +66,7 @@ def derive_draft(
     reader = GGUFReader(source)
     arch = str(_field_value(reader, "general.architecture"))
     total = int(str(_field_value(reader, f"{arch}.block_count")))
-    keep = parse_layers(",".join(map(str, layers)), total)
+    keep = _checked(list(layers), total, ",".join(map(str, layers)))
     renumber = {old: new for new, old in enumerate(keep)}
     tmp = out.with_name(out.name + ".tmp")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -87,10 +91,9 @@ def derive_draft(
             continue
         name = f"blk.{renumber[int(m.group(1))]}.{m.group(2)}" if m else t.name
         data, qtype = np.asarray(t.data), t.tensor_type
-        if name == EMBEDDING and embedding is not None:
+        if name == EMBEDDING and embedding is not None and EMBEDDING_TYPES[embedding] != qtype:
             qtype = EMBEDDING_TYPES[embedding]
-            dense = quants.dequantize(data, t.tensor_type).astype(np.float32)
-            data = quants.quantize(dense, qtype) if qtype != t.tensor_type else data
+            data = quants.quantize(quants.dequantize(data, t.tensor_type).astype(np.float32), qtype)
         tensors.append((name, data, qtype))
     for name, data, qtype in tensors:
         writer.add_tensor_info(name, data.shape, data.dtype, data.nbytes, qtype)
