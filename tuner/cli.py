@@ -147,6 +147,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=[], help="a daemon setting for the challenger only (repeatable), e.g. "
         "TUNER_MAX_INSTANCES=8; needs --challenger",
     )  # fmt: skip
+    bench.add_argument(
+        "--peer", metavar="LLAMA_SERVER",
+        help="another build's llama-server (ik_llama.cpp's, say) to run beside the matrix: "
+        "its run without speculation and each --peer-arm, each arm read against the former",
+    )  # fmt: skip
+    bench.add_argument(
+        "--peer-arm", metavar="NAME=FLAGS", action="append", default=[], dest="peer_arm",
+        help="a peer arm (repeatable): its llama-server flags, e.g. "
+        "'mod+autotune=--spec-type ngram-mod --spec-autotune'; needs --peer",
+    )  # fmt: skip
     bench.add_argument("--model", help="target GGUF (default: the configured model)")
     bench.set_defaults(func=cmd_bench)
 

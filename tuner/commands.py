@@ -188,6 +188,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import asyncio
 
     from tuner.bench.daemons import DEFAULT_MATRIX, BenchOptions
+    from tuner.bench.peers import peer_options
     from tuner.bench.render import markdown
     from tuner.bench.run import finish, run_bench
     from tuner.workload import load_workload
@@ -208,6 +209,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from tuner.tuning.config import load_tuning
 
         load_tuning(challenger)  # refused here, with its message, not after the matrix started
+    peer, peer_arms = peer_options(args.peer, args.peer_arm)
     options = BenchOptions(
         out=Path(args.out),
         requests=args.requests,
@@ -219,6 +221,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
         challenger=challenger,
         challenger_env=tuple(args.challenger_env),
+        peer=peer,
+        peer_arms=peer_arms,
     )
     try:
         summary = asyncio.run(

@@ -171,6 +171,55 @@ def test_a_challenger_runs_side_by_side_with_its_own_tuning_file(tmp_path: Path)
     assert_documented(summary)
 
 
+def test_a_peer_builds_arms_run_beside_the_matrix_each_over_its_own_baseline(
+    tmp_path: Path,
+) -> None:
+    """``--peer``: another build's llama-server (here this build's own binary, which any
+    machine has) as arms of the run, each read against that binary's own no-speculation run."""
+    from tuner.settings import load_settings
+    from tuner.upstream.launch import prepare
+
+    binary = prepare(load_settings(state_dir=tmp_path)).binary
+    out = tmp_path / "bench"
+    result = tuner(
+        "bench", "--workload", str(WORKLOAD), "--prompts", "3", "--requests", "3",
+        "--max-tokens", "24", "--matrix", "ngram-simple", "--peer", str(binary),
+        "--peer-arm", "simple=--spec-type ngram-simple", "--out", str(out), state=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    assert not [r for r in rows if r.get("error")]
+    arms = [r["arm"] for r in rows]
+    assert arms.count("peer:none") == arms.count("peer:simple") == arms.count("none") == 3
+    # each prompt's four arms back to back, the peer's among this build's
+    for item in range(3):
+        at = [i for i, r in enumerate(rows) if r["arm"] != "tuner" and r["item"] == item]
+        assert at == list(range(at[0], at[0] + 4)), at
+    assert sum(r["drafted"] for r in rows if r["arm"] == "peer:simple") > 0  # its flags reached it
+    assert sum(r["drafted"] for r in rows if r["arm"] == "peer:none") == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["static_arms"] == ["none", "ngram-simple"]
+    assert summary["peer"] == str(binary.resolve())
+    assert summary["peer_arms"] == {"peer:simple": "--spec-type ngram-simple"}
+    peers = summary["overall"]["peers"]
+    assert peers["baseline_tok_s"] > 0 and peers["arms"]["peer:simple"]["ratio"] > 0
+    assert "## Peer:" in (out / "summary.md").read_text()
+    log = (out / "peer-simple.log").read_text()
+    assert "n_slots = 1" in log or "n_parallel = 1" in log or "slots = 1" in log, log[-2000:]
+    assert_documented(summary)
+
+
+def test_bench_refuses_a_peer_it_cannot_run(tmp_path: Path) -> None:
+    for extra in (["--peer", str(tmp_path / "missing")], ["--peer-arm", "a=--x"],
+                  ["--peer", str(WORKLOAD), "--peer-arm", "no-flags"]):  # fmt: skip
+        result = tuner(
+            "bench", "--workload", str(WORKLOAD), *extra, "--out", str(tmp_path / "out"),
+            state=tmp_path,
+        )  # fmt: skip
+        assert result.returncode == 2 and "--peer" in result.stderr, result.stderr
+        assert not (tmp_path / "out").exists()
+
+
 def test_bench_refuses_a_challenger_tuning_file_it_cannot_read(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("[budget]\nexplore_share = 7\n")

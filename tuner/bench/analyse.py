@@ -45,13 +45,14 @@ from typing import Any
 
 import numpy as np
 
-from tuner.bench.compare import same_work, side_by_side, vs_static_by_counts
+from tuner.bench.compare import peer_summary, same_work, side_by_side, vs_static_by_counts
 from tuner.bench.rows import (
     BASELINE,
     Measured,
     arm_entry,
     arm_ratio,
     bootstrap_interval,
+    is_peer,
     item_runs,
     means_of,
     occurrence_of,
@@ -146,9 +147,10 @@ def summarize(
     challenger = [r for r in ok if r["arm"] == CHALLENGER]
     runs = item_runs([r for r in ok if r["arm"] not in (TUNER, CHALLENGER)])
     means = means_of(runs)
-    statics = sorted(a for a in means if a != BASELINE)
-    # the prompts every static arm measured: ratios are only taken over those
-    common = set(means[BASELINE]).intersection(*(means[a] for a in statics))
+    statics = sorted(a for a in means if a != BASELINE and not is_peer(a))
+    peers = sorted(a for a in means if is_peer(a))
+    # the prompts every static and peer arm measured: ratios are only taken over those
+    common = set(means[BASELINE]).intersection(*(means[a] for a in [*statics, *peers]))
     tuner = [r for r in tuner if int(r["item"]) in common]
     challenger = [r for r in challenger if int(r["item"]) in common]
     # the occurrences the ratios are taken over: the tuner's stream, else each item once
@@ -204,6 +206,9 @@ def summarize(
         "best_static": best_static,
         "best_static_ratio": overall_arms[best_static]["ratio"] if best_static else None,
     }
+    if peers:
+        overall["peers"], per_class = peer_summary(means, peers, occurrences, by_class, rng)
+        classes = {key: {**entry, "peers": per_class[key]} for key, entry in classes.items()}
     if tuner:
         overall.update(_tuner_overall(tuner, means, runs, occurrence, classes, item_classes, rng))
         if best_static:

@@ -5,6 +5,8 @@ against the best static arm by counts, and the serving path on identical work. P
   and the static arm's) priced by its counts at its prompt's plain decode speed: on the
   variant both served, what each drafted and accepted without how fast the daemon's
   instances ran.
+- ``peers``: each peer arm over the peer's own run without speculation, on the same
+  prompt occurrences as the static arms, and the tuner's ratio over each.
 - ``same_work``: a daemon's requests that did exactly what a static arm's request of the
   same prompt did (same variant, tokens, drafted and accepted tokens), and their decode
   time over that request's: the serving path alone.
@@ -21,11 +23,14 @@ import numpy as np
 
 from tuner.bench.rows import (
     BASELINE,
+    PEER_BASELINE,
     Measured,
+    arm_entry,
     arm_ratio,
     bootstrap_interval,
     charged_seconds,
     succeeded,
+    tok_s_of,
 )
 from tuner.bench.schedule import CHALLENGER, TUNER
 from tuner.measure import Z90, mean_interval
@@ -161,3 +166,35 @@ def same_work(rows: Iterable[Mapping[str, Any]], arm: str) -> dict[str, Any] | N
         "extra_seconds": round(sum(charged_seconds(r) - charged_seconds(f) for r, f in pairs), 1),
         "by_variant": {v: log_ratio_summary(logs) for v, logs in sorted(by_variant.items())},
     }
+
+
+def peer_ratios(
+    means: Mapping[str, Mapping[int, Measured]],
+    peers: Sequence[str],
+    occurrences: Sequence[int],
+    rng: np.random.Generator,
+) -> dict[str, Any]:
+    """The peer's decode speed without speculation, and each peer arm over it on these prompt
+    occurrences (two binaries decode at different speeds, so each is read against itself);
+    empty without ``peer:none``."""
+    if PEER_BASELINE not in peers or not occurrences:
+        return {}
+    base = [means[PEER_BASELINE][i] for i in occurrences]
+    arms = {
+        arm: arm_entry([means[arm][i] for i in occurrences], base, rng)
+        for arm in peers
+        if arm != PEER_BASELINE
+    }
+    return {"baseline_tok_s": round(tok_s_of(base), 2), "arms": arms}
+
+
+def peer_summary(
+    means: Mapping[str, Mapping[int, Measured]],
+    peers: Sequence[str],
+    occurrences: Sequence[int],
+    by_class: Mapping[str, Sequence[int]],
+    rng: np.random.Generator,
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """``peer_ratios`` over the whole run's occurrences, and over each class's."""
+    overall = peer_ratios(means, peers, occurrences, rng)
+    return overall, {key: peer_ratios(means, peers, items, rng) for key, items in by_class.items()}

@@ -67,6 +67,8 @@ class BenchOptions:
     # the challenger daemon's own settings (TUNER_* environment variables), e.g. its
     # TUNER_MAX_INSTANCES: daemon settings, not tuning-file keys
     challenger_env: tuple[tuple[str, str], ...] = ()
+    peer: Path | None = None  # another build's llama-server, its arms beside the matrix
+    peer_arms: tuple[tuple[str, tuple[str, ...]], ...] = ()  # ("peer:NAME", its flags)
 
 
 def daemon_env(

@@ -155,6 +155,34 @@ def _targets_table(summary: Mapping[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def _peer_rows(summary: Mapping[str, Any]) -> list[str]:
+    """The peer's arms, each over the peer's own run without speculation, and the tuner's
+    ratio over each (both ratios over each binary's own baseline, on the same prompts)."""
+    overall = summary["overall"]
+    peers = overall.get("peers")
+    if not peers:
+        return []
+    tuner = overall.get("tuner_ratio")
+    lines = [
+        "",
+        f"## Peer: {summary.get('peer', '?')} (ratio to its own run without speculation)",
+        "",
+        f"Its decode without speculation: {peers['baseline_tok_s']:.1f} tok/s "
+        f"(this build's: {overall['baseline_tok_s']:.1f} tok/s).",
+        "",
+        "| arm | flags | ratio | alpha | tuner / arm |",
+        "|---|---|---|---|---|",
+    ]
+    flags = summary.get("peer_arms") or {}
+    for arm, entry in sorted(peers["arms"].items(), key=lambda kv: -kv[1]["ratio"]):
+        versus = _x(tuner / entry["ratio"]) if tuner and entry["ratio"] else "-"
+        lines.append(
+            f"| {arm} | `{flags.get(arm, '?')}` | {_x(entry['ratio'])}{_interval(entry)} | "
+            f"{_x(entry['alpha'])} | {versus} |"
+        )
+    return lines
+
+
 def markdown(summary: Mapping[str, Any]) -> str:
     """The summary as markdown: run facts, targets, overall arms, per-class table."""
     overall = summary["overall"]
@@ -201,6 +229,7 @@ def markdown(summary: Mapping[str, Any]) -> str:
                 f"best static = {_x(overall.get('challenger_vs_best_static'))}"
                 f"{_by_counts(overall, CHALLENGER)}.",
             ]
+    lines += _peer_rows(summary)
     lines += ["", "## Per class", ""]
     header = "| class | prompts | baseline tok/s | oracle | best static here |"
     rule = "|---|---|---|---|---|"

@@ -18,6 +18,13 @@ from typing import Any
 import numpy as np
 
 BASELINE = "none"
+# a peer build's arms (``tuner bench --peer``), each read against the peer's own baseline
+PEER_PREFIX = "peer:"
+PEER_BASELINE = PEER_PREFIX + BASELINE
+
+
+def is_peer(arm: str) -> bool:
+    return arm.startswith(PEER_PREFIX)
 
 
 def charged_seconds(row: Mapping[str, Any]) -> float:

@@ -1,12 +1,14 @@
 """``tuner bench``: replay a workload against no speculation, a static matrix, and the tuner.
 
-Two servers run side by side, both on the configured model and build:
+Servers run side by side, on the configured model and build:
 
 - the **matrix**: one llama-server in router mode with a preset per static arm
   (``none`` and every matrix variant), asked directly with ``model`` = the arm;
 - the **tuner**: the real daemon (``python -m tuner serve``) from a fresh state dir
   with a fixed seed, learning online from the run's own stream; the proxy's
-  ``x-spec-variant``, ``x-spec-role`` and ``x-spec-class`` headers say what it did.
+  ``x-spec-variant``, ``x-spec-role`` and ``x-spec-class`` headers say what it did;
+- with ``--peer``, another build's llama-server, one per peer arm (``tuner.bench.peers``),
+  its arms in each prompt's block beside the matrix's.
 
 Requests go one at a time in the order of ``tuner.bench.schedule`` (so no two
 decode at once and the matrix is spread through the tuner's stream). Every answer
@@ -19,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import shlex
 import signal
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
@@ -41,7 +44,8 @@ from tuner.bench.daemons import (
     state_dir,
     tuner_daemon,
 )
-from tuner.bench.rows import parse_rows
+from tuner.bench.peers import peer_servers
+from tuner.bench.rows import PEER_BASELINE, is_peer, parse_rows
 from tuner.bench.schedule import CHALLENGER, TUNER, Step, schedule
 from tuner.classify import classify, load_definitions
 from tuner.errors import ConfigError, UpstreamError
@@ -172,6 +176,8 @@ async def _run_bench(
     prepared = prepare(settings, progress)
     variants = matrix_variants(options.matrix, prepared)
     arms = [BASELINE.name, *(v.name for v in variants)]
+    if options.peer is not None:
+        arms += [PEER_BASELINE, *(name for name, _ in options.peer_arms)]
     definitions = load_definitions(settings.classes_file)
     item_classes = [classify(i.model_dump(exclude_none=True), definitions).key for i in items]
     challenger = options.challenger if options.requests else None
@@ -203,6 +209,9 @@ async def _run_bench(
     if challenger is not None:
         meta["challenger_tuning"] = str(challenger)
         meta["challenger_env"] = dict(options.challenger_env)
+    if options.peer is not None:
+        meta["peer"] = str(options.peer)
+        meta["peer_arms"] = {name: shlex.join(flags) for name, flags in options.peer_arms}
     write_atomic(out / "run.json", json.dumps(meta, indent=2) + "\n")
     rows_path = out / "requests.jsonl"
     rows: list[dict[str, Any]] = []
@@ -212,6 +221,11 @@ async def _run_bench(
             _matrix_server(settings, prepared, variants, out)
         )
         urls = {"matrix": matrix_url}
+        if options.peer is not None:
+            progress(f"starting the peer's llama-servers ({options.peer}), one per arm")
+            urls |= await stack.enter_async_context(
+                peer_servers(options.peer, dict(options.peer_arms), settings, prepared.model, out)
+            )
         if options.requests:
             progress("starting the tuner daemon from a fresh state")
             urls[TUNER] = await stack.enter_async_context(
@@ -305,8 +319,8 @@ async def _one(
     urls: Mapping[str, str],
     options: BenchOptions,
 ) -> dict[str, Any]:
-    """Send one step: a tuner's (``urls[TUNER]`` or ``urls[CHALLENGER]``) or a static arm's
-    (``urls["matrix"]``, the arm as the model); its row."""
+    """Send one step: a tuner's (``urls[TUNER]`` or ``urls[CHALLENGER]``), a peer arm's
+    (``urls[arm]``) or a static arm's (``urls["matrix"]``, the arm as the model); its row."""
     item = items[step.item]
     row: dict[str, Any] = {
         "arm": step.arm, "item": step.item, "id": item.id, "repeat": step.repeat,
@@ -319,6 +333,9 @@ async def _one(
             row["variant"] = headers.get("x-spec-variant")
             row["role"] = headers.get("x-spec-role")
             row["daemon_class"] = headers.get("x-spec-class")
+        elif is_peer(step.arm):  # one server per peer arm: its flags decide
+            data, headers = await _send(http, urls[step.arm], item, None, options.max_tokens)
+            row["variant"] = step.arm
         else:
             data, headers = await _send(http, urls["matrix"], item, step.arm, options.max_tokens)
             row["variant"] = step.arm

@@ -19,7 +19,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Container, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,8 +100,10 @@ class ManagedServer:
         startup_timeout_s: float = 600.0,
         backoff: Backoff | None = None,
         health_interval_s: float = 0.1,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.argv = list(argv)
+        self.env = dict(env) if env is not None else None  # None: this process's
         self.client = client
         self.log_path = log_path
         self.startup_timeout_s = startup_timeout_s
@@ -163,6 +165,7 @@ class ManagedServer:
             try:
                 self.process = await asyncio.create_subprocess_exec(
                     *self.argv,
+                    env=self.env,
                     stdout=sink,
                     stderr=sink,
                     start_new_session=True,
