@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -73,3 +74,29 @@ def test_lock_in_compares_the_held_variant_with_the_best_priced_and_the_best_sta
     assert rows["code"]["static_gap"] == 1.25
     assert (rows["text"]["best_priced"], rows["text"]["own_gap"]) == ("none", 1.0)
     assert rows["text"]["static_gap"] == 1.1  # none measures 1.0 by definition
+
+
+def test_the_noise_floor_says_what_a_predictor_with_no_error_would_reach() -> None:
+    speedups = {"code": {"a": [1.5, 1.4, 1.6]}, "text": {"a": [1.0, 0.9, 1.1]}}
+    assert beliefs(CLASSES, speedups)["noise_floor"] is None  # type: ignore[index]
+    found = beliefs(CLASSES, speedups, request_sd=0.05)
+    assert found is not None
+    floor = found["noise_floor"]
+    # a class's ratio over n prompts varies by 0.05 * sqrt(2 / n): 30 prompts, then 10
+    normal = statistics.NormalDist()
+    chances = [2 * normal.cdf(math.log(1.03) / (0.05 * math.sqrt(2 / n))) - 1 for n in (30, 10)]
+    assert floor["expected_within"] == round(sum(chances), 1)
+    assert floor["all_within"] == round(chances[0] * chances[1], 2)
+    assert "Timing noise alone (one request's decode time varies by 5.0%)" in "\n".join(
+        markdown_rows(found)
+    )
+
+
+@given(st.integers(1, 500), st.floats(0.001, 0.5))
+def test_more_prompts_or_less_noise_never_lowers_the_floor(prompts: int, sd: float) -> None:
+    from tuner.bench.beliefs import noise_floor
+
+    here = noise_floor([{"prompts": prompts}], sd)["expected_within"]
+    assert noise_floor([{"prompts": prompts * 2}], sd)["expected_within"] >= here
+    assert noise_floor([{"prompts": prompts}], sd / 2)["expected_within"] >= here
+    assert 0 <= here <= 1

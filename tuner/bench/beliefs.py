@@ -10,6 +10,12 @@ The two are over nearly, not exactly, the same prompts (the tuner's stream meets
 prompts twice and others not at all), and a static arm's ratio over a dozen prompts is
 itself uncertain by several percent: ``inside`` says whether the prediction falls in the
 static arm's interval, and the aggregate weighs each class by its prompts.
+
+``noise_floor``: how many pairs a predictor with no error at all would put within the
+tolerance, given the run's own timing noise (one request's decode time varies by
+``request_sd`` in log terms, measured on requests that did identical work): a class's
+measured ratio over ``n`` prompts then varies by ``request_sd * sqrt(2 / n)`` (its arm's
+and its baseline's requests), whatever the prediction.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["TOLERANCE", "beliefs", "lock_in", "markdown_rows"]
+__all__ = ["TOLERANCE", "beliefs", "lock_in", "markdown_rows", "noise_floor"]
 
 TOLERANCE = 0.03  # the pricing target: predicted within 3 % of time
 
@@ -28,6 +34,7 @@ def beliefs(
     classes: Mapping[str, Mapping[str, Any]],
     speedups: Mapping[str, Mapping[str, Sequence[float]]],
     min_prompts: int = 1,
+    request_sd: float | None = None,
 ) -> dict[str, Any] | None:
     """The pricing check of a run: ``classes`` is the summary's per-class section (each
     with ``prompts`` and ``arms``: static arm -> ``ratio``, ``interval``), ``speedups`` the
@@ -66,7 +73,28 @@ def beliefs(
         "inside_interval": sum(r["inside"] for r in rows),
         "mean_error": round(math.expm1(error / sum(weights)), 4),
         "median_ratio": round(statistics.median(r["ratio"] for r in rows), 4),
+        "noise_floor": noise_floor(rows, request_sd) if request_sd else None,
         "rows": rows,
+    }
+
+
+def noise_floor(rows: Sequence[Mapping[str, Any]], request_sd: float) -> dict[str, Any]:
+    """What timing noise alone allows: the pairs a predictor with no error would put within
+    ``TOLERANCE`` (expected), and the chance it puts every pair there.
+
+    >>> floor = noise_floor([{"prompts": 13}, {"prompts": 52}], 0.067)
+    >>> floor["expected_within"], floor["all_within"]
+    (1.7, 0.72)
+    """
+    normal = statistics.NormalDist()
+    limit = math.log1p(TOLERANCE)
+    chances = [
+        2 * normal.cdf(limit / (request_sd * math.sqrt(2 / int(r["prompts"])))) - 1 for r in rows
+    ]
+    return {
+        "request_sd": round(request_sd, 4),
+        "expected_within": round(math.fsum(chances), 1),
+        "all_within": round(math.prod(chances), 2),
     }
 
 
@@ -106,6 +134,17 @@ def lock_in(
     return out
 
 
+def _floor_line(floor: Mapping[str, Any] | None) -> str:
+    if not floor:
+        return ""
+    return (
+        f" Timing noise alone (one request's decode time varies by {floor['request_sd']:.1%}) "
+        f"would leave a predictor with no error within {TOLERANCE:.0%} in about "
+        f"{floor['expected_within']:g} pairs, and within it in all of them with chance "
+        f"{floor['all_within']:.2f}."
+    )
+
+
 def markdown_rows(found: Mapping[str, Any]) -> list[str]:
     """The check as a markdown section."""
     lines = [
@@ -114,7 +153,8 @@ def markdown_rows(found: Mapping[str, Any]) -> list[str]:
         f"{found['pairs']} class and variant pairs; predicted within {TOLERANCE:.0%} of the "
         f"static arm's time in {found['within_tolerance']}, inside its interval in "
         f"{found['inside_interval']}; mean error {found['mean_error']:.1%} (weighed by "
-        f"prompts), median predicted / measured {found['median_ratio']:.3f}.",
+        f"prompts), median predicted / measured {found['median_ratio']:.3f}."
+        + _floor_line(found.get("noise_floor")),
         "",
         "| class | variant | prompts | predicted | measured (90 %) | predicted / measured |",
         "|---|---|---|---|---|---|",

@@ -15,6 +15,7 @@ against the best static arm by counts, and the serving path on identical work. P
 from __future__ import annotations
 
 import math
+import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -131,13 +132,15 @@ def work_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
 
 
 def log_ratio_summary(logs: Sequence[float]) -> dict[str, Any]:
-    """Log ratios as their geometric mean and its 90 % interval (None for one ratio)."""
+    """Log ratios as their geometric mean, its 90 % interval and their standard deviation
+    (``sd``, the spread of one pair's log ratio; both None for one ratio)."""
     found = mean_interval(logs, Z90)
     return {
         "pairs": len(logs),
         "time_ratio": round(math.exp(found.value), 4),
         "interval": [round(math.exp(found.low), 4), round(math.exp(found.high), 4)]
         if len(logs) > 1 else None,
+        "sd": round(statistics.stdev(logs), 4) if len(logs) > 1 else None,
     }  # fmt: skip
 
 

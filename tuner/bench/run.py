@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import shlex
 import signal
 import time
@@ -303,7 +304,10 @@ def finish(out: Path) -> dict[str, Any]:
     except ValueError as exc:
         raise ConfigError(f"{out}: {exc}") from exc
     priced = final_speedups(state_dir(out, TUNER))
-    if (pricing := beliefs(summary["classes"], priced)) is not None:
+    same = summary["overall"].get("tuner_same_work") or {}
+    # one request's timing noise: a same-work pair's log ratio carries two requests'
+    request_sd = same["sd"] / math.sqrt(2) if same.get("sd") else None
+    if (pricing := beliefs(summary["classes"], priced, request_sd=request_sd)) is not None:
         summary["pricing"] = pricing | {"lock_in": lock_in(summary["classes"], priced)}
     write_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     write_atomic(out / "summary.md", markdown(summary))
