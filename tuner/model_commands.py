@@ -109,7 +109,10 @@ def cmd_derive_draft(args: argparse.Namespace) -> int:
         layers = parse_layers(args.layers, read_facts(source).n_layers)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
-    draft = derive_draft(source, Path(args.out), layers, args.embedding)
+    try:
+        draft = derive_draft(source, Path(args.out), layers, args.embedding)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {args.out}: {exc.strerror or exc}") from exc
     share = draft.bytes / draft.source_bytes
     print(
         f"wrote {draft.path}: {len(draft.layers)} of {draft.source_layers} blocks "

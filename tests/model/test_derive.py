@@ -93,6 +93,27 @@ def test_the_command_writes_a_draft_and_refuses_missing_blocks(
     assert "blocks 0-3" in capsys.readouterr().err
 
 
+def test_the_command_names_a_model_without_blocks_and_an_out_it_cannot_write(
+    vocab: Path, target: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["derive-draft", str(tmp_path / "d.gguf"), "--model", str(vocab),
+                 "--layers", "0"]) == 2  # fmt: skip
+    assert "no blocks to keep (a vocabulary-only GGUF?)" in capsys.readouterr().err
+    blocked = tmp_path / "file"
+    blocked.write_text("")  # a file where the command needs a folder
+    for out in (blocked / "d.gguf", tmp_path / "dir"):
+        (tmp_path / "dir").mkdir(exist_ok=True)  # the second: a folder where a file goes
+        assert main(["derive-draft", str(out), "--model", str(target), "--layers", "0"]) == 2
+        err = capsys.readouterr().err
+        assert f"cannot write {out}" in err and "Traceback" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "dir",
+        "file",
+        "target.gguf",
+        "vocab.gguf",
+    ]
+
+
 def test_a_wider_model_keeps_its_per_layer_lists_aligned(vocab: Path, tmp_path: Path) -> None:
     """Per-layer hyperparameter arrays (some architectures have them) follow their blocks."""
     path = write_moe(tmp_path / "t.gguf", vocab, replace(SPEC, layers=3))

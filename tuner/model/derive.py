@@ -47,6 +47,8 @@ def parse_layers(text: str, total: int) -> tuple[int, ...]:
 
 
 def _checked(blocks: Sequence[int], total: int, shown: str) -> tuple[int, ...]:
+    if total <= 0:
+        raise ValueError("the model has no blocks to keep (a vocabulary-only GGUF?)")
     if not blocks or any(b <= a for a, b in itertools.pairwise(blocks)):
         raise ValueError(f"layers {shown!r}: want ascending block indices without repeats")
     if blocks[0] < 0 or blocks[-1] >= total:
@@ -67,9 +69,24 @@ def derive_draft(
     arch = str(_field_value(reader, "general.architecture"))
     total = int(str(_field_value(reader, f"{arch}.block_count")))
     keep = _checked(list(layers), total, ",".join(map(str, layers)))
-    renumber = {old: new for new, old in enumerate(keep)}
     tmp = out.with_name(out.name + ".tmp")
     out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return _write(reader, arch, total, keep, tmp, out, embedding)
+    finally:
+        tmp.unlink(missing_ok=True)  # a write that failed leaves no part-written file
+
+
+def _write(
+    reader: GGUFReader,
+    arch: str,
+    total: int,
+    keep: tuple[int, ...],
+    tmp: Path,
+    out: Path,
+    embedding: str | None,
+) -> DerivedDraft:
+    renumber = {old: new for new, old in enumerate(keep)}
     writer = GGUFWriter(tmp, arch)
     for field in reader.fields.values():
         if field.name == "general.architecture" or field.name.startswith("GGUF."):
