@@ -209,17 +209,6 @@ def test_a_peer_builds_arms_run_beside_the_matrix_each_over_its_own_baseline(
     assert_documented(summary)
 
 
-def test_bench_refuses_a_peer_it_cannot_run(tmp_path: Path) -> None:
-    for extra in (["--peer", str(tmp_path / "missing")], ["--peer-arm", "a=--x"],
-                  ["--peer", str(WORKLOAD), "--peer-arm", "no-flags"]):  # fmt: skip
-        result = tuner(
-            "bench", "--workload", str(WORKLOAD), *extra, "--out", str(tmp_path / "out"),
-            state=tmp_path,
-        )  # fmt: skip
-        assert result.returncode == 2 and "--peer" in result.stderr, result.stderr
-        assert not (tmp_path / "out").exists()
-
-
 def test_bench_refuses_a_challenger_tuning_file_it_cannot_read(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("[budget]\nexplore_share = 7\n")
@@ -232,15 +221,23 @@ def test_bench_refuses_a_challenger_tuning_file_it_cannot_read(tmp_path: Path) -
         assert not (tmp_path / "out").exists()  # refused before anything ran
 
 
-def test_bench_refuses_a_challenger_setting_it_cannot_use(tmp_path: Path) -> None:
-    for extra in (["--challenger-env", "MAX=1", "--challenger", str(WORKLOAD)],
-                  ["--challenger-env", "TUNER_MAX_INSTANCES=1"]):  # fmt: skip
-        result = tuner(
-            "bench", "--workload", str(WORKLOAD), *extra, "--out", str(tmp_path / "out"),
-            state=tmp_path,
-        )  # fmt: skip
-        assert result.returncode == 2 and "TUNER_" in result.stderr, result.stderr
-        assert not (tmp_path / "out").exists()
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        (["--challenger-env", "MAX=1", "--challenger", str(WORKLOAD)], "TUNER_"),
+        (["--challenger-env", "TUNER_MAX_INSTANCES=1"], "TUNER_"),
+        (["--peer", "/no/such/llama-server"], "--peer"),
+        (["--peer-arm", "a=--x"], "--peer"),
+        (["--peer", str(WORKLOAD), "--peer-arm", "no-flags"], "--peer-arm"),
+    ],
+)
+def test_bench_refuses_a_setting_it_cannot_use(tmp_path: Path, extra: list[str], said: str) -> None:
+    result = tuner(
+        "bench", "--workload", str(WORKLOAD), *extra, "--out", str(tmp_path / "out"),
+        state=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 2 and said in result.stderr, result.stderr
+    assert not (tmp_path / "out").exists()  # refused before anything ran
 
 
 def test_bench_refuses_a_matrix_name_it_cannot_parse(tmp_path: Path) -> None:
