@@ -46,8 +46,7 @@ def _exposure_note(exposure: Mapping[str, float] | None) -> list[str]:
         f"Caution: the tuner met each prompt {exposure['tuner']:g} times on average, each "
         f"static arm {exposure['static_arm']:g}. An `ngram-mod` table outlives a request and "
         "drafts a prompt's earlier answers when the prompt comes again, so tuner / static "
-        "ratios favour the tuner here (`python -m benchmarks.repeat_memory DIR` measures by "
-        "how much); `--repeats` gives the static arms the same exposure.",
+        "ratios favour the tuner here; `--repeats` gives the static arms the same exposure.",
     ]
 
 

@@ -87,7 +87,7 @@ def exposure_caution(
     """How often the tuner, and each static arm, met each prompt. A variant whose table
     outlives a request (``ngram-mod``) drafts a prompt's earlier answers when it meets the
     prompt again, so where the tuner meets prompts more often, tuner / static ratios favour it
-    (``python -m benchmarks.repeat_memory DIR`` measures by how much)."""
+    (``--repeats`` gives the static arms the same exposure)."""
     arms = set(statics)
     static = sum(1 for r in ok if r["arm"] in arms and int(r["item"]) in common)
     return {
