@@ -1,7 +1,7 @@
-"""Several llama-servers answering one workload side by side: what ``drafter_order.py`` and
-``peer_look.py`` share. Each prompt's requests run back to back on every server, so the
-machine's drift hits all alike; each server's answers are then read against a baseline
-server's, answer by answer."""
+"""Several llama-servers answering one workload side by side (``drafter_order.py``; a peer
+build beside this one is ``tuner bench --peer``). Each prompt's requests run back to back on
+every server, so the machine's drift hits all alike; each server's answers are then read
+against a baseline server's, answer by answer."""
 
 from __future__ import annotations
 

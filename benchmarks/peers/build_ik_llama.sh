@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build ik_llama.cpp's llama-server for the CPU, as ours is built, for the peer comparison
-# (benchmarks/peer_look.py). SRC: a checkout of github.com/ikawrakow/ik_llama.cpp.
+# (tuner bench --peer, docs/benchmarks.md). SRC: a checkout of github.com/ikawrakow/ik_llama.cpp.
 #   bash benchmarks/peers/build_ik_llama.sh SRC [DEST]   (about 15 min on 2 cores)
 # DEST (default ~/.cache/spec-tuner/peers/ik_llama.cpp) gets llama-server and its shared
 # libraries; run it with LD_LIBRARY_PATH=DEST.
