@@ -6,7 +6,7 @@ against the best static arm by counts, and the serving path on identical work. P
   variant both served, what each drafted and accepted without how fast the daemon's
   instances ran.
 - ``peers``: each peer arm over the peer's own run without speculation, on the same
-  prompt occurrences as the static arms, and the tuner's ratio over each.
+  prompt occurrences as the static arms.
 - ``same_work``: a daemon's requests that did exactly what a static arm's request of the
   same prompt did (same variant, tokens, drafted and accepted tokens), and their decode
   time over that request's: the serving path alone.

@@ -337,11 +337,9 @@ async def _one(
             row["variant"] = headers.get("x-spec-variant")
             row["role"] = headers.get("x-spec-role")
             row["daemon_class"] = headers.get("x-spec-class")
-        elif is_peer(step.arm):  # one server per peer arm: its flags decide
-            data, headers = await _send(http, urls[step.arm], item, None, options.max_tokens)
-            row["variant"] = step.arm
-        else:
-            data, headers = await _send(http, urls["matrix"], item, step.arm, options.max_tokens)
+        else:  # a peer arm has a server of its own (its flags decide), a static arm is a model
+            url, model = (urls[step.arm], None) if is_peer(step.arm) else (urls["matrix"], step.arm)
+            data, headers = await _send(http, url, item, model, options.max_tokens)
             row["variant"] = step.arm
         _timings(row, data)
         # what the client waited, model loads and queueing included (the ratios use
