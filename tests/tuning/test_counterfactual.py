@@ -237,6 +237,9 @@ def test_the_replayer_tokenizes_and_hands_each_variant_its_counts(
     other = arms["ngram-simple.n3.m48"]
     assert other.replayed == 1 and other.shadow[0][0] == len(output)
     assert replayer.checked == 1 and replayer.agreed == 1
+    # the request's row: every replayed variant's counts beside the server's own
+    row = engine.classes[CODE].pairs[-1]
+    assert row[served] == (len(output), d, a) and row["ngram-simple.n3.m48"] == other.shadow[0]
     # a wrong count from the server shows as a disagreement, not as evidence
     replayer.replay(_record(served, d + 1, a), "/v1/chat/completions", body, code)
     assert replayer.checked == 2 and replayer.agreed == 1

@@ -61,6 +61,39 @@ def test_events_naming_variants_this_daemon_does_not_run_are_skipped(
     assert all("draft-mtp.n_max3" not in s.arms for s in engine.classes.values())
 
 
+def test_a_replay_keeps_every_variants_counts_of_the_request_side_by_side() -> None:
+    """With the served variant's own counts, a replayed request is one row of every
+    variant's counts at each level of its class, and the row survives a restart."""
+    import json
+
+    from tuner.tuning.counts import Calibration
+    from tuner.tuning.evidence import ClassState, levels, parse_class
+
+    states: dict[str, ClassState] = {}
+
+    def state(key: str) -> ClassState:
+        return states.setdefault(key, ClassState(key))
+
+    event = pooling.replayed(CODE, {"b": (64, 30, 20), "c": (64, 8, 1)}, ("a", (64, 40, 25)))
+    parsed = pooling.parse(json.loads(json.dumps(event)))
+    assert parsed is not None
+    pooling.apply(parsed, state, Calibration(), lambda name: name != "c")
+    row = {"a": (64, 40, 25), "b": (64, 30, 20)}  # c: a variant this daemon does not run
+    assert set(states) == set(levels(CODE))
+    assert all(list(s.pairs) == [row] for s in states.values())
+    assert "a" not in states[CODE].arms  # the served counts came with the served event
+    again = parse_class(CODE, json.loads(json.dumps(states[CODE].dump())))
+    assert list(again.pairs) == [row]
+    old = {k: v for k, v in states[CODE].dump().items() if k != "pairs"}
+    assert not parse_class(CODE, old).pairs  # a state file from before pairs were kept
+    # an event from before pairs were kept: evidence for the replayed variants, no row
+    old_event = pooling.replayed(CODE, {"b": (64, 30, 20)})
+    assert pooling.parse(old_event) is not None
+    pooling.apply(old_event, state, Calibration(), lambda name: True)
+    assert len(states[CODE].pairs) == 1 and states[CODE].arms["b"].replayed == 2
+    assert pooling.parse({**event, "s": {"v": "a", "n": [64, 2, 3]}}) is None  # a > d
+
+
 counts = st.lists(st.integers(-2, 10**6), min_size=0, max_size=4)
 junk = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8) | counts,
@@ -71,7 +104,7 @@ junk = st.recursive(
 
 @given(
     kind=st.sampled_from(["served", "replayed", "trial", "x"]),
-    fields=st.dictionaries(st.sampled_from(["c", "v", "r", "n", "x", "conv"]), junk),
+    fields=st.dictionaries(st.sampled_from(["c", "v", "r", "n", "x", "s", "conv"]), junk),
 )
 def test_parse_never_raises_and_what_it_accepts_applies(kind: str, fields: dict[str, Any]) -> None:
     event = {"k": kind, **fields}

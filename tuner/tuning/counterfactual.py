@@ -189,7 +189,8 @@ class Counterfactual:
             self.mod_checked += 1
             self.mod_simulated += served[2]
             self.mod_served += t.draft_n_accepted or 0
-        self.engine.observe_replayed(record.class_key, record.variant or "", counts)
+        mine = (t.predicted_n, t.draft_n or 0, t.draft_n_accepted or 0)
+        self.engine.observe_replayed(record.class_key, record.variant or "", counts, mine)
 
     def _prompt(self, endpoint: str, body: dict[str, Any], model: str | None) -> list[int] | None:
         if endpoint.endswith("/chat/completions"):

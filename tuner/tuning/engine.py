@@ -224,11 +224,16 @@ class Engine(Rules):
             self.changed()
 
     def observe_replayed(
-        self, class_key: str | None, served: str, counts: dict[str, Counts]
+        self,
+        class_key: str | None,
+        served: str,
+        counts: dict[str, Counts],
+        served_counts: Counts | None = None,
     ) -> None:
         """Add what other variants would have drafted and accepted on a request that
         ``served`` answered (replayed from its tokens, ``tuner.tuning.shadow``): evidence
-        for each of them in the class and its parents."""
+        for each of them in the class and its parents. ``served_counts``, the server's
+        counts of that request, keep every variant's counts of it side by side."""
         if not self.config.guard.replay:
             return
         key = class_key or ROOT
@@ -239,8 +244,9 @@ class Engine(Rules):
         }
         if not row:
             return
+        mine = (served, served_counts) if served_counts is not None else None
         with self._lock:
-            self.own(replayed(key, row))
+            self.own(replayed(key, row, mine))
             changed = self.decide_all(key)
             self._open()
         if changed:
@@ -379,7 +385,7 @@ class Engine(Rules):
                 state = self.state(key)
                 state.seen, state.explored, state.spent = found.seen, found.explored, found.spent
                 state.trials_done, state.converged = found.trials_done, found.converged
-                state.arms = found.arms
+                state.arms, state.pairs = found.arms, found.pairs
                 if found.policy is not None:
                     state.policy = found.policy
             self.pricing.recalibrate()

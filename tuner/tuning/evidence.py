@@ -21,9 +21,20 @@ from tuner.tuning.policy import Policy
 from tuner.tuning.prior import PriorView
 from tuner.tuning.variants import BASELINE, Variant
 
-__all__ = ["SAMPLED", "SAMPLES", "Arm", "ClassState", "Trial", "levels", "parse_class", "under"]
+__all__ = [
+    "PAIRS",
+    "SAMPLED",
+    "SAMPLES",
+    "Arm",
+    "ClassState",
+    "Trial",
+    "levels",
+    "parse_class",
+    "under",
+]
 
 SAMPLES = 256  # requests kept per (class, variant)
+PAIRS = 128  # replayed requests kept per class with every variant's counts side by side
 SAMPLED = "*/sampled"  # every sampled class's evidence, pooled
 
 
@@ -166,6 +177,9 @@ class ClassState:
     trial: Trial | None = None
     preparing: bool = False  # a trial is being asked for on the IO thread
     arms: dict[str, Arm] = field(default_factory=dict)
+    # per replayed request, the counts of every variant that measured it (the served one's
+    # from the server): two variants compared on the same requests (``Pricing.paired``)
+    pairs: deque[dict[str, Counts]] = field(default_factory=lambda: deque(maxlen=PAIRS))
     policy: Policy | None = None
     prior: PriorView | None = None
 
@@ -202,6 +216,7 @@ class ClassState:
             "converged": self.converged,
             "policy": self.policy.model_dump() if self.policy else None,
             "arms": {name: arm.dump() for name, arm in self.arms.items()},
+            "pairs": [{name: list(c) for name, c in row.items()} for row in self.pairs],
         }
 
 
@@ -209,6 +224,10 @@ def parse_class(key: str, data: dict[str, Any]) -> ClassState:
     """One class of a policy file, parsed; raises on a malformed entry."""
     explored = int(data["explored"])
     policy = data.get("policy")
+    pairs = [
+        {str(name): (int(c[0]), int(c[1]), int(c[2])) for name, c in row.items()}
+        for row in data.get("pairs", [])  # files before pairs were kept have none
+    ]
     return ClassState(
         key,
         seen=int(data["seen"]),
@@ -217,5 +236,6 @@ def parse_class(key: str, data: dict[str, Any]) -> ClassState:
         trials_done=int(data["trials_done"]),
         converged=bool(data["converged"]),
         arms={str(n): Arm.load(a) for n, a in data.get("arms", {}).items()},
+        pairs=deque(pairs, maxlen=PAIRS),
         policy=Policy.model_validate(policy) if policy else None,
     )

@@ -3,15 +3,20 @@
 The guard: among the speculative variants measured in a class, choose the one with the
 highest lower confidence bound, if that bound is above 1 and its measured speedup is at
 least ``min_gain``; else run no speculation. A class keeps the variant it holds (if that
-still clears the guard) unless the best one's lower bound lies above the held one's
-speedup, so that near-ties do not flap. The kill switch: on a target whose verify pass
-has a structural cost (small-active MoE, hybrid recurrent) and where the prior predicts
-no variant above 1, the class starts off with that verdict; after a finished search with
-no variant faster than baseline it is off with the measured reason.
+still clears the guard) unless another is faster on the same requests (its paired speedup
+over the held one has a lower bound above 1: the fastest such moves the class), or the
+best one's lower bound lies above the held one's speedup. A near-tie that the same
+requests resolve moves the class; one they do not resolve does not flap.
+
+The kill switch: on a target whose verify pass has a structural cost (small-active MoE,
+hybrid recurrent) and where the prior predicts no variant above 1, the class starts off
+with that verdict; after a finished search with no variant faster than baseline it is
+off with the measured reason.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -73,9 +78,15 @@ class Best:
 
 
 def choose(
-    speedups: dict[str, Interval], *, min_gain: float, held: str | None, allowed: set[str]
+    speedups: dict[str, Interval],
+    *,
+    min_gain: float,
+    held: str | None,
+    allowed: set[str],
+    over_held: Mapping[str, Interval] | None = None,
 ) -> Best:
-    """The guard over one class's measured variants (``allowed``: not forbidden here).
+    """The guard over one class's measured variants (``allowed``: not forbidden here;
+    ``over_held``: variants' speedups over the held one on the same requests).
 
     >>> s = {"a": Interval(1.30, 1.10, 1.50), "b": Interval(1.32, 1.05, 1.60)}
     >>> choose(s, min_gain=1.02, held=None, allowed={"a", "b"}).chosen
@@ -84,6 +95,9 @@ def choose(
     'b'
     >>> choose({"a": Interval(0.9, 0.8, 1.0)}, min_gain=1.02, held=None, allowed={"a"})
     Best(chosen=None, interval=None, best_any=(0.9, 'a'))
+    >>> paired = {"a": Interval(1.03, 1.01, 1.05)}  # a is faster on the same requests
+    >>> choose(s, min_gain=1.02, held="b", allowed={"a", "b"}, over_held=paired).chosen
+    'a'
     """
     best_any: tuple[float, str] | None = None
     clearing: dict[str, Interval] = {}
@@ -101,8 +115,14 @@ def choose(
         if not best or s.low > clearing[best].low:
             best = name
     kept = clearing.get(held) if held is not None else None
-    if held is not None and kept is not None and not clearing[best].low > kept.value:
-        best = held  # a near-tie does not move the class
+    if held is not None and kept is not None:
+        faster = {
+            name: s for name, s in (over_held or {}).items() if name in clearing and s.low > 1.0
+        }
+        if faster:
+            best = max(faster, key=lambda name: faster[name].value)
+        elif not clearing[best].low > kept.value:
+            best = held  # a near-tie the same requests do not resolve does not move it
     return Best(best, clearing[best], best_any)
 
 

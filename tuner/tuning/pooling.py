@@ -31,9 +31,16 @@ def served(key: str, variant: str, tok_s: float, counts: Counts) -> Event:
     return {"k": "served", "c": key, "v": variant, "r": tok_s, "n": list(counts)}
 
 
-def replayed(key: str, counts: Mapping[str, Counts]) -> Event:
-    """What replaying one request's tokens says other variants would have done."""
-    return {"k": "replayed", "c": key, "x": {name: list(c) for name, c in counts.items()}}
+def replayed(
+    key: str, counts: Mapping[str, Counts], served: tuple[str, Counts] | None = None
+) -> Event:
+    """What replaying one request's tokens says other variants would have done; with
+    ``served``, the variant that answered it and the server's counts, so that the class
+    keeps every variant's counts of the request side by side (``ClassState.pairs``)."""
+    event = {"k": "replayed", "c": key, "x": {name: list(c) for name, c in counts.items()}}
+    if served is not None:
+        event["s"] = {"v": served[0], "n": list(served[1])}
+    return event
 
 
 def trial_done(key: str, variant: str, converged: bool) -> Event:
@@ -74,10 +81,15 @@ def parse(event: object) -> Event | None:
         )
         return event if ok else None
     if kind == "replayed":
-        rows = event.get("x")
+        rows, served = event.get("x"), event.get("s")
         if not isinstance(rows, dict) or not all(_counts(c) is not None for c in rows.values()):
             return None
-        return event
+        ok = served is None or (  # events from before pairs were kept have none
+            isinstance(served, dict)
+            and isinstance(served.get("v"), str)
+            and _counts(served.get("n")) is not None
+        )
+        return event if ok else None
     if kind == "trial":
         ok = isinstance(event.get("v"), str) and isinstance(event.get("conv"), bool)
         return event if ok else None
@@ -107,10 +119,16 @@ def apply(
         return True
     if kind == "replayed":
         rows = {name: (c[0], c[1], c[2]) for name, c in event["x"].items() if known(name)}
+        pair = dict(rows)
+        if (served := event.get("s")) is not None and known(served["v"]):
+            n, d, a = served["n"]
+            pair[served["v"]] = (n, d, a)
         for level in levels(key):
             found = state(level)
             for name, counts in rows.items():
                 found.arm(name).add_replayed(counts)
+            if len(pair) >= 2:
+                found.pairs.append(pair)
         return bool(rows)
     target = state(key)
     target.trials_done += 1

@@ -13,16 +13,24 @@ from __future__ import annotations
 import functools
 import math
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from tuner.classify.classes import ROOT
 from tuner.measure import Interval, ratio_interval
 from tuner.model.speedup import CostModel
-from tuner.tuning.counts import GUESS_SE, Calibration, Row, count_speedup
+from tuner.tuning.counts import (
+    GUESS_SE,
+    MIN_REL,
+    Calibration,
+    Counts,
+    Row,
+    count_speedup,
+    ratio_of_sums,
+)
 from tuner.tuning.evidence import SAMPLED, Arm, ClassState, Trial, levels, under
 from tuner.tuning.variants import BASELINE, Variant
 
-__all__ = ["MAX_COST", "Pricing", "prior_cost", "z_for"]
+__all__ = ["MAX_COST", "Pricing", "paired_speedup", "prior_cost", "z_for"]
 
 MAX_COST = 3.0  # most one exploring request is charged, in requests at the policy's speed
 
@@ -44,6 +52,49 @@ def prior_cost(cost: CostModel, draft_step: float) -> tuple[float, float]:
     0.25
     """
     return max(0.0, (cost.verify(17) - cost.verify(1)) / 16) + draft_step, GUESS_SE
+
+
+def paired_speedup(
+    pairs: Sequence[tuple[Counts, Counts]],
+    cost: tuple[float, float],
+    other: tuple[float, float],
+    z: float,
+) -> Interval | None:
+    """The speedup of variant B over variant A on the same requests: each pair is one
+    request's (tokens, drafted, accepted) under A and under B, ``cost`` and ``other``
+    A's and B's drafted-token cost with its standard error. A prompt that drafts well
+    under one drafts well under the other, so the spread between requests mostly cancels,
+    and so does an error in the cost level both share: the interval is far narrower than
+    either variant's own over the class.
+
+    >>> a, b = (100, 40, 20), (100, 40, 30)
+    >>> rows = [(a, b), (a, b), ((50, 10, 5), (50, 10, 6))]
+    >>> s = paired_speedup(rows, (0.4, 0.0), (0.4, 0.0), 1.64)
+    >>> round(s.value, 3), s.low > 1.0
+    (1.095, True)
+    """
+    rows = [(x, y) for x, y in pairs if x[0] > 0 and x[0] == y[0]]
+    if not rows:
+        return None
+    (c_a, se_a), (c_b, se_b) = cost, other
+    work_a = [n - a + c_a * d for n, d, a in (x for x, _ in rows)]
+    work_b = [n - a + c_b * d for n, d, a in (y for _, y in rows)]
+    if min(work_a) <= 0 or min(work_b) <= 0:
+        return None
+    r, se = ratio_of_sums(work_a, work_b)
+    # d log r / d c: each cost's share of its variant's work per unit of cost
+    share_a = math.fsum(float(x[1]) for x, _ in rows) / math.fsum(work_a)
+    share_b = math.fsum(float(y[1]) for _, y in rows) / math.fsum(work_b)
+    # the smaller error is a level both costs share (the fitted step time, the pooled cost
+    # both are shrunk toward): it moves both, and the ratio only by their shares' difference
+    common = min(se_a, se_b)
+    rel_c = math.hypot(
+        common * (share_a - share_b),
+        math.sqrt(se_a**2 - common**2) * share_a,
+        math.sqrt(se_b**2 - common**2) * share_b,
+    )
+    rel = math.hypot(se / r if math.isfinite(se) else 1.0, rel_c, MIN_REL)
+    return Interval(r, r * math.exp(-z * rel), r * math.exp(z * rel))
 
 
 class Pricing:
@@ -152,6 +203,22 @@ class Pricing:
         if found is not None:
             return found
         return ratio_interval(arm.samples, base.samples, self.z)  # counts price nothing
+
+    def paired(
+        self, state: ClassState, held: str, names: Iterable[str], need: int
+    ) -> dict[str, Interval]:
+        """Each of ``names`` over the ``held`` variant on the class's requests that measured
+        both (``ClassState.pairs``), for those with ``need`` such requests."""
+        names = [n for n in names if n != held]
+        costs = self.costs([held, *names], state.key)
+        out: dict[str, Interval] = {}
+        for name in names:
+            rows = [(row[held], row[name]) for row in state.pairs if held in row and name in row]
+            if len(rows) >= need:
+                found = paired_speedup(rows, costs[held], costs[name], self.z)
+                if found is not None:
+                    out[name] = found
+        return out
 
     def trial_speedup(self, state: ClassState, trial: Trial) -> Interval | None:
         c, c_se = self.costs([trial.variant.name], state.key)[trial.variant.name]

@@ -131,7 +131,18 @@ class Rules:
             if not self._forbidden(state.key, name) and not self.excluded(name)
         }
         held = state.policy.variant if state.policy is not None else None
-        return choose(speedups, min_gain=self.config.guard.min_gain, held=held, allowed=allowed)
+        over_held = (
+            self.pricing.paired(state, held, allowed, self.config.budget.min_trial_requests)
+            if held in speedups
+            else None
+        )
+        return choose(
+            speedups,
+            min_gain=self.config.guard.min_gain,
+            held=held,
+            allowed=allowed,
+            over_held=over_held,
+        )
 
     def clears(self, state: ClassState) -> bool:
         """Whether some measured variant clears the guard in this class."""
