@@ -51,8 +51,14 @@ def test_a_paired_win_moves_a_class_its_own_intervals_keep() -> None:
     assert alone.chosen == "held"  # b's lower bound is below the held one's value
     tie = {"b": Interval(1.03, 0.99, 1.07)}  # the same requests do not resolve it
     assert choose(s, min_gain=1.02, held="held", allowed=set(s), over_held=tie).chosen == "held"
+    assert "closest on the same requests: b, 1.030x [0.990, 1.070] of it" in str(
+        choose(s, min_gain=1.02, held="held", allowed=set(s), over_held=tie).paired
+    )
     win = {"b": Interval(1.03, 1.01, 1.05)}
-    assert choose(s, min_gain=1.02, held="held", allowed=set(s), over_held=win).chosen == "b"
+    moved = choose(s, min_gain=1.02, held="held", allowed=set(s), over_held=win)
+    assert moved.chosen == "b" and moved.paired == (
+        "moved: 1.030x [1.010, 1.050] of held on the same requests"
+    )
     # a paired win of a variant that does not clear the guard moves nothing
     s["b"] = Interval(1.01, 0.99, 1.03)
     assert choose(s, min_gain=1.02, held="held", allowed=set(s), over_held=win).chosen == "held"
@@ -111,4 +117,6 @@ def test_a_near_tie_the_same_requests_resolve_moves_the_class(
             policy = engine.classes[CODE].policy
             assert policy is not None and policy.variant in (HELD, CHALLENGER)
             moved[paired] += policy.variant == CHALLENGER
+            if paired:  # the why says how the two stand on the same requests
+                assert "on the same requests" in policy.reason, policy.reason
     assert moved[False] == 0 and moved[True] >= 7, moved

@@ -75,6 +75,9 @@ class Best:
     chosen: str | None  # the variant that clears the guard (and beats the held one)
     interval: Interval | None  # the chosen one's speedup
     best_any: tuple[float, str] | None  # the fastest measured at all, cleared or not
+    # how the choice stands on the same requests: the chosen one over the variant it
+    # replaced, or (where the class kept its variant) the closest other over it
+    paired: str | None = None
 
 
 def choose(
@@ -115,15 +118,23 @@ def choose(
         if not best or s.low > clearing[best].low:
             best = name
     kept = clearing.get(held) if held is not None else None
+    paired = None
     if held is not None and kept is not None:
-        faster = {
-            name: s for name, s in (over_held or {}).items() if name in clearing and s.low > 1.0
-        }
+        rivals = {n: s for n, s in (over_held or {}).items() if n in clearing and n != held}
+        faster = {n: s for n, s in rivals.items() if s.low > 1.0}
         if faster:
             best = max(faster, key=lambda name: faster[name].value)
+            paired = f"moved: {_of(faster[best])} {held} on the same requests"
         elif not clearing[best].low > kept.value:
             best = held  # a near-tie the same requests do not resolve does not move it
-    return Best(best, clearing[best], best_any)
+            if rivals:
+                rival = max(rivals, key=lambda name: rivals[name].value)
+                paired = f"closest on the same requests: {rival}, {_of(rivals[rival])} it"
+    return Best(best, clearing[best], best_any, paired)
+
+
+def _of(s: Interval) -> str:
+    return f"{s.value:.3f}x [{s.low:.3f}, {s.high:.3f}] of"
 
 
 def measured_policy(
@@ -136,13 +147,16 @@ def measured_policy(
     tokens_per_step: float,
     predicted: float | None,
     now: float,
+    paired: str | None = None,
 ) -> Policy:
-    """The policy of a class whose measured variant cleared the guard."""
+    """The policy of a class whose measured variant cleared the guard (``paired``: how it
+    stands against others on the same requests, ``Best.paired``)."""
+    reason = f"measured {s.value:.2f}x [{s.low:.2f}, {s.high:.2f}] over baseline"
     return Policy(
         class_key=key,
         variant=name,
         speculation=True,
-        reason=f"measured {s.value:.2f}x [{s.low:.2f}, {s.high:.2f}] over baseline",
+        reason=f"{reason}; {paired}" if paired else reason,
         requests=requests,
         alpha=alpha.value if alpha else None,
         alpha_low=alpha.low if alpha else None,

@@ -131,14 +131,17 @@ class Rules:
             if not self._forbidden(state.key, name) and not self.excluded(name)
         }
         held = state.policy.variant if state.policy is not None else None
+        gain = self.config.guard.min_gain
+        # only a variant that clears the guard may move the class: price those alone
+        rivals = {n for n in allowed if speedups[n].low > 1.0 and speedups[n].value >= gain}
         over_held = (
-            self.pricing.paired(state, held, allowed, self.config.budget.min_trial_requests)
-            if held in speedups
+            self.pricing.paired(state, held, rivals, self.config.budget.min_trial_requests)
+            if held in speedups and rivals - {held}
             else None
         )
         return choose(
             speedups,
-            min_gain=self.config.guard.min_gain,
+            min_gain=gain,
             held=held,
             allowed=allowed,
             over_held=over_held,
@@ -168,6 +171,7 @@ class Rules:
                 state.key, name, best.interval, alpha=arm.alpha, requests=arm.requests,
                 tokens_per_step=arm.tokens_per_step,
                 predicted=prior.predicted(name) if prior else None, now=now,
+                paired=best.paired,
             )  # fmt: skip
         predicted = prior.ranked[0][1] if prior and prior.ranked else None
         verdict = (
