@@ -157,10 +157,11 @@ async def test_a_variant_that_fails_before_answering_is_tried_again_without_spec
     """Its preset did not load (a 500 from the router): the request goes once more with
     the routing ``fallback`` gives (no speculation) and is answered; both are recorded."""
     fake.plain_error, fake.plain_error_times = (500, b"model name=ngram-mod failed to load"), 1
-    fallen: list[str] = []
+    fallen: list[tuple[str, str]] = []
 
-    def fallback(variant: str) -> _Routed | None:
-        fallen.append(variant)
+    def fallback(variant: str, request_id: str, reason: str) -> _Routed | None:
+        assert request_id.startswith("req_")
+        fallen.append((variant, reason))
         return None if variant == "none" else _Routed("none", "fallback")
 
     app = create_app(
@@ -180,7 +181,8 @@ async def test_a_variant_that_fails_before_answering_is_tried_again_without_spec
         ("ngram-mod", "exploit", 502), ("none", "fallback", 200),
         ("ngram-mod", "exploit", 502), ("none", "fallback", 502),
     ]  # fmt: skip
-    assert fallen == ["ngram-mod", "ngram-mod"]
+    assert [v for v, _ in fallen] == ["ngram-mod", "ngram-mod"]
+    assert all("failed to load" in reason for _, reason in fallen), fallen
 
 
 @pytest.mark.parametrize("alive", [True, False])
@@ -228,7 +230,7 @@ async def test_a_second_try_that_fails_is_recorded_too(
     upstream = UpstreamClient("http://fake", transport=fake.transport())
     upstream.mark_ready(True)
 
-    def fallback(variant: str) -> _Routed:
+    def fallback(variant: str, request_id: str, reason: str) -> _Routed:
         upstream.mark_ready(False)  # gone between the two tries
         return _Routed("none", "fallback")
 

@@ -42,9 +42,9 @@ def test_a_variant_is_held_only_after_failures_in_a_row_and_a_success_clears_it(
             assert q.blocks("v") and not q.blocks("none")
 
 
-def _record(variant: str, status: int, role: str = "exploit") -> RequestRecord:
+def _record(variant: str, status: int, role: str = "exploit", rid: str = "r") -> RequestRecord:
     error = None if status == 200 else "failed to load"
-    return RequestRecord(id="r", ts=0.0, endpoint="/v1/completions", stream=False,
+    return RequestRecord(id=rid, ts=0.0, endpoint="/v1/completions", stream=False,
                          status=status, proxy_ms=1.0, variant=variant, role=role,
                          class_key=CODE, error=error)  # fmt: skip
 
@@ -65,15 +65,15 @@ def test_a_failing_variant_is_routed_around_and_its_trials_abandoned(tmp_path: P
         service._pool.submit(lambda: None).result()
     chosen = engine.classes[CODE].policy.variant  # type: ignore[union-attr]
     assert chosen != "none"
-    for _ in range(2):
-        service.observe(_record(chosen, 502))
+    for i in range(2):
+        service.observe(_record(chosen, 502, rid=f"r{i}"))
     assert service.quarantine.blocks(chosen)
     engine.refresh()
     routes = [service.route(CODE) for _ in range(50)]
     assert all(r.variant != chosen for r in routes)
     assert engine.classes[CODE].policy.variant != chosen  # type: ignore[union-attr]
-    assert service.fallback(chosen).variant == "none"  # type: ignore[union-attr]
-    assert service.fallback("none") is None
+    assert service.fallback(chosen, "r9", "failed to load").variant == "none"  # type: ignore[union-attr]
+    assert service.fallback("none", "r9", "x") is None
     assert service.save()
     import json
 
@@ -104,10 +104,27 @@ def test_a_trial_of_a_quarantined_variant_is_abandoned(tmp_path: Path) -> None:
 def test_only_server_side_failures_count(tmp_path: Path, status: int) -> None:
     caps = parse_capabilities(HELP.read_text())
     service = TuningService(partial(make, tmp_path, config(), caps), tmp_path, {"model_key": "m"})
-    for _ in range(3):
-        service.observe(_record("ngram-mod", status))
+    for i in range(3):
+        service.observe(_record("ngram-mod", status, rid=f"r{i}"))
     assert service.quarantine.blocks("ngram-mod") == (status == 502)
     service.observe(_record("ngram-mod", 400))  # the client's fault: not the variant's
+
+
+def test_a_failure_counts_as_the_request_falls_back_and_once(tmp_path: Path) -> None:
+    """The proxy reports a failed variant as it sends the request again, before the record
+    of it lands: the next request already routes around it; each record counts no more."""
+    caps = parse_capabilities(HELP.read_text())
+    service = TuningService(partial(make, tmp_path, config(), caps), tmp_path, {"model_key": "m"})
+    for rid in ("a", "b"):
+        service.fallback("ngram-mod", rid, "status 500")
+        assert service.quarantine.blocks("ngram-mod") == (rid == "b")
+    service.observe(_record("ngram-mod", 502, rid="a"))
+    service.observe(_record("ngram-mod", 502, rid="b"))
+    assert service.quarantine.describe()["ngram-mod"]["reason"] == "failed to load"
+    assert service.quarantine.describe()["ngram-mod"]["episodes"] == 1
+    service.quarantine.clock = lambda: 1e12  # over: one new failure starts the next one
+    service.observe(_record("ngram-mod", 502, rid="c"))
+    assert service.quarantine.describe()["ngram-mod"]["episodes"] == 2
 
 
 def test_a_preset_the_router_is_reloading_is_routed_around(tmp_path: Path) -> None:

@@ -73,7 +73,8 @@ class Routing(Protocol):
 
 Router = Callable[[str | None], Routing]
 # a routed request's variant failed on the server: the routing for a second try, or None
-Fallback = Callable[[str], Routing | None]
+# (given the variant, the request's id and the error's message)
+Fallback = Callable[[str, str, str], Routing | None]
 
 
 class Service(Protocol):
@@ -238,7 +239,9 @@ class _Handlers:
         to send it again with; None otherwise."""
         if self.fallback is None or trace.variant is None or isinstance(response, RelayResponse):
             return None
-        return self.fallback(trace.variant) if response.status_code >= 500 else None
+        if response.status_code < 500:
+            return None
+        return self.fallback(trace.variant, trace.request_id, _message(response))
 
     def _retrace(self, failed: Trace, body: dict[str, Any]) -> Trace:
         """A new trace for the second try (the failed one is recorded as it was)."""
@@ -296,6 +299,15 @@ class _Handlers:
             status_code=503,
             headers={"retry-after": "2"},
         )
+
+
+def _message(response: Response) -> str:
+    """An error answer's message (OpenAI-shaped), else its status."""
+    try:
+        found = json.loads(bytes(response.body))["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        found = None
+    return found if isinstance(found, str) else f"status {response.status_code}"
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

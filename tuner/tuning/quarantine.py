@@ -33,10 +33,12 @@ class Quarantine:
     _episodes: dict[str, int] = field(default_factory=dict)
     _until: dict[str, float] = field(default_factory=dict)
     _reason: dict[str, str] = field(default_factory=dict)
+    _counted: dict[str, str] = field(default_factory=dict)  # the last request counted
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def failed(self, variant: str, reason: str) -> bool:
-        """Count one server-side failure; True when it starts a quarantine.
+    def failed(self, variant: str, reason: str, request_id: str | None = None) -> bool:
+        """Count one server-side failure; True when it starts a quarantine. A request is
+        counted once: the proxy reports it as it falls back, its record again later.
 
         >>> q = Quarantine(clock=lambda: 100.0)
         >>> q.failed("v", "failed to load"), q.failed("v", "failed to load"), q.blocks("v")
@@ -46,12 +48,19 @@ class Quarantine:
         >>> q.clock = lambda: 131.0  # over; tried again, it fails once: twice as long
         >>> q.failed("v", "crashed"), q.describe()["v"]["until"]
         (True, 191.0)
+        >>> q.clock = lambda: 200.0
+        >>> q.failed("w", "a", "r1"), q.failed("w", "b", "r1"), q.failed("w", "c", "r2")
+        (False, False, True)
         """
         if variant == BASELINE.name:
             return False
         with self._lock:
+            self._reason[variant] = reason[:300]  # the record's reason says more
+            if request_id is not None:
+                if self._counted.get(variant) == request_id:
+                    return False
+                self._counted[variant] = request_id
             count = self._failures[variant] = self._failures.get(variant, 0) + 1
-            self._reason[variant] = reason[:300]
             # once quarantined, and not cleared by a success since, one failure is enough
             needed = 1 if self._episodes.get(variant) else self.after
             if count < needed or self._blocked(variant):

@@ -120,11 +120,13 @@ class TuningService:
             decision = Decision(BASELINE.name, "fallback", policy_class=decision.policy_class)
         return self.routed(decision)
 
-    def fallback(self, variant: str) -> Routed | None:
+    def fallback(self, variant: str, request_id: str, reason: str) -> Routed | None:
         """The second try for a request whose variant failed on the server before answering:
-        no speculation (None when that is what failed)."""
+        no speculation (None when that is what failed). The failure counts now, not when its
+        record lands, so the next request already routes around a variant that cannot load."""
         if variant == BASELINE.name:
             return None
+        self._failed(variant, reason, request_id)
         return self.routed(Decision(BASELINE.name, "fallback"))
 
     def routed(self, decision: Decision) -> Routed:
@@ -137,14 +139,17 @@ class TuningService:
     def observe(self, record: RequestRecord) -> None:
         variant = record.variant
         if variant is not None and record.status >= 500:
-            if self.quarantine.failed(variant, record.error or f"status {record.status}"):
-                self._submit(self.engine.refresh)  # classes choose among the others
+            self._failed(variant, record.error or f"status {record.status}", record.id)
         elif variant is not None and record.status == 200 and not record.error:
             self.quarantine.succeeded(variant)
         if self.single is not None:
             self.single.observe(record)
         else:
             self.engine.observe(record)
+
+    def _failed(self, variant: str, reason: str, request_id: str) -> None:
+        if self.quarantine.failed(variant, reason, request_id):
+            self._submit(self.engine.refresh)  # classes choose among the others
 
     # -- background -------------------------------------------------------------------
 
