@@ -35,6 +35,7 @@ __all__ = [
     "Row",
     "alpha_interval",
     "count_speedup",
+    "log_interval",
     "ratio_of_sums",
 ]
 
@@ -89,10 +90,19 @@ def count_speedup(counts: Sequence[Counts], c: float, c_se: float, z: float) -> 
         return None
     r, se = ratio_of_sums([float(n) for n, _, _ in rows], work)
     drafted = math.fsum(float(d) for _, d, _ in rows)
-    rel_c = c_se * drafted / math.fsum(work)  # d log r / d c = -sum d / sum work
+    return log_interval(r, se, c_se * drafted / math.fsum(work), z)  # d log r / d c
+
+
+def log_interval(r: float, se: float, rel_c: float, z: float) -> Interval:
+    """A ratio of sums ``r`` (standard error ``se`` from the spread between requests) with
+    a cost's relative error ``rel_c``: symmetric in log, never narrower than ``MIN_REL``.
+
+    >>> s = log_interval(2.0, 0.0, 0.0, 1.0)
+    >>> round(s.low * s.high, 6), round(s.high / s.value, 4)
+    (4.0, 1.0101)
+    """
     rel = math.hypot(se / r if math.isfinite(se) else 1.0, rel_c, MIN_REL)
-    half = z * rel
-    return Interval(r, r * math.exp(-half), r * math.exp(half))
+    return Interval(r, r * math.exp(-z * rel), r * math.exp(z * rel))
 
 
 def alpha_interval(pairs: Sequence[tuple[int, ...]], z: float) -> Interval | None:

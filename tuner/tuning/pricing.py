@@ -20,11 +20,11 @@ from tuner.measure import Interval, ratio_interval
 from tuner.model.speedup import CostModel
 from tuner.tuning.counts import (
     GUESS_SE,
-    MIN_REL,
     Calibration,
     Counts,
     Row,
     count_speedup,
+    log_interval,
     ratio_of_sums,
 )
 from tuner.tuning.evidence import SAMPLED, Arm, ClassState, Trial, levels, under
@@ -93,8 +93,7 @@ def paired_speedup(
         math.sqrt(se_a**2 - common**2) * share_a,
         math.sqrt(se_b**2 - common**2) * share_b,
     )
-    rel = math.hypot(se / r if math.isfinite(se) else 1.0, rel_c, MIN_REL)
-    return Interval(r, r * math.exp(-z * rel), r * math.exp(z * rel))
+    return log_interval(r, se, rel_c, z)
 
 
 class Pricing:
@@ -183,15 +182,25 @@ class Pricing:
         within = functools.partial(under, key) if key is not None and key != ROOT else None
         return self.calibration.costs(variants, self.baseline_speed, within)
 
-    def speedups(self, state: ClassState, base: Arm, need: int) -> dict[str, Interval]:
-        """Each speculative variant's speedup in a class, for arms of ``need`` requests
-        (served or replayed)."""
-        arms = {
+    def priced(self, state: ClassState, need: int) -> dict[str, Arm]:
+        """A class's speculative arms of ``need`` requests (served or replayed)."""
+        return {
             name: arm
             for name, arm in state.arms.items()
             if name != BASELINE.name and name in self.variants and arm.known >= need
         }
-        costs = self.costs(arms, state.key)
+
+    def speedups(
+        self,
+        state: ClassState,
+        base: Arm,
+        need: int,
+        costs: Mapping[str, tuple[float, float]] | None = None,
+    ) -> dict[str, Interval]:
+        """Each speculative variant's speedup in a class, for arms of ``need`` requests
+        (``costs``: their drafted tokens' in the class, when the caller has them)."""
+        arms = self.priced(state, need)
+        costs = costs if costs is not None else self.costs(arms, state.key)
         return {n: self.arm_speedup(state.key, n, arm, base, costs[n]) for n, arm in arms.items()}
 
     def arm_speedup(
@@ -205,12 +214,17 @@ class Pricing:
         return ratio_interval(arm.samples, base.samples, self.z)  # counts price nothing
 
     def paired(
-        self, state: ClassState, held: str, names: Iterable[str], need: int
+        self,
+        state: ClassState,
+        held: str,
+        names: Iterable[str],
+        need: int,
+        costs: Mapping[str, tuple[float, float]],
     ) -> dict[str, Interval]:
         """Each of ``names`` over the ``held`` variant on the class's requests that measured
-        both (``ClassState.pairs``), for those with ``need`` such requests."""
+        both (``ClassState.pairs``), for those with ``need`` such requests (``costs``: the
+        class's drafted-token costs of all of them, as ``costs`` gives)."""
         names = [n for n in names if n != held]
-        costs = self.costs([held, *names], state.key)
         out: dict[str, Interval] = {}
         for name in names:
             rows = [(row[held], row[name]) for row in state.pairs if held in row and name in row]

@@ -124,7 +124,10 @@ class Rules:
         base = self.pricing.base(state)
         if base is None:
             return Best(None, None, None)
-        speedups = self.pricing.speedups(state, base, self.config.budget.min_trial_requests)
+        need = self.config.budget.min_trial_requests
+        # one pricing of the drafted tokens serves both the intervals and the paired check
+        costs = self.pricing.costs(self.pricing.priced(state, need), state.key)
+        speedups = self.pricing.speedups(state, base, need, costs)
         allowed = {
             name
             for name in speedups
@@ -135,7 +138,7 @@ class Rules:
         # only a variant that clears the guard may move the class: price those alone
         rivals = {n for n in allowed if speedups[n].low > 1.0 and speedups[n].value >= gain}
         over_held = (
-            self.pricing.paired(state, held, rivals, self.config.budget.min_trial_requests)
+            self.pricing.paired(state, held, rivals, need, costs)
             if held in speedups and rivals - {held}
             else None
         )
