@@ -231,7 +231,7 @@ class Calibration:
         came first (the requests of one class and variant, often with the same counts, fit
         nothing alone, and a fit from a few of them capped the rest: 2.3x too fast)."""
         rows = list(rows)
-        reference = cls(prior, prior_se)
+        reference = cls(prior, prior_se, dict(lengths or {}))
         for row in rows:
             reference._add(*row, fit=None)
         out = cls(prior, prior_se, dict(lengths or {}))
@@ -258,34 +258,44 @@ class Calibration:
         if n <= 0 or not math.isfinite(seconds) or seconds <= 0:
             return
         step_variant = None if d <= 0 else variant
-        self._add_step(step_variant, float(n - a), float(max(d, 0)), seconds, fit)
+        seconds = self._add_step(step_variant, float(n - a), float(max(d, 0)), seconds, fit)
         if d > 0:
             self.raw.setdefault((class_key, variant), _Raw()).add(seconds, float(n - a), float(d))
 
     def _add_step(
         self, variant: str | None, m: float, d: float, seconds: float, fit: Calibration | None
-    ) -> None:
-        """One request for the step-time fit. A request far slower than ``fit`` expects
-        (the machine stalled it: a router loading another instance on a 2-core machine took
-        3.5x) would pull an unweighted fit by itself, so once that fit stands its time counts
-        at most ``STALL`` times the expected one (at the recent median of time over expected
-        time)."""
+    ) -> float:
+        """One request for the step-time fit; the time it counts. A request far slower than
+        ``fit`` expects (the machine stalled it: a router loading another instance on a
+        2-core machine took 3.5x) would pull an unweighted fit by itself, and the drafted
+        token's cost of a variant that is then not served again for good, so once that fit
+        stands its time counts at most ``STALL`` times the expected one (at the recent
+        median of time over expected time)."""
         expected = fit._expected(variant, m, d) if fit is not None else None
         if expected is not None:
             if len(self.per_step) >= 8:
                 seconds = min(seconds, STALL * statistics.median(self.per_step) * expected)
             self.per_step.append(seconds / expected)
         self.steps.setdefault(variant, _Raw()).add(seconds, m, d)
+        return seconds
 
     def _expected(self, variant: str | None, m: float, d: float) -> float | None:
         """The fit's decode time for ``m`` steps and ``d`` drafts of a variant; None before
-        the fit stands or the variant (or, for a request that drafted nothing, the plain
-        ones) has ``STALL_OWN`` requests of its own: a cap from another variant's cost
-        would clip a dearer one's every request, and its cost would never catch up."""
+        the fit stands. Its cost per draft is its own once it has ``STALL_OWN`` requests;
+        before, an n-gram type's is what it is priced at now (its length's cost, by the
+        others): one stalled early request of a variant not served again would otherwise
+        price it out for good. Other types wait for their own requests, as plain requests
+        do for plain ones: a draft model's cost is not an n-gram's, and a cap from a cheaper
+        cost would clip a dearer variant's every request, so its cost never caught up."""
         tau, own = self.step_time(), self.steps.get(variant)
-        if tau is None or own is None or own.n < STALL_OWN:
+        if tau is None:
             return None
-        kappa = max(0.0, (own.td - tau * own.md) / own.dd) if own.dd > 0 else 0.0
+        if own is not None and own.n >= STALL_OWN:
+            kappa = max(0.0, (own.td - tau * own.md) / own.dd) if own.dd > 0 else 0.0
+        elif variant is None or variant not in self.lengths:
+            return None
+        else:
+            kappa = tau * self.costs([variant], lambda _: 1.0 / tau)[variant][0]
         expected = tau * m + kappa * d
         return expected if expected > 0 else None
 
