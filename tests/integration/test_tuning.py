@@ -229,12 +229,16 @@ def test_replays_give_the_servers_counts_and_measure_the_other_variants(tmp_path
     items = load_workload(Path(__file__).parents[2] / "tuner" / "data" / "dev.jsonl")
     greedy = [i for i in items if i.temperature == 0][:8]
     running = start_daemon(state, env=env)
+    reported = []  # what the server said of each whole answer: (tokens, drafted, accepted)
     try:
         for n, item in enumerate(greedy):
             path, body = item.request(48)
             body["stream"] = n % 2 == 1
             response = _send(running.url, (path, body))
             assert response.headers["x-spec-variant"] == "ngram-simple.n3.m16"
+            if not body["stream"]:
+                t = response.json()["timings"]
+                reported.append([t["predicted_n"], t["draft_n"], t["draft_n_accepted"]])
         for _ in range(150):  # the replays run after the answers, on their own thread
             text = httpx.get(running.url + "/metrics", timeout=10).text
             if _metric(text, "tuner_counterfactual_replays_total") >= len(greedy):
@@ -257,6 +261,14 @@ def test_replays_give_the_servers_counts_and_measure_the_other_variants(tmp_path
     assert replayed == len(greedy)
     served = classes["all"]["arms"]["ngram-simple.n3.m16"]
     assert served["requests"] == len(greedy) and served.get("replayed", 0) == 0
+    # each replayed request side by side (the guard's paired comparison): the served
+    # variant's counts are the server's, the other's the replay's, of the same tokens
+    rows = classes["all"]["pairs"]
+    assert len(rows) == len(greedy)
+    assert all(set(r) == {"ngram-simple.n3.m16", "ngram-simple.n12.m16"} for r in rows), rows
+    assert all(r["ngram-simple.n3.m16"][0] == r["ngram-simple.n12.m16"][0] for r in rows)
+    served_rows = [r["ngram-simple.n3.m16"] for r in rows]
+    assert all(counts in served_rows for counts in reported), (reported, served_rows)
 
 
 def test_a_fitted_baseline_runs_without_controls_on_real_llama_server(tmp_path: Path) -> None:
