@@ -87,8 +87,9 @@ def test_an_instance_killed_mid_stream_or_mid_request_is_an_error_the_sdk_sees(
     """kill -9 of the instance that is answering: a streamed answer ends with an
     ``upstream_disconnected`` event that the ``openai`` SDK raises; a whole answer, nothing
     of which went back yet, is sent again without speculation and answered; both failures
-    are recorded, and the next request is answered in full (the router loads the preset
-    again)."""
+    are recorded. Two failures in a row quarantine the variant at once (the second counted
+    as the request falls back), so the next request goes without speculation and is
+    answered in full."""
     running = _pinned(tmp_path)
     client = openai.OpenAI(api_key="unused", base_url=running.v1, max_retries=0, timeout=120)
     warm = client.completions.create(model="x", prompt=PROMPT, max_tokens=8)
@@ -110,14 +111,17 @@ def test_an_instance_killed_mid_stream_or_mid_request_is_an_error_the_sdk_sees(
     raw = client.completions.with_raw_response.create(model="x", prompt=PROMPT, max_tokens=400)
     assert raw.headers["x-spec-variant"] == "none" and raw.headers["x-spec-role"] == "fallback"
     assert raw.parse().choices[0].text  # answered in full on the second try
-    after = client.completions.create(model="x", prompt=PROMPT, max_tokens=16)
-    assert after.usage is not None and after.usage.completion_tokens == 16
+    after = client.completions.with_raw_response.create(model="x", prompt=PROMPT, max_tokens=16)
+    assert after.headers["x-spec-role"] == "fallback"  # quarantined: no third try of it
+    assert after.parse().usage.completion_tokens == 16  # type: ignore[union-attr]
     time.sleep(1.0)  # records are written off the request path
     records = _records(running)
     failed = [r for r in records if r.get("error")]
     assert [r["status"] for r in failed] == [502, 502], failed
     assert "middle of the answer" in str(failed[0]["error"])
-    assert [r["role"] for r in records if r["role"] == "fallback"] == ["fallback"]
+    assert [r["role"] for r in records if r["role"] == "fallback"] == ["fallback"] * 2
+    metrics = httpx.get(running.url + "/metrics", timeout=5).text
+    assert 'tuner_variant_quarantined{reason="' in metrics and PINNED in metrics
     assert records[-1]["status"] == 200 and not records[-1].get("error")
     assert httpx.get(running.url + "/ready", timeout=5).status_code == 200
     client.close()
