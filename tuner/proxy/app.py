@@ -241,7 +241,8 @@ class _Handlers:
             return None
         if response.status_code < 500:
             return None
-        return self.fallback(trace.variant, trace.request_id, _message(response))
+        reason = trace.error or f"status {response.status_code}"
+        return self.fallback(trace.variant, trace.request_id, reason)
 
     def _retrace(self, failed: Trace, body: dict[str, Any]) -> Trace:
         """A new trace for the second try (the failed one is recorded as it was)."""
@@ -299,15 +300,6 @@ class _Handlers:
             status_code=503,
             headers={"retry-after": "2"},
         )
-
-
-def _message(response: Response) -> str:
-    """An error answer's message (OpenAI-shaped), else its status."""
-    try:
-        found = json.loads(bytes(response.body))["error"]["message"]
-    except (ValueError, KeyError, TypeError):
-        found = None
-    return found if isinstance(found, str) else f"status {response.status_code}"
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

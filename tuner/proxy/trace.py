@@ -48,6 +48,7 @@ class Trace:
     trial: int | None = None
     wait_ms: float | None = None
     finished: bool = False
+    error: str | None = None  # what it finished with, for the second try's caller
     # Counterfactual replays: who gets the answered request (with its body and text)
     keep: Keep | None = None
     request_body: dict[str, Any] | None = None
@@ -72,7 +73,7 @@ class Trace:
         """Hand the record over (once); building it and its log line happens off the loop."""
         if self.finished:
             return
-        self.finished = True
+        self.finished, self.error = True, error
         self.records.submit(partial(self._build, time.perf_counter(), status, error, timings, body))
 
     def _build(

@@ -230,11 +230,11 @@ class Calibration:
         judges each against the fit of all of them, uncapped, not against a fit of whichever
         came first (the requests of one class and variant, often with the same counts, fit
         nothing alone, and a fit from a few of them capped the rest: 2.3x too fast)."""
-        rows = list(rows)
-        reference = cls(prior, prior_se, dict(lengths or {}))
+        rows, lengths = list(rows), dict(lengths or {})
+        reference = cls(prior, prior_se, lengths)
         for row in rows:
             reference._add(*row, fit=None)
-        out = cls(prior, prior_se, dict(lengths or {}))
+        out = cls(prior, prior_se, lengths)
         for row in rows:
             out._add(*row, fit=reference)
         return out
@@ -267,10 +267,10 @@ class Calibration:
     ) -> float:
         """One request for the step-time fit; the time it counts. A request far slower than
         ``fit`` expects (the machine stalled it: a router loading another instance on a
-        2-core machine took 3.5x) would pull an unweighted fit by itself, and the drafted
-        token's cost of a variant that is then not served again for good, so once that fit
-        stands its time counts at most ``STALL`` times the expected one (at the recent
-        median of time over expected time)."""
+        2-core machine took 3.5x) would pull an unweighted fit by itself, and would set its
+        variant's drafted-token cost for good if that variant is not served again; so once
+        that fit stands its time counts at most ``STALL`` times the expected one (at the
+        recent median of time over expected time), in both."""
         expected = fit._expected(variant, m, d) if fit is not None else None
         if expected is not None:
             if len(self.per_step) >= 8:
