@@ -39,9 +39,11 @@ def report(name: str) -> str:
     )
     echo_table = markdown_table(
         ["expected \\ got", "echo", "fresh"],
-        [["echo", echo[(True, True)], echo[(True, False)]],
-         ["fresh", echo[(False, True)], echo[(False, False)]]],
-    )  # fmt: skip
+        [
+            ["echo", echo[(True, True)], echo[(True, False)]],
+            ["fresh", echo[(False, True)], echo[(False, False)]],
+        ],
+    )
     return (
         f"### {name}: {len(rows)} prompts\n\ncontent type {right}/{len(rows)} "
         f"({right / len(rows):.0%}), echo {echo_right}/{len(rows)} "

@@ -18,23 +18,23 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from benchmarks.common import run_main, usable
-from tuner.bench.rows import BASELINE, PEER_BASELINE, is_peer
+from tuner.bench.rows import BASELINE_ARM, PEER_BASELINE, is_peer
 
 
 def baseline_of(arm: str) -> str:
-    return PEER_BASELINE if is_peer(arm) else BASELINE
+    return PEER_BASELINE if is_peer(arm) else BASELINE_ARM
 
 
 def draft_costs(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Each speculative arm's counts per token and cost per drafted token (see the module)."""
     base: dict[str, dict[int, Mapping[str, Any]]] = defaultdict(dict)
     for row in rows:
-        if row["arm"] in (BASELINE, PEER_BASELINE) and usable(dict(row)):
+        if row["arm"] in (BASELINE_ARM, PEER_BASELINE) and usable(dict(row)):
             base[row["arm"]].setdefault(int(row["item"]), row)
     sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
     for row in rows:
         plain = base[baseline_of(str(row["arm"]))].get(int(row["item"]))
-        if row["arm"] in (BASELINE, PEER_BASELINE) or plain is None or not usable(dict(row)):
+        if row["arm"] in (BASELINE_ARM, PEER_BASELINE) or plain is None or not usable(dict(row)):
             continue
         step_ms = float(plain["ms"]) / float(plain["tokens"])
         total = sums[str(row["arm"])]

@@ -32,7 +32,7 @@ from benchmarks.common import emit
 from tests.pg_server import PgServer
 from tuner.fleet.ledger import Ledger
 from tuner.fleet.sync import FleetSync
-from tuner.tuning import pooling
+from tuner.tuning.runtime import events as pooling
 
 SYNC_S = 2.0
 VARIANTS = [f"ngram-simple.n{n}.m{m}" for n in (3, 6) for m in (8, 16, 48)]
@@ -53,8 +53,9 @@ class Counter:
         return self.lock
 
 
-def daemon(url: str, scope: str, i: int, rate: float, stop: threading.Event,
-           latencies: list[float]) -> FleetSync:  # fmt: skip
+def daemon(
+    url: str, scope: str, i: int, rate: float, stop: threading.Event, latencies: list[float]
+) -> FleetSync:
     sync = FleetSync(Ledger(url), scope, f"sim-{i}:/state")
     engine = Counter()
     next_sync = time.monotonic() + SYNC_S * (i % 10) / 10  # not all at once
@@ -96,10 +97,11 @@ def run(url: str, daemons: int, rate: float, seconds: float) -> dict[str, Any]:
     latencies: list[float] = []
     syncs: list[FleetSync] = []
     threads = [
-        threading.Thread(target=lambda i=i: syncs.append(
-            daemon(url, scope, i, rate, stop, latencies)))
+        threading.Thread(
+            target=lambda i=i: syncs.append(daemon(url, scope, i, rate, stop, latencies))
+        )
         for i in range(daemons)
-    ]  # fmt: skip
+    ]
     cpu0, own0, t0 = pg_cpu(), time.process_time(), time.monotonic()
     for t in threads:
         t.start()
@@ -135,11 +137,12 @@ def trial_cost(url: str, trials: int = 20) -> dict[str, float]:
     rows written, from ``pg_stat_database`` around ``trials`` of them on a shared study."""
     import psycopg
 
-    from tuner.tuning.studies import StudyBook
+    from tuner.tuning.search.studies import StudyBook
 
     space = {"ngram-simple": {"size_n": [3, 6, 12], "size_m": [8, 16, 48]}}
     book = StudyBook(url, f"trial-cost-{time.time_ns()}")
-    book.ask("code", space)  # the study and Optuna's tables exist before counting
+    study = book.open("code", space)  # the study and Optuna's tables exist before counting
+    study.next()
 
     def stats() -> tuple[int, int]:
         with psycopg.connect(url, autocommit=True) as conn:
@@ -157,12 +160,14 @@ def trial_cost(url: str, trials: int = 20) -> dict[str, float]:
 
     x0, w0 = stats()
     for _ in range(trials):
-        number, _ = book.ask("code", space)
-        book.tell("code", space, number, 1.1)
+        number, _ = study.next()
+        study.tell(number, 1.1)
     x1, w1 = stats()
     book.close()
-    return {"transactions_per_trial": round((x1 - x0 - 2) / trials, 1),
-            "rows_written_per_trial": round((w1 - w0) / trials, 1)}  # fmt: skip
+    return {
+        "transactions_per_trial": round((x1 - x0 - 2) / trials, 1),
+        "rows_written_per_trial": round((w1 - w0) / trials, 1),
+    }
 
 
 def main() -> None:

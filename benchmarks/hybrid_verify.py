@@ -46,15 +46,18 @@ from tuner.calibrate import decode_step_ms, temporary_server, verify_curve  # no
 from tuner.model.envelope import cost_model_from_facts  # noqa: E402
 from tuner.model.gguf_facts import read_facts  # noqa: E402
 from tuner.model.speedup import CostModel, interpolated_curve, speedup  # noqa: E402
-from tuner.model.synth import SynthSpec, default_vocab, write_moe  # noqa: E402
+from tuner.model.synth import SynthSpec, write_moe  # noqa: E402
 from tuner.model.synth_hybrid import HybridShape, write_qwen35moe  # noqa: E402
 from tuner.settings import load_settings  # noqa: E402
 from tuner.upstream.launch import prepare  # noqa: E402
+from tuner.upstream.provision import default_vocab  # noqa: E402
 
-TINY = SynthSpec(experts=16, active=4, layers=4, hidden=256, expert_ffn=128, heads=4,
-                 kv_heads=2, head_dim=64)  # fmt: skip
-A3B = SynthSpec(experts=64, active=8, layers=40, hidden=2048, expert_ffn=512, heads=16,
-                kv_heads=2, head_dim=256)  # fmt: skip
+TINY = SynthSpec(
+    experts=16, active=4, layers=4, hidden=256, expert_ffn=128, heads=4, kv_heads=2, head_dim=64
+)
+A3B = SynthSpec(
+    experts=64, active=8, layers=40, hidden=2048, expert_ffn=512, heads=16, kv_heads=2, head_dim=256
+)
 SCALES = {
     "tiny": (TINY, HybridShape(state_size=32, key_heads=2, value_heads=4, shared_ffn=128)),
     "a3b": (A3B, HybridShape(state_size=128, key_heads=16, value_heads=32, shared_ffn=512)),
@@ -119,18 +122,29 @@ async def measure(scale: str, repeats: int, twin: bool, out: Path | None) -> dic
     rows = result["mtp_forced_acceptance"] = []
     for alpha, gamma in MTP_CASES:
         rates = ",".join(f"{alpha ** (i + 1):.4f}" for i in range(gamma))
-        flags = ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(gamma),
-                 "--spec-draft-p-min", "0", "--spec-synth-rates", rates]  # fmt: skip
+        flags = [
+            "--spec-type",
+            "draft-mtp",
+            "--spec-draft-n-max",
+            str(gamma),
+            "--spec-draft-p-min",
+            "0",
+            "--spec-synth-rates",
+            rates,
+        ]
         async with run(hybrid, flags, "hybrid-mtp") as client:
             got = await _tok_s(client)
-        rows.append({
-            "alpha": alpha, "gamma": gamma,
-            "alpha_measured": round(got["accepted"] / max(got["drafted"], 1), 3),
-            "speedup_measured": round(got["tok_s"] / plain["tok_s"], 3),
-            "predicted_model": round(speedup(alpha, gamma, model), 3),
-            "predicted_model_measured_curve": round(speedup(alpha, gamma, measured_model), 3),
-            "predicted_leviathan_measured_curve": round(speedup(alpha, gamma, leviathan), 3),
-        })  # fmt: skip
+        rows.append(
+            {
+                "alpha": alpha,
+                "gamma": gamma,
+                "alpha_measured": round(got["accepted"] / max(got["drafted"], 1), 3),
+                "speedup_measured": round(got["tok_s"] / plain["tok_s"], 3),
+                "predicted_model": round(speedup(alpha, gamma, model), 3),
+                "predicted_model_measured_curve": round(speedup(alpha, gamma, measured_model), 3),
+                "predicted_leviathan_measured_curve": round(speedup(alpha, gamma, leviathan), 3),
+            }
+        )
         print(f"mtp alpha={alpha} gamma={gamma}: {rows[-1]}", file=sys.stderr, flush=True)
         emit(result, out, quiet=True)
     if twin:

@@ -101,8 +101,14 @@ async def _client(
 
 
 async def _load(url: str, clients: int, seconds: float) -> tuple[dict[str, Any], list[float]]:
-    out: dict[str, Any] = {"ok": 0, "truncated": 0, "error_events": 0, "status": {},
-                           "transport": [], "bodies": []}  # fmt: skip
+    out: dict[str, Any] = {
+        "ok": 0,
+        "truncated": 0,
+        "error_events": 0,
+        "status": {},
+        "transport": [],
+        "bodies": [],
+    }
     ttft: list[float] = []
     until = time.monotonic() + seconds
     await asyncio.gather(*(_client(url, i, until, out, ttft) for i in range(clients)))

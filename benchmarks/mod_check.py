@@ -1,4 +1,4 @@
-"""How close is the replay of ``ngram-mod`` (``tuner.tuning.shadow.ModDrafter``) to the server?
+"""How close is the replay of ``ngram-mod`` (``replay.drafters.ModDrafter``) to the server?
 
 ``ngram-mod`` keeps its table across requests, so the order matters: each variant's
 llama-server (one slot) answers the workload's prompts in order, ``--passes`` times
@@ -28,7 +28,7 @@ from benchmarks.common import emit
 from benchmarks.shadow_check import answers
 from tuner.bench.schedule import tuner_stream
 from tuner.settings import Settings
-from tuner.tuning.shadow import ModDrafter
+from tuner.tuning.replay.drafters import ModDrafter
 from tuner.upstream.launch import default_model_path
 from tuner.upstream.provision import locate_llama_server
 from tuner.workload import load_workload
@@ -44,8 +44,16 @@ def flags(variant: tuple[int, int, int] | None) -> list[str]:
     if variant is None:
         return []
     n_match, n_max, n_min = variant
-    return ["--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", str(n_match),
-            "--spec-ngram-mod-n-max", str(n_max), "--spec-ngram-mod-n-min", str(n_min)]  # fmt: skip
+    return [
+        "--spec-type",
+        "ngram-mod",
+        "--spec-ngram-mod-n-match",
+        str(n_match),
+        "--spec-ngram-mod-n-max",
+        str(n_max),
+        "--spec-ngram-mod-n-min",
+        str(n_min),
+    ]
 
 
 def _triple(text: str) -> tuple[int, int, int]:
@@ -80,8 +88,16 @@ def main() -> None:
         order = [items[i] for i in stream]
     servers = {"none": flags(None)} | {_name(v): flags(v) for v in variants}
     temperature = None if args.item_sampling else args.temperature
-    runs = answers(binary, model, servers, order, args.max_tokens, temperature,
-                   slots=args.slots, cache_prompt=args.cache_prompt)  # fmt: skip
+    runs = answers(
+        binary,
+        model,
+        servers,
+        order,
+        args.max_tokens,
+        temperature,
+        slots=args.slots,
+        cache_prompt=args.cache_prompt,
+    )
     result: dict[str, Any] = {
         "max_tokens": args.max_tokens,
         "temperature": "per item" if temperature is None else temperature,

@@ -36,24 +36,31 @@ from tuner.calibrate import decode_step_ms, post_json, temporary_server, verify_
 from tuner.model.envelope import cost_model_from_facts  # noqa: E402
 from tuner.model.gguf_facts import read_facts  # noqa: E402
 from tuner.model.speedup import CostModel, interpolated_curve, speedup  # noqa: E402
-from tuner.model.synth import SynthSpec, default_vocab, write_moe  # noqa: E402
+from tuner.model.synth import SynthSpec, write_moe  # noqa: E402
 from tuner.settings import load_settings  # noqa: E402
 from tuner.upstream.launch import prepare  # noqa: E402
+from tuner.upstream.provision import default_vocab  # noqa: E402
 
 NS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64)
 CASES = [(0.5, 4), (0.7, 4), (0.7, 8), (0.8, 4), (0.8, 8), (0.9, 8), (0.9, 16)]
 
 
 SYNTH_CASES = [(0.6, 2), (0.6, 4), (0.8, 2), (0.8, 4), (0.8, 8), (0.95, 8)]
-DRAFT = SynthSpec(experts=2, active=1, layers=2, hidden=256, expert_ffn=512, heads=4,
-                  kv_heads=2, head_dim=64)  # fmt: skip
+DRAFT = SynthSpec(
+    experts=2, active=1, layers=2, hidden=256, expert_ffn=512, heads=4, kv_heads=2, head_dim=64
+)
 
 
 async def _tok_s(client: Any, n: int = 128) -> dict[str, float]:
     out = []
     for seed in (1, 2):
-        body = {"prompt": f"{seed}. Once upon a time", "n_predict": n, "ignore_eos": True,
-                "temperature": 0, "cache_prompt": False}  # fmt: skip
+        body = {
+            "prompt": f"{seed}. Once upon a time",
+            "n_predict": n,
+            "ignore_eos": True,
+            "temperature": 0,
+            "cache_prompt": False,
+        }
         out.append((await post_json(client, "/completion", body))["timings"])
     tokens = sum(t["predicted_n"] for t in out)
     return {
@@ -81,19 +88,34 @@ async def synthetic_acceptance(
         rows = []
         for alpha, gamma in SYNTH_CASES:
             rates = ",".join(f"{alpha ** (i + 1):.4f}" for i in range(gamma))
-            flags = ["--spec-type", "draft-simple", "-md", str(draft),
-                     "--spec-draft-n-max", str(gamma), "--spec-draft-n-min", str(gamma),
-                     "--spec-draft-p-min", "0", "--spec-synth-rates", rates]  # fmt: skip
+            flags = [
+                "--spec-type",
+                "draft-simple",
+                "-md",
+                str(draft),
+                "--spec-draft-n-max",
+                str(gamma),
+                "--spec-draft-n-min",
+                str(gamma),
+                "--spec-draft-p-min",
+                "0",
+                "--spec-synth-rates",
+                rates,
+            ]
             async with run(path, flags, f"{name}-synth") as client:
                 got = await _tok_s(client)
             cost = CostModel(draft_step=c, verify=curves[name])
-            rows.append({
-                "alpha": alpha, "gamma": gamma,
-                "alpha_measured": round(got["accepted"] / got["drafted"], 3)
-                if got["drafted"] else None,
-                "speedup_measured": round(got["tok_s"] / base, 3),
-                "speedup_predicted": round(speedup(alpha, gamma, cost), 3),
-            })  # fmt: skip
+            rows.append(
+                {
+                    "alpha": alpha,
+                    "gamma": gamma,
+                    "alpha_measured": round(got["accepted"] / got["drafted"], 3)
+                    if got["drafted"]
+                    else None,
+                    "speedup_measured": round(got["tok_s"] / base, 3),
+                    "speedup_predicted": round(speedup(alpha, gamma, cost), 3),
+                }
+            )
             print(f"{name} alpha={alpha} gamma={gamma}: {rows[-1]}", file=sys.stderr, flush=True)
         out["targets"][name] = {"base_tok_s": base, "c": round(c, 3), "cases": rows}
     return out

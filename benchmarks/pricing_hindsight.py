@@ -34,7 +34,7 @@ import numpy as np
 
 from benchmarks.common import emit, usable
 from tuner.bench.beliefs import noise_floor
-from tuner.bench.rows import BASELINE, is_peer
+from tuner.bench.rows import BASELINE_ARM, is_peer
 from tuner.bench.schedule import CHALLENGER, TUNER
 
 Row = dict[str, Any]
@@ -154,11 +154,11 @@ def check(
 ) -> dict[str, Any]:
     """Predicted over measured per class and arm (3 prompts or more), and per pair of arms
     in a class (what a choice between them rests on)."""
-    base = {(r["item"], r["repeat"]): r for r in rows if r["arm"] == BASELINE}
+    base = {(r["item"], r["repeat"]): r for r in rows if r["arm"] == BASELINE_ARM}
     sums: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0] * 5)
     for r in rows:
         plain = base.get((r["item"], r["repeat"])) or base.get((r["item"], 0))
-        if r["arm"] == BASELINE or plain is None:
+        if r["arm"] == BASELINE_ARM or plain is None:
             continue
         cell = sums[(r["class"], r["arm"])]
         for i, v in enumerate((r["tokens"], work(r), r["ms"], plain["tokens"], plain["ms"])):
@@ -168,8 +168,7 @@ def check(
         for key, (n, w, ms, bn, bms) in sums.items()
         if sum(1 for r in rows if (r["class"], r["arm"]) == key) >= 3
     }
-    prompts = {key: len({r["id"] for r in rows if (r["class"], r["arm"]) == key})
-               for key in ratios}  # fmt: skip
+    prompts = {key: len({r["id"] for r in rows if (r["class"], r["arm"]) == key}) for key in ratios}
     floor = noise_floor([{"prompts": n} for n in prompts.values()], sd) if sd else None
     by_class: dict[str, list[float]] = defaultdict(list)
     for (key, _), ratio in sorted(ratios.items()):

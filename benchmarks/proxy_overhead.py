@@ -49,8 +49,16 @@ def start_daemon(state: Path) -> tuple[subprocess.Popen[bytes], str, str]:
     port = free_port()
     env = {**os.environ, "TUNER_LOG_FORMAT": "json", "TUNER_LOG_LEVEL": "warning"}
     with (state / "daemon.log").open("wb") as sink:
-        argv = [sys.executable, "-m", "tuner", "serve", "--port", str(port),
-                "--state-dir", str(state)]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "tuner",
+            "serve",
+            "--port",
+            str(port),
+            "--state-dir",
+            str(state),
+        ]
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=sink, env=env)
     proxy = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 900

@@ -19,7 +19,7 @@ from typing import Any
 
 from tuner.bench.beliefs import beliefs
 from tuner.tuning.config import load_tuning
-from tuner.tuning.engine import Engine
+from tuner.tuning.runtime.engine import Engine
 from tuner.tuning.variants import parse_name
 
 FIELDS = ("pairs", "within_tolerance", "inside_interval", "mean_error", "median_ratio")

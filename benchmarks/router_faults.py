@@ -103,8 +103,11 @@ def _faulted(client: openai.OpenAI, proc: subprocess.Popen[bytes], sig: int) -> 
     seconds, variant = _short(client)
     if instance.is_running() and instance.status() == psutil.STATUS_STOPPED:
         instance.kill()
-    return {"to_error_s": round(to_error, 2), "next_request_s": round(seconds, 2),
-            "next_variant": variant}  # fmt: skip
+    return {
+        "to_error_s": round(to_error, 2),
+        "next_request_s": round(seconds, 2),
+        "next_variant": variant,
+    }
 
 
 def main() -> None:

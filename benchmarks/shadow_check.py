@@ -1,4 +1,4 @@
-"""Does the replay of ``ngram-simple`` (``tuner.tuning.shadow``) give the server's counts?
+"""Does the replay of ``ngram-simple`` (``tuner.tuning.replay.drafters``) give the server's counts?
 
 For each variant, one llama-server with that variant; each workload prompt (chat ones
 through the server's own template) decodes ``--max-tokens`` with ``return_tokens``; the
@@ -22,7 +22,7 @@ import httpx
 
 from benchmarks.common import emit, start_llama_server
 from tuner.settings import Settings
-from tuner.tuning.shadow import replay_simple
+from tuner.tuning.replay.drafters import replay_simple
 from tuner.upstream.launch import default_model_path
 from tuner.upstream.provision import locate_llama_server
 from tuner.workload import load_workload
@@ -33,17 +33,35 @@ VARIANTS = [(3, 16), (12, 48), (6, 8), (3, 48)]
 def simple_flags(size: tuple[int, int] | None) -> list[str]:
     if size is None:
         return []
-    return ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(size[0]),
-            "--spec-ngram-simple-size-m", str(size[1])]  # fmt: skip
+    return [
+        "--spec-type",
+        "ngram-simple",
+        "--spec-ngram-simple-size-n",
+        str(size[0]),
+        "--spec-ngram-simple-size-m",
+        str(size[1]),
+    ]
 
 
 def start(
     binary: Path, model: Path, flags: list[str], slots: int = 1
 ) -> tuple[subprocess.Popen[bytes], str]:
     """One llama-server with the given flags and ``slots`` slots (1: one drafter state)."""
-    return start_llama_server([str(binary), "-m", str(model), "-t", "2",
-                               "-c", str(4096 * slots), "-np", str(slots), "--no-webui",
-                               *flags])  # fmt: skip
+    return start_llama_server(
+        [
+            str(binary),
+            "-m",
+            str(model),
+            "-t",
+            "2",
+            "-c",
+            str(4096 * slots),
+            "-np",
+            str(slots),
+            "--no-webui",
+            *flags,
+        ]
+    )
 
 
 def tokens(client: httpx.Client, url: str, text: str, special: bool) -> list[int]:
@@ -71,8 +89,13 @@ def run(
         if temperature is None
         else {"temperature": temperature, "seed": 1}
     )
-    body = {"prompt": prompt, "n_predict": max_tokens, "return_tokens": True,
-            "cache_prompt": cache_prompt, **sampling}  # fmt: skip
+    body = {
+        "prompt": prompt,
+        "n_predict": max_tokens,
+        "return_tokens": True,
+        "cache_prompt": cache_prompt,
+        **sampling,
+    }
     reply = client.post(url + "/completion", json=body, timeout=300).json()
     t = reply["timings"]
     return {
@@ -173,8 +196,9 @@ def main() -> None:
     result["none_output_retokenizes_same"] = retok_same
     result["same_output_as_none"] = {
         name: sum(r["output"] == base[r["id"]]["output"] for r in rs)
-        for name, rs in runs.items() if name != "none"
-    }  # fmt: skip
+        for name, rs in runs.items()
+        if name != "none"
+    }
     emit(result, args.out)
 
 

@@ -66,8 +66,14 @@ def ask_side_by_side(
             body = {**body, "temperature": 0.0, **fields}  # greedy: every server writes one text
             for name, (_, url) in running.items():
                 got = httpx.post(url + path, json=body, timeout=600).json()["timings"]
-                answers[name].append(Answer(item.id.rsplit("-", 1)[0], got["predicted_per_second"],
-                    got.get("draft_n", 0), got.get("draft_n_accepted", 0)))  # fmt: skip
+                answers[name].append(
+                    Answer(
+                        item.id.rsplit("-", 1)[0],
+                        got["predicted_per_second"],
+                        got.get("draft_n", 0),
+                        got.get("draft_n_accepted", 0),
+                    )
+                )
     finally:
         for proc, _ in running.values():
             proc.terminate()

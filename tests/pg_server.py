@@ -51,10 +51,21 @@ class PgServer:
             shutil.chown(root, "postgres", "postgres")
             self._as_user = ["setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups"]
         subprocess.run(
-            [*self._as_user, initdb, "-D", str(self.data), "-U", "tuner", "--auth=trust",
-             "--no-sync", "-E", "UTF8"],
-            check=True, capture_output=True,
-        )  # fmt: skip
+            [
+                *self._as_user,
+                initdb,
+                "-D",
+                str(self.data),
+                "-U",
+                "tuner",
+                "--auth=trust",
+                "--no-sync",
+                "-E",
+                "UTF8",
+            ],
+            check=True,
+            capture_output=True,
+        )
 
     @property
     def url(self) -> str:
@@ -63,11 +74,25 @@ class PgServer:
     def start(self) -> None:
         with open(self.root / "server.log", "ab") as log:  # the child keeps its own handle
             self.proc = subprocess.Popen(
-            [*self._as_user, self.postgres, "-D", str(self.data), "-p", str(self.port),
-             "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self.root}",
-             "-c", "fsync=off", "-c", "max_connections=200"],
-                stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+                [
+                    *self._as_user,
+                    self.postgres,
+                    "-D",
+                    str(self.data),
+                    "-p",
+                    str(self.port),
+                    "-c",
+                    "listen_addresses=127.0.0.1",
+                    "-c",
+                    f"unix_socket_directories={self.root}",
+                    "-c",
+                    "fsync=off",
+                    "-c",
+                    "max_connections=200",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         deadline = time.monotonic() + 30
         while True:
             try:

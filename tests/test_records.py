@@ -13,9 +13,15 @@ from tuner.records import RecordStore, RequestRecord, Timings, read_records
 
 def record(i: int) -> RequestRecord:
     return RequestRecord(
-        id=f"r{i}", ts=float(i), endpoint="/v1/completions", stream=False, status=200,
-        proxy_ms=2.0, upstream_ms=1.5, timings=Timings(predicted_n=i, draft_n=4),
-    )  # fmt: skip
+        id=f"r{i}",
+        ts=float(i),
+        endpoint="/v1/completions",
+        stream=False,
+        status=200,
+        proxy_ms=2.0,
+        upstream_ms=1.5,
+        timings=Timings(predicted_n=i, draft_n=4),
+    )
 
 
 async def test_records_round_trip(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ def test_defaults_listen_on_loopback(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TUNER_HOST", raising=False)
     settings = load_settings()
     assert settings.host == "127.0.0.1"
-    assert not settings.external
+    assert settings.upstream_url is None
 
 
 def test_priority_is_overrides_then_env_then_toml(
@@ -34,7 +34,7 @@ def test_server_args_are_shell_split(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_external_mode_from_url(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TUNER_UPSTREAM_URL", "http://127.0.0.1:8080")
-    assert load_settings().external
+    assert str(load_settings().upstream_url) == "http://127.0.0.1:8080/"
 
 
 @pytest.mark.parametrize("override", [{"port": 70000}, {"log_format": "xml"}, {"nonsense": 1}])

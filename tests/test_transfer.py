@@ -16,7 +16,7 @@ import pytest
 from tuner.errors import ConfigError
 from tuner.statedir import state_dir_lock
 from tuner.transfer import Machine, export_policies, import_policies, refusal
-from tuner.tuning.state import POLICY_FILE, save_policies
+from tuner.tuning.runtime.policy_file import POLICY_FILE, VERSION, save_policies
 
 HERE = Machine("gemma", "gemma-abc", "hw-1", "c0ffee")
 META = {"model": "gemma", "model_key": "gemma-abc", "build": "c0ffee", "hardware_key": "hw-1"}
@@ -74,7 +74,7 @@ def test_the_build_is_not_checked_where_no_llama_server_is_installed_yet() -> No
     wrapped = {
         "format": "spec-tuner-policies",
         "format_version": 1,
-        "policies": {"version": 1, **META, "build": "other", "classes": {}},
+        "policies": {"version": VERSION, **META, "build": "other", "classes": {}},
     }
     assert refusal(wrapped, HERE) is not None
     assert refusal(wrapped, Machine("gemma", "gemma-abc", "hw-1", None)) is None

@@ -1,3 +1,3 @@
-from tuner.cli import main
+from tuner.cli.main import main
 
 raise SystemExit(main())

@@ -150,8 +150,13 @@ async def temporary_server(
 async def decode_step_ms(client: UpstreamClient, repeats: int = 3, n: int = 64) -> float:
     times = []
     for i in range(repeats):
-        body = {"prompt": f"{i}. Once upon a time", "n_predict": n, "ignore_eos": True,
-                "temperature": 0, "cache_prompt": False}  # fmt: skip
+        body = {
+            "prompt": f"{i}. Once upon a time",
+            "n_predict": n,
+            "ignore_eos": True,
+            "temperature": 0,
+            "cache_prompt": False,
+        }
         timings = (await post_json(client, "/completion", body))["timings"]
         times.append(float(timings["predicted_ms"]) / float(timings["predicted_n"]))
     return float(statistics.median(times))

@@ -17,7 +17,7 @@ Names follow Prometheus conventions (``_total`` counters, base units in seconds)
     tuner_records_dropped_total, tuner_record_write_errors_total
 
 The tuner's per-class and replay metrics are collectors of their own
-(``tuner.tuning.collectors``), handed in at construction.
+(``tuner.tuning.runtime.collectors``), handed in at construction.
 """
 
 from __future__ import annotations
@@ -49,25 +49,31 @@ class _StateCollector(Collector):
             "tuner_upstream_ready", "1 when llama-server answers /health", value=self.upstream.ready
         )
         yield CounterMetricFamily(
-            "tuner_upstream_restarts", "Restarts of the managed llama-server",
+            "tuner_upstream_restarts",
+            "Restarts of the managed llama-server",
             value=self.upstream.restarts,
-        )  # fmt: skip
+        )
         yield CounterMetricFamily(
-            "tuner_upstream_stalls", "Streaming answers cut because the model server went "
-            "silent (their instance is reloaded)", value=self.upstream.stalls,
-        )  # fmt: skip
+            "tuner_upstream_stalls",
+            "Streaming answers cut because the model server went "
+            "silent (their instance is reloaded)",
+            value=self.upstream.stalls,
+        )
         yield GaugeMetricFamily(
-            "tuner_upstream_recovering", "Router presets reloaded after a stall that have not "
-            "answered since", value=len(self.upstream.recovering_now()),
-        )  # fmt: skip
+            "tuner_upstream_recovering",
+            "Router presets reloaded after a stall that have not answered since",
+            value=len(self.upstream.recovering_now()),
+        )
         yield CounterMetricFamily(
-            "tuner_records_dropped", "Request records dropped (queue full)",
+            "tuner_records_dropped",
+            "Request records dropped (queue full)",
             value=self.records.dropped,
-        )  # fmt: skip
+        )
         yield CounterMetricFamily(
-            "tuner_record_write_errors", "Failed writes of request records",
+            "tuner_record_write_errors",
+            "Failed writes of request records",
             value=self.records.write_errors,
-        )  # fmt: skip
+        )
 
 
 class Metrics:
@@ -87,15 +93,26 @@ class Metrics:
         self.accepted = Counter(
             "tuner_draft_accepted_tokens", "Drafted tokens accepted", arm, registry=r
         )
-        self.duration = Histogram("tuner_request_duration_seconds",
-                                  "Arrival to last byte handed back", ["endpoint"],
-                                  buckets=_SECONDS, registry=r)  # fmt: skip
-        self.overhead = Histogram("tuner_proxy_overhead_seconds",
-                                  "Time the proxy spends before sending upstream",
-                                  buckets=_SECONDS, registry=r)  # fmt: skip
-        self.decode = Histogram("tuner_decode_tokens_per_second",
-                                "llama-server's decode speed per request", arm,
-                                buckets=_TOKENS_PER_S, registry=r)  # fmt: skip
+        self.duration = Histogram(
+            "tuner_request_duration_seconds",
+            "Arrival to last byte handed back",
+            ["endpoint"],
+            buckets=_SECONDS,
+            registry=r,
+        )
+        self.overhead = Histogram(
+            "tuner_proxy_overhead_seconds",
+            "Time the proxy spends before sending upstream",
+            buckets=_SECONDS,
+            registry=r,
+        )
+        self.decode = Histogram(
+            "tuner_decode_tokens_per_second",
+            "llama-server's decode speed per request",
+            arm,
+            buckets=_TOKENS_PER_S,
+            registry=r,
+        )
         r.register(_StateCollector(upstream, records))
         for collector in collectors:
             r.register(collector)

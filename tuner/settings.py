@@ -101,7 +101,7 @@ class Settings(BaseSettings):
     tune: bool = Field(True, description="search and switch variants per class (router mode)")
     tuning_file: Path | None = Field(
         None,
-        description="search spaces, budget, guard, overrides; default: tuner/data/tuning.toml",
+        description="search spaces, budget, guard, overrides; default: policies/tuning.toml",
     )
     explore_share: float | None = Field(
         None, ge=0, le=1, description="share exploring may cost; overrides both of the file's"
@@ -158,11 +158,6 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))
-
-    @property
-    def external(self) -> bool:
-        """True when the user runs llama-server and gives its URL."""
-        return self.upstream_url is not None
 
     @property
     def records_dir(self) -> Path:

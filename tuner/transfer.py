@@ -22,14 +22,13 @@ from tuner.atomic import write_atomic
 from tuner.errors import ConfigError, ProvisionError
 from tuner.settings import Settings
 from tuner.statedir import state_dir_lock
-from tuner.tuning.state import POLICY_FILE, VERSION, read_document, set_aside
+from tuner.tuning.runtime.policy_file import POLICY_FILE, VERSION, read_document, set_aside
 
 __all__ = ["FORMAT", "Machine", "export_policies", "import_policies", "refusal", "this_machine"]
 
 FORMAT = "spec-tuner-policies"
 FORMAT_VERSION = 1
 # what a policy file says about where it was learned, besides its classes
-META_KEYS = ("model", "model_key", "build", "hardware", "hardware_key", "variants")
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +62,7 @@ def refusal(wrapped: object, here: Machine) -> str | None:
     """Why this export cannot be imported here, or None when it can.
 
     >>> here = Machine("m", "m-1", "hw-1", "abc")
-    >>> ok = {"format": FORMAT, "format_version": 1, "policies": {"version": 1,
+    >>> ok = {"format": FORMAT, "format_version": 1, "policies": {"version": 2,
     ...       "model_key": "m-1", "hardware_key": "hw-1", "build": "abc", "classes": {}}}
     >>> refusal(ok, here) is None
     True

@@ -32,7 +32,7 @@ mkdir -p "$TUNER_CACHE_DIR/downloads"
 tar xzf "$TUNER_CACHE_DIR/downloads/llama_cpp_python-0.3.36.tar.gz" -C /tmp --strip-components=4 \
     llama_cpp_python-0.3.36/vendor/llama.cpp/models/ggml-vocab-llama-spm.gguf
 export TUNER_MODEL=/tmp/ggml-vocab-llama-spm.gguf
-python3 -c "import tuner.cli, tuner.daemon, tuner.bench.run, benchmarks.moe_verify" || exit 4
+python3 -c "import tuner.cli.main, tuner.daemon.serve, tuner.bench.run, benchmarks.moe_verify" || exit 4
 
 start=$(date +%s)
 timeout "${BUILD_S:-400}" python3 -m tuner provision 2>&1 | tee "$OUT/provision.log" | grep -E "built|ready|error|Error" 

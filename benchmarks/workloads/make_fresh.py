@@ -200,25 +200,57 @@ def code_edit(rng: random.Random) -> str:
 
 # (what the function does, its name, its arguments, what fills {x})
 CODE_TASKS = [
-    ("returns the n-th {x} number iteratively", "nth_{x}", "n",
-     ["Fibonacci", "Lucas", "triangular", "Catalan"]),
-    ("checks whether a string is a palindrome, ignoring {x}", "is_palindrome", "text",
-     ["case", "spaces", "punctuation"]),
-    ("counts how often each {x} occurs in a list", "count_{x}s", "values",
-     ["word", "letter", "tag", "status"]),
-    ("merges two sorted lists of {x}s into one sorted list", "merge_{x}s", "left, right",
-     ["integer", "date", "name"]),
-    ("parses a line of {x}-separated values, honouring quotes", "parse_line", "line",
-     ["comma", "tab", "semicolon"]),
+    (
+        "returns the n-th {x} number iteratively",
+        "nth_{x}",
+        "n",
+        ["Fibonacci", "Lucas", "triangular", "Catalan"],
+    ),
+    (
+        "checks whether a string is a palindrome, ignoring {x}",
+        "is_palindrome",
+        "text",
+        ["case", "spaces", "punctuation"],
+    ),
+    (
+        "counts how often each {x} occurs in a list",
+        "count_{x}s",
+        "values",
+        ["word", "letter", "tag", "status"],
+    ),
+    (
+        "merges two sorted lists of {x}s into one sorted list",
+        "merge_{x}s",
+        "left, right",
+        ["integer", "date", "name"],
+    ),
+    (
+        "parses a line of {x}-separated values, honouring quotes",
+        "parse_line",
+        "line",
+        ["comma", "tab", "semicolon"],
+    ),
     ("returns the {x} largest values of a list", "top_{x}", "values", ["three", "five", "ten"]),
-    ("retries a call up to {x} times with exponential backoff", "retry", "fn",
-     ["three", "five", "eight"]),
-    ("groups a list of records by their {x} field", "group_by_{x}", "records",
-     ["city", "owner", "category", "year"]),
+    (
+        "retries a call up to {x} times with exponential backoff",
+        "retry",
+        "fn",
+        ["three", "five", "eight"],
+    ),
+    (
+        "groups a list of records by their {x} field",
+        "group_by_{x}",
+        "records",
+        ["city", "owner", "category", "year"],
+    ),
     ("flattens a nested list up to depth {x}", "flatten", "items", ["two", "three", "four"]),
-    ("converts a duration in {x} into a human-readable string", "format_{x}", "amount",
-     ["seconds", "minutes", "days"]),
-]  # fmt: skip
+    (
+        "converts a duration in {x} into a human-readable string",
+        "format_{x}",
+        "amount",
+        ["seconds", "minutes", "days"],
+    ),
+]
 LANGS = [
     ("Python", "#", "def {name}({args}):"),
     ("JavaScript", "//", "function {name}({args}) {{"),

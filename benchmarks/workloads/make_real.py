@@ -92,10 +92,12 @@ def data_chunks(rng: random.Random) -> list[tuple[str, str]]:
 def item(rng: random.Random, ident: str, kind: str, user: str, max_tokens: int) -> dict[str, Any]:
     greedy = rng.random() < GREEDY_SHARE
     out: dict[str, Any] = {
-        "id": ident, "class_hint": kind, "max_tokens": max_tokens,
+        "id": ident,
+        "class_hint": kind,
+        "max_tokens": max_tokens,
         "temperature": 0 if greedy else 0.8,
         "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
-    }  # fmt: skip
+    }
     if not greedy:
         out["seed"] = rng.randrange(1 << 16)
     return out
@@ -106,9 +108,11 @@ def build(stdlib: Path, docs: Path, seed: int) -> Iterator[dict[str, Any]]:
     code, text, data = functions(stdlib, rng), passages(docs, rng), data_chunks(rng)
     for n, (module, source, args) in enumerate(code[:50]):
         old = rng.choice(args)
-        user = (f"Rewrite this function from Python's {module} module with the argument "
-                f"`{old}` renamed to `{old}_value`. Change nothing else.\n\n"
-                f"{source}\n")  # fmt: skip
+        user = (
+            f"Rewrite this function from Python's {module} module with the argument "
+            f"`{old}` renamed to `{old}_value`. Change nothing else.\n\n"
+            f"{source}\n"
+        )
         yield item(rng, f"code-edit-{n:02d}", "code-edit", user, 192)
     for n, (module, source, _) in enumerate(code[50:70]):
         user = f"Explain what this function from Python's {module} module does.\n\n{source}\n"
@@ -121,12 +125,15 @@ def build(stdlib: Path, docs: Path, seed: int) -> Iterator[dict[str, Any]]:
         user = f"Summarize this passage from the {package} documentation.\n\n{passage}\n"
         yield item(rng, f"doc-summarize-{n:02d}", "summarize", user, 128)
     for n, (package, passage) in enumerate(text[20:40]):
-        user = (f"Quote, word for word, the two most important sentences of this passage "
-                f"from the {package} documentation.\n\n{passage}\n")  # fmt: skip
+        user = (
+            f"Quote, word for word, the two most important sentences of this passage "
+            f"from the {package} documentation.\n\n{passage}\n"
+        )
         yield item(rng, f"doc-quote-{n:02d}", "summarize-quote", user, 128)
     for n, (source, rows) in enumerate(data[:20]):
-        user = (f"Convert these lines of {source} to a JSON array with one object per "
-                f"line.\n\n{rows}\n")  # fmt: skip
+        user = (
+            f"Convert these lines of {source} to a JSON array with one object per line.\n\n{rows}\n"
+        )
         yield item(rng, f"data-json-{n:02d}", "json-extract", user, 192)
 
 

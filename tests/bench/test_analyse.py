@@ -81,8 +81,11 @@ def test_tuner_ratio_convergence_and_targets() -> None:
     assert prose["tuner_ratio_after_convergence"] == pytest.approx(1.0, rel=0.01)
     t = s["targets"]
     assert t["requests_to_converge"] == {
-        "value": 2, "target": "<= 100", "met": True, "unconverged_classes": [],
-    }  # fmt: skip
+        "value": 2,
+        "target": "<= 100",
+        "met": True,
+        "unconverged_classes": [],
+    }
     # prose stays at baseline where its oracle is 1.05x: 0.97 of the oracle not reached
     assert t["worst_class_after_convergence"]["met"]
     # the worst class is named, with the requests its figure rests on and their interval
@@ -200,10 +203,14 @@ def test_a_challenger_is_summarised_like_the_tuner_and_compared_pair_by_pair() -
     overall, code = s["overall"], s["classes"]["code"]
     # the challenger is no static arm, and it does not change the tuner's figures
     assert "challenger" not in overall["arms"] and "challenger" not in s["static_arms"]
-    assert overall["tuner_ratio"] == summarize(
-        [r for r in rows if r["arm"] != "challenger"], CLASSES,
-        final_policies={"code": FinalPolicy("fast-code"), "prose": FinalPolicy("none")},
-    )["overall"]["tuner_ratio"]  # fmt: skip
+    assert (
+        overall["tuner_ratio"]
+        == summarize(
+            [r for r in rows if r["arm"] != "challenger"],
+            CLASSES,
+            final_policies={"code": FinalPolicy("fast-code"), "prose": FinalPolicy("none")},
+        )["overall"]["tuner_ratio"]
+    )
     assert overall["challenger_ratio"] == pytest.approx(1.0, rel=0.01)
     assert code["challenger_ratio"] == pytest.approx(1.0, rel=0.01)
     assert code["challenger_final_variant"] == "none" and code["final_variant"] == "fast-code"
@@ -236,8 +243,17 @@ def test_side_by_side_by_counts_prices_both_daemons_at_one_cost_per_variant() ->
     stream = [0, 1, 2, 3] * 4
 
     def daemon(arm: str, k: int, item: int, accepted: int, ms: float) -> dict[str, Any]:
-        return {"arm": arm, "item": item, "repeat": k, "tokens": 100, "ms": ms,
-                "variant": "v", "role": "exploit", "drafted": 80, "accepted": accepted}  # fmt: skip
+        return {
+            "arm": arm,
+            "item": item,
+            "repeat": k,
+            "tokens": 100,
+            "ms": ms,
+            "variant": "v",
+            "role": "exploit",
+            "drafted": 80,
+            "accepted": accepted,
+        }
 
     def steps(accepted: int) -> float:  # (n - a + c d) steps of 10 ms, c = 0.25
         return 10 * (100 - accepted + 0.25 * 80)
@@ -281,8 +297,9 @@ def test_after_convergence_the_oracle_is_priced_on_the_same_occurrences() -> Non
     rows.append({"arm": "fast-code", "item": 0, "tokens": 100, "ms": 250, "repeat": 1})
     first = tuner_row(0, "none")
     second = tuner_row(0, "fast-code") | {"ms": 250}
-    s = summarize([*rows, first, second], CLASSES[:1],
-                  final_policies={"code": FinalPolicy("fast-code")})  # fmt: skip
+    s = summarize(
+        [*rows, first, second], CLASSES[:1], final_policies={"code": FinalPolicy("fast-code")}
+    )
     code = s["classes"]["code"]
     assert code["converged_after"] == 1 and code["oracle_ratio"] == pytest.approx(
         1000 / 375, rel=1e-3

@@ -30,8 +30,10 @@ def test_pairs_only_where_both_have_a_figure_and_the_error_weighs_prompts() -> N
     found = beliefs(CLASSES, speedups)
     assert found is not None
     assert [(r["class"], r["variant"]) for r in found["rows"]] == [
-        ("code", "a"), ("code", "b"), ("text", "a")
-    ]  # fmt: skip
+        ("code", "a"),
+        ("code", "b"),
+        ("text", "a"),
+    ]
     assert found["within_tolerance"] == 1  # code/a at 1.02; code/b 1.15, text/a 0.90
     assert found["inside_interval"] == 2  # code/b's 1.38 is above its 1.3
     logs = [30 * math.log(1.02), 30 * math.log(1.15), 10 * -math.log(0.9)]
@@ -59,15 +61,26 @@ def test_a_prediction_equal_to_time_has_no_error(measured: float, scale: float) 
 
 def test_lock_in_compares_the_held_variant_with_the_best_priced_and_the_best_static() -> None:
     classes = {
-        "code": {"tuner_requests": 40, "final_variant": "b", "oracle_ratio": 1.5,
-                 "arms": {"a": arm(1.5, 1.4, 1.6), "b": arm(1.2, 1.1, 1.3)}},
-        "text": {"tuner_requests": 25, "final_variant": "none", "oracle_ratio": 1.1,
-                 "arms": {"a": arm(1.1, 1.0, 1.2)}},
+        "code": {
+            "tuner_requests": 40,
+            "final_variant": "b",
+            "oracle_ratio": 1.5,
+            "arms": {"a": arm(1.5, 1.4, 1.6), "b": arm(1.2, 1.1, 1.3)},
+        },
+        "text": {
+            "tuner_requests": 25,
+            "final_variant": "none",
+            "oracle_ratio": 1.1,
+            "arms": {"a": arm(1.1, 1.0, 1.2)},
+        },
         "young": {"tuner_requests": 20, "final_variant": "a", "arms": {}},
         "odd": {"tuner_requests": 50, "final_variant": "messages: a; prompt: b", "arms": {}},
-    }  # fmt: skip
-    speedups = {"code": {"a": [1.44, 1, 2], "b": [1.2, 1, 2]}, "text": {"a": [0.95, 0, 2]},
-                "young": {"a": [1.0, 1, 1]}}  # fmt: skip
+    }
+    speedups = {
+        "code": {"a": [1.44, 1, 2], "b": [1.2, 1, 2]},
+        "text": {"a": [0.95, 0, 2]},
+        "young": {"a": [1.0, 1, 1]},
+    }
     rows = {r["class"]: r for r in lock_in(classes, speedups)}
     assert set(rows) == {"code", "text"}  # 20 requests or fewer, or no single variant: left out
     assert (rows["code"]["best_priced"], rows["code"]["own_gap"]) == ("a", 1.2)

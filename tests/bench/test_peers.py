@@ -19,8 +19,9 @@ from tuner.settings import Settings
 
 def test_a_peer_arm_is_a_name_and_its_flags() -> None:
     assert parse_peer_arm("mod=--spec-type ngram-mod --spec-autotune") == (
-        "peer:mod", ("--spec-type", "ngram-mod", "--spec-autotune"),
-    )  # fmt: skip
+        "peer:mod",
+        ("--spec-type", "ngram-mod", "--spec-autotune"),
+    )
     assert parse_peer_arm("quoted=--x 'a b'") == ("peer:quoted", ("--x", "a b"))
 
 
@@ -77,8 +78,17 @@ def peer_rows() -> list[dict[str, Any]]:
     for item in range(4):
         rows.append({"arm": "peer:none", "item": item, "tokens": 100, "ms": 500, "repeat": 0})
         fast = 250 if CLASSES[item] == "code" else 500
-        rows.append({"arm": "peer:auto", "item": item, "tokens": 100, "ms": fast, "repeat": 0,
-                     "drafted": 40, "accepted": 30})  # fmt: skip
+        rows.append(
+            {
+                "arm": "peer:auto",
+                "item": item,
+                "tokens": 100,
+                "ms": fast,
+                "repeat": 0,
+                "drafted": 40,
+                "accepted": 30,
+            }
+        )
     return rows
 
 

@@ -29,9 +29,21 @@ def _run(seed: int = 0) -> tuple[list[dict[str, Any]], list[str]]:
             n = 128
             ms = 10 * (n - a) + 2 * d + 20 * rounds
             t += 1
-            rows.append({"arm": arm, "item": item, "id": f"p{item}", "repeat": 0, "class": key,
-                         "t": t, "variant": arm, "tokens": n, "ms": ms, "drafted": d,
-                         "accepted": a})  # fmt: skip
+            rows.append(
+                {
+                    "arm": arm,
+                    "item": item,
+                    "id": f"p{item}",
+                    "repeat": 0,
+                    "class": key,
+                    "t": t,
+                    "variant": arm,
+                    "tokens": n,
+                    "ms": ms,
+                    "drafted": d,
+                    "accepted": a,
+                }
+            )
             if d:
                 mean = 1 + a / rounds
                 log.append(

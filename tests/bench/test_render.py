@@ -115,9 +115,11 @@ def test_the_docs_document_every_challenger_field() -> None:
 def test_markdown_says_what_else_used_the_machine() -> None:
     rows = static_rows() + [tuner_row(i % 4, "meh") for i in range(8)]
     load = {
-        "other_share": 0.12, "steal_share": 0.004,
-        "other_share_by_quarter": [0.0, 0.45, None, 0.02], "worst_interval_other_share": 0.9,
-    }  # fmt: skip
+        "other_share": 0.12,
+        "steal_share": 0.004,
+        "other_share_by_quarter": [0.0, 0.45, None, 0.02],
+        "worst_interval_other_share": 0.9,
+    }
     text = markdown(summarize(rows, CLASSES, meta={"machine": load}))
     assert "- other processes: 12.0% of the machine's CPU during the run (by quarter 0%, " in text
     assert "45%, ?, 2%; worst interval 90%); steal 0.4%" in text

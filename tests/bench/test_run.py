@@ -15,7 +15,7 @@ from tuner.bench.daemons import Quiet, final_policies, final_speedups
 from tuner.bench.run import _report_machine, finish
 from tuner.bench.schedule import CHALLENGER, TUNER
 from tuner.errors import ConfigError
-from tuner.tuning.collectors import ReplayCollector
+from tuner.tuning.runtime.collectors import ReplayCollector
 
 
 def write_run(out: Path, policies: dict[str, object] | None) -> None:
@@ -31,8 +31,12 @@ def write_run(out: Path, policies: dict[str, object] | None) -> None:
 
 
 def test_finish_writes_the_summary_from_the_directory(tmp_path: Path) -> None:
-    policy = {"variant": "fast-code", "speculation": True, "settled": True,
-              "reason": "measured 2.00x"}  # fmt: skip
+    policy = {
+        "variant": "fast-code",
+        "speculation": True,
+        "settled": True,
+        "reason": "measured 2.00x",
+    }
     write_run(tmp_path, {"code": {"policy": policy, "served_by": "code"}})
     summary = finish(tmp_path)
     assert summary["model"] == "m.gguf" and summary["seed"] == 3
@@ -45,8 +49,12 @@ def test_finish_writes_the_summary_from_the_directory(tmp_path: Path) -> None:
 
 def test_finish_sets_what_the_tuner_priced_beside_the_static_arms(tmp_path: Path) -> None:
     policy = {"variant": "fast-code", "speculation": True, "settled": True, "reason": "m"}
-    speedups = {"fast-code": [2.2, 2.0, 2.4], "not-a-static-arm": [1.5, 1.4, 1.6],
-                "garbled": ["x", 1, 2], "short": [1.0]}  # fmt: skip
+    speedups = {
+        "fast-code": [2.2, 2.0, 2.4],
+        "not-a-static-arm": [1.5, 1.4, 1.6],
+        "garbled": ["x", 1, 2],
+        "short": [1.0],
+    }
     write_run(tmp_path, {"code": {"policy": policy, "speedups": speedups}})
     priced = final_speedups(tmp_path / "tuner-state")["code"]
     assert set(priced) == {"fast-code", "not-a-static-arm"}  # the malformed ones left out
@@ -65,12 +73,18 @@ def test_a_class_served_by_its_parent_takes_the_parents_policy(tmp_path: Path) -
     young = {"variant": "none", "speculation": False, "reason": "no evidence yet"}
     state = tmp_path / "tuner-state"
     state.mkdir()
-    (state / "policies.json").write_text(json.dumps({"classes": {
-        "code": {"policy": parent, "served_by": "code"},
-        "code/echo/greedy": {"policy": young, "served_by": "code"},
-        "prose": {"policy": young, "served_by": "prose"},
-        "odd": "not a mapping",
-    }}))  # fmt: skip
+    (state / "policies.json").write_text(
+        json.dumps(
+            {
+                "classes": {
+                    "code": {"policy": parent, "served_by": "code"},
+                    "code/echo/greedy": {"policy": young, "served_by": "code"},
+                    "prose": {"policy": young, "served_by": "prose"},
+                    "odd": "not a mapping",
+                }
+            }
+        )
+    )
     final = final_policies(state)
     assert final["code/echo/greedy"].variant == "meh" and final["code/echo/greedy"].settled
     assert final["prose"].variant == "none" and not final["prose"].settled
@@ -86,8 +100,9 @@ def test_no_state_and_broken_state_give_no_policies(tmp_path: Path) -> None:
 def test_a_directory_without_requests_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"requests\.jsonl"):
         finish(tmp_path)
-    (tmp_path / "requests.jsonl").write_text(json.dumps({"arm": "x", "item": 0, "class": "c",
-                                                         "tokens": 1, "ms": 1}) + "\n")  # fmt: skip
+    (tmp_path / "requests.jsonl").write_text(
+        json.dumps({"arm": "x", "item": 0, "class": "c", "tokens": 1, "ms": 1}) + "\n"
+    )
     with pytest.raises(ConfigError, match="baseline"):
         finish(tmp_path)
 

@@ -54,8 +54,9 @@ def test_each_block_runs_beside_a_tuner_request_of_its_item(
     its blocks runs right before or right after the daemons' request(s) of that item, at a
     different occurrence for each repeat, so the drift between them is a few requests'."""
     names = ["none", "a", "b"]
-    steps = schedule(n_items, names, requests=requests, repeats=repeats, seed=seed,
-                     challenger=challenger)  # fmt: skip
+    steps = schedule(
+        n_items, names, requests=requests, repeats=repeats, seed=seed, challenger=challenger
+    )
     daemons = 2 if challenger else 1
     occurrences = Counter(s.item for s in steps if s.arm == TUNER)
     where: dict[tuple[int, int], list[int]] = {}
@@ -109,7 +110,8 @@ def test_the_baseline_can_be_measured_more_often_than_the_other_arms(
     names = ["none", "a", "b"]
     steps = schedule(n_items, names, requests=10, repeats=2, seed=seed, baseline=baseline)
     cells = Counter((s.arm, s.item) for s in steps if s.arm != TUNER)
-    assert cells == {(arm, i): 2 * (baseline if arm == "none" else 1)
-                     for arm in names for i in range(n_items)}  # fmt: skip
+    assert cells == {
+        (arm, i): 2 * (baseline if arm == "none" else 1) for arm in names for i in range(n_items)
+    }
     if baseline == 1:  # the default: the schedule it was
         assert steps == schedule(n_items, names, requests=10, repeats=2, seed=seed)

@@ -53,13 +53,24 @@ json_values = st.recursive(
     max_leaves=15,
 )
 bodies = st.one_of(
-    st.dictionaries(st.sampled_from(["prompt", "messages", "temperature", "top_k", "tools"]),
-                    json_values),
-    st.fixed_dictionaries({"messages": st.lists(
-        st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "tool"]),
-                               "content": json_values}), max_size=5)}),
+    st.dictionaries(
+        st.sampled_from(["prompt", "messages", "temperature", "top_k", "tools"]), json_values
+    ),
+    st.fixed_dictionaries(
+        {
+            "messages": st.lists(
+                st.fixed_dictionaries(
+                    {
+                        "role": st.sampled_from(["user", "system", "assistant", "tool"]),
+                        "content": json_values,
+                    }
+                ),
+                max_size=5,
+            )
+        }
+    ),
     json_values,
-)  # fmt: skip
+)
 
 
 @given(bodies)
@@ -74,8 +85,9 @@ def test_any_body_classifies_into_the_fixed_vocabulary(body: Any) -> None:
 @given(st.text(min_size=1, max_size=400))
 def test_an_edit_instruction_never_lowers_echo(material: str) -> None:
     plain = extract(view_of({"prompt": material}))
-    asked = extract(view_of({"prompt": "Rewrite this, keeping everything else identical:\n\n"
-                                       + material}))  # fmt: skip
+    asked = extract(
+        view_of({"prompt": "Rewrite this, keeping everything else identical:\n\n" + material})
+    )
     assert asked.echo >= plain.echo - 1e-9
 
 
@@ -98,12 +110,24 @@ def test_absent_temperature_is_sampled_and_top_k_1_is_greedy() -> None:
 
 
 def test_chat_views_read_parts_tools_and_skip_junk() -> None:
-    view = view_of({"messages": [
-        "junk", {"role": "system", "content": "be brief"},
-        {"role": "user", "content": [{"type": "text", "text": "part one"}, {"type": "image_url"}]},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"function": {"name": "f", "arguments": "{\"x\": 1}"}}]},
-    ], "tools": [{}]})  # fmt: skip
+    view = view_of(
+        {
+            "messages": [
+                "junk",
+                {"role": "system", "content": "be brief"},
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "part one"}, {"type": "image_url"}],
+                },
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [{"function": {"name": "f", "arguments": '{"x": 1}'}}],
+                },
+            ],
+            "tools": [{}],
+        }
+    )
     assert view.chat and view.has_tools and view.turns == 4
     assert view.system == "be brief" and view.instruction == "part one"
     assert '{"x": 1}' in view.text
@@ -122,33 +146,29 @@ def test_sixteen_classes_and_fallback_chain() -> None:
     assert parents("code/echo/greedy") == ["code/echo/greedy", "code/echo", "code", "all"]
 
 
-def test_a_classes_file_of_an_earlier_version_loads_without_its_retired_tables(
+def test_a_table_the_classes_file_does_not_know_is_refused_with_its_name(
     tmp_path: Path,
 ) -> None:
-    """``[fallback]`` and ``[split]`` were removed; a user's file that has them still loads,
-    with a warning naming them."""
-    from structlog.testing import capture_logs
-
+    """A table removed since (``[fallback]``) is refused by name, not silently ignored."""
     text = (ROOT / "tuner" / "data" / "classes.toml").read_text()
     path = tmp_path / "classes.toml"
-    path.write_text(text + "\n[fallback]\nmin_requests = 20\n\n[split]\nform = false\n")
-    with capture_logs() as logs:
-        assert load_definitions(path).all_classes() == DEFS.all_classes()
-    assert [e["keys"] for e in logs if e["event"] == "classes_keys_retired"] == [
-        ["fallback", "split"]
-    ]
+    path.write_text(text + "\n[fallback]\nmin_requests = 20\n")
+    with pytest.raises(ConfigError, match="fallback"):
+        load_definitions(path)
 
 
 @pytest.mark.parametrize(
     ("text", "message"),
     [
         ('[groups]\ncode = ["code"]\n', "exactly one group"),
-        ('[groups]\na = ["code", "data", "math", "prose", "question", "other", "poetry"]\n',
-         "unknown content types"),
+        (
+            '[groups]\na = ["code", "data", "math", "prose", "question", "other", "poetry"]\n',
+            "unknown content types",
+        ),
         ('[groups]\n"a/b" = ["code", "data", "math", "prose", "question", "other"]\n', "'/'"),
         ("[groups\n", "bad class definitions"),
     ],
-)  # fmt: skip
+)
 def test_bad_definitions_are_refused_clearly(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "classes.toml"
     path.write_text(text)
@@ -194,8 +214,13 @@ _OLD_LABELS = re.compile(rf"^\s*({_OLD_WORDS})\s*:", re.I)
 _OTHER_KEYS = ["Question", "WITH TYPE HINTS", "with  type hints", "questions", "key", "- item"]
 _KEYS = st.sampled_from([*_OLD_WORDS.split("|"), *_OTHER_KEYS, "for x in y", "a.b-c d", "f(x)", ""])
 _PAD = st.sampled_from(["", " ", "\t", "  - "])
-_LINES = st.builds(lambda a, k, b, rest: f"{a}{k}{b}{rest}", _PAD, _KEYS, _PAD,
-                   st.sampled_from([":", ": value", ":x", "", ": a. b", ":: z"]))  # fmt: skip
+_LINES = st.builds(
+    lambda a, k, b, rest: f"{a}{k}{b}{rest}",
+    _PAD,
+    _KEYS,
+    _PAD,
+    st.sampled_from([":", ": value", ":x", "", ": a. b", ":: z"]),
+)
 
 
 @given(_LINES)
@@ -204,8 +229,12 @@ _LINES = st.builds(lambda a, k, b, rest: f"{a}{k}{b}{rest}", _PAD, _KEYS, _PAD,
 def test_yaml_key_shortcuts_agree_with_the_patterns(line: str) -> None:
     key = line.partition(":")[0]
     if features._yaml_key(line) is None:  # a necessary condition of the pattern
-        assert not (":" in line and lx.YAML_LINE.match(line) and len(key) <= 60
-                    and lx.NOT_IN_KEYS.isdisjoint(key))  # fmt: skip
+        assert not (
+            ":" in line
+            and lx.YAML_LINE.match(line)
+            and len(key) <= 60
+            and lx.NOT_IN_KEYS.isdisjoint(key)
+        )
     if ":" in line:
         assert (key.strip().lower() in lx.LABEL_NAMES) == bool(_OLD_LABELS.match(line))
 

@@ -10,7 +10,7 @@ import pytest
 
 from tests.pg_server import PgServer
 from tuner.fleet.ledger import Ledger
-from tuner.tuning import pooling
+from tuner.tuning.runtime import events as pooling
 
 
 @pytest.fixture

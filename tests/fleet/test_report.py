@@ -23,14 +23,22 @@ SCOPE = "gemma@cpu-2@0c1e570"
 def fleet(pg_url: str, tmp_path: Path, caps: Capabilities) -> Iterator[str]:
     """Two daemons of one scope, each with its own classes, and one of another scope."""
     syncs = []
-    for name, scope, key in (("a", SCOPE, "code/echo/greedy"), ("b", SCOPE, "prose/fresh/sampled"),
-                             ("c", "other@hw@b", "code/echo/greedy")):  # fmt: skip
+    for name, scope, key in (
+        ("a", SCOPE, "code/echo/greedy"),
+        ("b", SCOPE, "prose/fresh/sampled"),
+        ("c", "other@hw@b", "code/echo/greedy"),
+    ):
         sync = FleetSync(Ledger(pg_url), scope, f"host-{name}:/state")
         engine = make(tmp_path / name, config(explore_share=0.5), caps, publish=sync.publish)
         drive(engine, SimUpstream(truth(list(engine.variants.values()))), [key] * 40)
         assert sync.sync(engine) and sync.sync(engine)
-        document = {"version": 1, "model": "gemma", "build": "0c1e570", "saved": 1.0,
-                    "classes": engine.snapshot()}  # fmt: skip
+        document = {
+            "version": 1,
+            "model": "gemma",
+            "build": "0c1e570",
+            "saved": 1.0,
+            "classes": engine.snapshot(),
+        }
         sync.put_document(document)
         syncs.append(sync)
     yield pg_url
@@ -51,8 +59,12 @@ def test_each_class_says_how_many_daemons_its_evidence_is_from(fleet: str) -> No
 
 def test_the_command_prints_the_same_classes_as_json_and_as_a_table(fleet: str) -> None:
     def tuner(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "tuner", "report", "--storage-url", *args],
-                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", "tuner", "report", "--storage-url", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     # the newest document is another scope's (c saved last): that is the one shown
     shown = json.loads(tuner(fleet, "--format", "json").stdout)

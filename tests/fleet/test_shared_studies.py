@@ -9,8 +9,8 @@ import psycopg
 import pytest
 import sqlalchemy.exc
 
-from tuner.tuning import studies
-from tuner.tuning.studies import StudyBook
+from tuner.tuning.search import studies
+from tuner.tuning.search.studies import StudyBook
 from tuner.tuning.variants import Variant
 
 SPACE = {
@@ -40,14 +40,14 @@ def states(book: StudyBook) -> list[str]:
 def test_daemons_never_run_the_same_trial(books: Callable[..., StudyBook]) -> None:
     a, b = books(1), books(2)
     pick = Variant.of("ngram-simple", {"size_n": 3, "size_m": 16})
-    a.enqueue(KEY, SPACE, [pick])
-    b.enqueue(KEY, SPACE, [pick])  # the same pick from the prior: queued once
-    asked = [a.ask(KEY, SPACE), b.ask(KEY, SPACE), a.ask(KEY, SPACE), b.ask(KEY, SPACE)]
+    ha, hb = a.open(KEY, SPACE), b.open(KEY, SPACE)
+    # the same pick from the prior, suggested by both: queued once
+    asked = [ha.next(pick), hb.next(pick), ha.next(), hb.next()]
     numbers = [n for n, _ in asked]
     assert len(set(numbers)) == 4
     assert [v for _, v in asked].count(pick) == 1  # the queued trial went to one of them
-    for book, (number, _) in zip([a, b, a, b], asked, strict=True):
-        book.tell(KEY, SPACE, number, 1.1)
+    for handle, (number, _) in zip([ha, hb, ha, hb], asked, strict=True):
+        handle.tell(number, 1.1)
     assert states(a) == ["complete"] * 4 and states(b) == states(a)
 
 
@@ -57,21 +57,21 @@ def test_a_dead_daemons_trial_is_failed_after_its_heartbeat_stops(
     monkeypatch.setattr(studies, "HEARTBEAT_S", 1)
     monkeypatch.setattr(studies, "GRACE_S", 2)
     dead, alive, other = books(), books(), books()
-    dead.ask(KEY, SPACE)  # its daemon is killed with -9: no more heartbeats
-    number, _ = alive.ask(KEY, SPACE)
-    other.fail_running(KEY, SPACE)  # at once: both are within their grace
+    dead.open(KEY, SPACE).next()  # its daemon is killed with -9: no more heartbeats
+    number, _ = alive.open(KEY, SPACE).next()
+    other.open(KEY, SPACE).fail_running()  # at once: both are within their grace
     assert states(other) == ["running", "running"]
     for _ in range(4):
         time.sleep(1)
         alive.beat()
-    other.fail_running(KEY, SPACE)
+    other.open(KEY, SPACE).fail_running()
     assert states(other) == ["fail", "running"]
-    alive.tell(KEY, SPACE, number, 1.2)
+    alive.open(KEY, SPACE).tell(number, 1.2)
     assert states(other) == ["fail", "complete"]
 
 
 def test_a_study_book_starts_while_the_database_is_down() -> None:
     book = StudyBook("postgresql://tuner@127.0.0.1:9/none", "m@hw@b")  # nothing listens on 9
     with pytest.raises((sqlalchemy.exc.OperationalError, psycopg.Error)):
-        book.ask(KEY, SPACE)
+        book.open(KEY, SPACE)
     book.close()

@@ -12,8 +12,13 @@ from tests.tuning.sim import CODE, SimUpstream, config, drive, evidence, make, s
 from tuner.fleet.ledger import Ledger
 from tuner.fleet.sync import FleetSync
 from tuner.transfer import Machine, export_policies, import_policies
-from tuner.tuning.engine import Engine
-from tuner.tuning.state import POLICY_FILE, load_policies, read_document, save_policies
+from tuner.tuning.runtime.engine import Engine
+from tuner.tuning.runtime.policy_file import (
+    POLICY_FILE,
+    load_policies,
+    read_document,
+    save_policies,
+)
 from tuner.upstream.capabilities import Capabilities
 
 SCOPE = "gemma@cpu-2@0c1e570"
@@ -128,8 +133,9 @@ def test_an_export_imported_into_another_member_counts_nothing_twice(
     assert sync_b.sync(b) and sync_a.sync(a)  # a holds b's first 80
     drive(a, sim, schedule(30, seed=3))  # still in a's outbox when exported
     with a.locked():
-        save_policies(tmp_path / "a" / POLICY_FILE, META, a.snapshot(),
-                      extra={"fleet": sync_a.describe()})  # fmt: skip
+        save_policies(
+            tmp_path / "a" / POLICY_FILE, META, a.snapshot(), extra={"fleet": sync_a.describe()}
+        )
     export_policies(tmp_path / "a", tmp_path / "export.json")
     import_policies(tmp_path / "export.json", tmp_path / "c", Machine(**META))
     drive(b, sim, schedule(40, seed=4))

@@ -91,10 +91,23 @@ def start_daemon(
     full_env = {**os.environ, "TUNER_LOG_FORMAT": "json", **(env or {})}
     with log.open("wb") as sink:  # the child keeps its own descriptor
         process = subprocess.Popen(
-            [sys.executable, "-m", "tuner", "serve", "--port", str(port), "--state-dir", str(tmp),
-             "--host", "127.0.0.1", *args],
-            stdout=sink, stderr=subprocess.STDOUT, env=full_env,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "tuner",
+                "serve",
+                "--port",
+                str(port),
+                "--state-dir",
+                str(tmp),
+                "--host",
+                "127.0.0.1",
+                *args,
+            ],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+        )
     daemon = RunningDaemon(f"http://127.0.0.1:{port}", process, tmp, log)
     if owned:
         _STARTED.append(daemon)

@@ -24,18 +24,32 @@ WORKLOAD = ROOT / "benchmarks" / "workloads" / "dev.jsonl"
 def tuner(*args: str, state: Path, timeout: int = 600) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "tuner", *args],
-        capture_output=True, text=True, timeout=timeout, check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
         env={"PATH": "/usr/bin:/bin", "TUNER_STATE_DIR": str(state), "HOME": str(Path.home())},
-    )  # fmt: skip
+    )
 
 
 def test_bench_replays_the_matrix_and_the_tuner_and_writes_its_summary(tmp_path: Path) -> None:
     out = tmp_path / "bench"
     result = tuner(
-        "bench", "--workload", str(WORKLOAD), "--prompts", "4", "--requests", "8",
-        "--max-tokens", "16", "--matrix", "ngram-simple,ngram-mod", "--out", str(out),
+        "bench",
+        "--workload",
+        str(WORKLOAD),
+        "--prompts",
+        "4",
+        "--requests",
+        "8",
+        "--max-tokens",
+        "16",
+        "--matrix",
+        "ngram-simple,ngram-mod",
+        "--out",
+        str(out),
         state=tmp_path / "state",
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "[bench] [20/20]" in result.stderr  # progress while running
     rows = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
@@ -58,10 +72,15 @@ def test_bench_replays_the_matrix_and_the_tuner_and_writes_its_summary(tmp_path:
     assert worst is None or worst["class"] in summary["classes"]
     # same work: the tuner's requests whose variant and counts a static arm's request of the
     # same prompt repeated, counted here from the real rows
-    done = {(r["item"], r["variant"], r["tokens"], r["drafted"], r["accepted"])
-            for r in rows if r["arm"] != "tuner"}  # fmt: skip
-    pairs = sum((r["item"], r["variant"], r["tokens"], r["drafted"], r["accepted"]) in done
-                for r in tuner_rows)  # fmt: skip
+    done = {
+        (r["item"], r["variant"], r["tokens"], r["drafted"], r["accepted"])
+        for r in rows
+        if r["arm"] != "tuner"
+    }
+    pairs = sum(
+        (r["item"], r["variant"], r["tokens"], r["drafted"], r["accepted"]) in done
+        for r in tuner_rows
+    )
     same = summary["overall"]["tuner_same_work"]
     assert (same or {}).get("pairs", 0) == pairs
     assert same is None or same["time_ratio"] > 0
@@ -99,13 +118,32 @@ def test_a_bench_stopped_midway_leaves_nothing_running(tmp_path: Path, sig: int)
     out = tmp_path / "bench"
     with (tmp_path / "bench.log").open("wb") as log:
         bench = subprocess.Popen(
-            [sys.executable, "-m", "tuner", "bench", "--workload", str(WORKLOAD),
-             "--prompts", "2", "--requests", "100", "--max-tokens", "32",
-             "--matrix", "ngram-simple", "--out", str(out)],
-            stdout=log, stderr=log,
-            env={"PATH": "/usr/bin:/bin", "TUNER_STATE_DIR": str(tmp_path / "state"),
-                 "HOME": str(Path.home())},
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "tuner",
+                "bench",
+                "--workload",
+                str(WORKLOAD),
+                "--prompts",
+                "2",
+                "--requests",
+                "100",
+                "--max-tokens",
+                "32",
+                "--matrix",
+                "ngram-simple",
+                "--out",
+                str(out),
+            ],
+            stdout=log,
+            stderr=log,
+            env={
+                "PATH": "/usr/bin:/bin",
+                "TUNER_STATE_DIR": str(tmp_path / "state"),
+                "HOME": str(Path.home()),
+            },
+        )
     try:
         deadline = time.monotonic() + 300
         rows = out / "requests.jsonl"
@@ -137,11 +175,27 @@ def test_a_challenger_runs_side_by_side_with_its_own_tuning_file(tmp_path: Path)
     tuning.write_text("[budget]\nexplore_share = 0.0\n[single]\nexplore_share = 0.0\n")
     out = tmp_path / "bench"
     result = tuner(
-        "bench", "--workload", str(WORKLOAD), "--prompts", "2", "--requests", "8",
-        "--max-tokens", "16", "--matrix", "ngram-mod", "--explore-share", "1.0",
-        "--challenger", str(tuning), "--challenger-env", "TUNER_MAX_INSTANCES=1",
-        "--out", str(out), state=tmp_path / "state",
-    )  # fmt: skip
+        "bench",
+        "--workload",
+        str(WORKLOAD),
+        "--prompts",
+        "2",
+        "--requests",
+        "8",
+        "--max-tokens",
+        "16",
+        "--matrix",
+        "ngram-mod",
+        "--explore-share",
+        "1.0",
+        "--challenger",
+        str(tuning),
+        "--challenger-env",
+        "TUNER_MAX_INSTANCES=1",
+        "--out",
+        str(out),
+        state=tmp_path / "state",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
     assert all(r["wall_ms"] >= r["ms"] > 0 for r in rows)  # the client waited for the decode
@@ -182,10 +236,25 @@ def test_a_peer_builds_arms_run_beside_the_matrix_each_over_its_own_baseline(
     binary = prepare(load_settings(state_dir=tmp_path)).binary
     out = tmp_path / "bench"
     result = tuner(
-        "bench", "--workload", str(WORKLOAD), "--prompts", "3", "--requests", "3",
-        "--max-tokens", "24", "--matrix", "ngram-simple", "--peer", str(binary),
-        "--peer-arm", "simple=--spec-type ngram-simple", "--out", str(out), state=tmp_path,
-    )  # fmt: skip
+        "bench",
+        "--workload",
+        str(WORKLOAD),
+        "--prompts",
+        "3",
+        "--requests",
+        "3",
+        "--max-tokens",
+        "24",
+        "--matrix",
+        "ngram-simple",
+        "--peer",
+        str(binary),
+        "--peer-arm",
+        "simple=--spec-type ngram-simple",
+        "--out",
+        str(out),
+        state=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
     assert not [r for r in rows if r.get("error")]
@@ -214,9 +283,15 @@ def test_bench_refuses_a_challenger_tuning_file_it_cannot_read(tmp_path: Path) -
     bad.write_text("[budget]\nexplore_share = 7\n")
     for path in (bad, tmp_path / "missing.toml"):
         result = tuner(
-            "bench", "--workload", str(WORKLOAD), "--challenger", str(path), "--out",
-            str(tmp_path / "out"), state=tmp_path,
-        )  # fmt: skip
+            "bench",
+            "--workload",
+            str(WORKLOAD),
+            "--challenger",
+            str(path),
+            "--out",
+            str(tmp_path / "out"),
+            state=tmp_path,
+        )
         assert result.returncode == 2 and "tuning file" in result.stderr, result.stderr
         assert not (tmp_path / "out").exists()  # refused before anything ran
 
@@ -233,34 +308,72 @@ def test_bench_refuses_a_challenger_tuning_file_it_cannot_read(tmp_path: Path) -
 )
 def test_bench_refuses_a_setting_it_cannot_use(tmp_path: Path, extra: list[str], said: str) -> None:
     result = tuner(
-        "bench", "--workload", str(WORKLOAD), *extra, "--out", str(tmp_path / "out"),
+        "bench",
+        "--workload",
+        str(WORKLOAD),
+        *extra,
+        "--out",
+        str(tmp_path / "out"),
         state=tmp_path,
-    )  # fmt: skip
+    )
     assert result.returncode == 2 and said in result.stderr, result.stderr
     assert not (tmp_path / "out").exists()  # refused before anything ran
 
 
 def test_bench_refuses_a_matrix_name_it_cannot_parse(tmp_path: Path) -> None:
     result = tuner(
-        "bench", "--workload", str(WORKLOAD), "--matrix", "ngram-simple.x3", "--out",
-        str(tmp_path), state=tmp_path,
-    )  # fmt: skip
+        "bench",
+        "--workload",
+        str(WORKLOAD),
+        "--matrix",
+        "ngram-simple.x3",
+        "--out",
+        str(tmp_path),
+        state=tmp_path,
+    )
     assert result.returncode == 2 and "not a variant name" in result.stderr
 
 
 def test_synth_moe_writes_a_model_llama_server_runs(tmp_path: Path) -> None:
     path = tmp_path / "moe.gguf"
     result = tuner(
-        "synth-moe", str(path), "--experts", "16", "--active", "2", "--layers", "2",
-        "--hidden", "128", "--expert-ffn", "128", state=tmp_path,
-    )  # fmt: skip
+        "synth-moe",
+        str(path),
+        "--experts",
+        "16",
+        "--active",
+        "2",
+        "--layers",
+        "2",
+        "--hidden",
+        "128",
+        "--expert-ffn",
+        "128",
+        state=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     facts = read_facts(path)
     assert facts.is_moe and facts.expert_count == 16 and facts.expert_used == 2
     dense = tmp_path / "dense.gguf"
-    assert tuner("synth-moe", str(dense), "--dense", "--experts", "16", "--active", "2",
-                 "--layers", "2", "--hidden", "128", "--expert-ffn", "128",
-                 state=tmp_path).returncode == 0  # fmt: skip
+    assert (
+        tuner(
+            "synth-moe",
+            str(dense),
+            "--dense",
+            "--experts",
+            "16",
+            "--active",
+            "2",
+            "--layers",
+            "2",
+            "--hidden",
+            "128",
+            "--expert-ffn",
+            "128",
+            state=tmp_path,
+        ).returncode
+        == 0
+    )
     assert not read_facts(dense).is_moe
     import asyncio
 
@@ -299,8 +412,18 @@ def test_synth_moe_writes_a_hybrid_whose_mtp_head_llama_server_drafts_with(
     from tuner.settings import load_settings
     from tuner.upstream.launch import prepare
 
-    size = ["--experts", "16", "--active", "4", "--layers", "4", "--hidden", "64",
-            "--expert-ffn", "64"]  # fmt: skip
+    size = [
+        "--experts",
+        "16",
+        "--active",
+        "4",
+        "--layers",
+        "4",
+        "--hidden",
+        "64",
+        "--expert-ffn",
+        "64",
+    ]
     hybrid, twin = tmp_path / "hybrid.gguf", tmp_path / "twin.gguf"
     for path, extra in ((hybrid, ["--mtp-layers", "1"]), (twin, ["--attention-only"])):
         made = tuner("synth-moe", str(path), "--arch", "qwen35moe", *size, *extra, state=tmp_path)

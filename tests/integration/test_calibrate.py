@@ -18,16 +18,29 @@ pytestmark = pytest.mark.llama
 def tuner(*args: str, state: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "tuner", *args],
-        capture_output=True, text=True, timeout=600, check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
         env={"PATH": "/usr/bin:/bin", "TUNER_STATE_DIR": str(state), "HOME": str(Path.home())},
-    )  # fmt: skip
+    )
 
 
 def test_calibrate_measures_a_rising_verify_curve_and_checks_a_variant(tmp_path: Path) -> None:
     result = tuner(
-        "calibrate", "--prompts", "3", "--max-tokens", "48", "--variants", "ngram-simple",
-        "--format", "json", "--state-dir", str(tmp_path), state=tmp_path,
-    )  # fmt: skip
+        "calibrate",
+        "--prompts",
+        "3",
+        "--max-tokens",
+        "48",
+        "--variants",
+        "ngram-simple",
+        "--format",
+        "json",
+        "--state-dir",
+        str(tmp_path),
+        state=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     profile = Profile.model_validate_json(result.stdout)
     curve = dict(profile.verify_curve)
@@ -58,11 +71,28 @@ def test_calibrate_with_a_draft_model_measures_its_cost(tmp_path: Path) -> None:
     """Gemma as its own draft: the draft step costs about one target step (c ~ 1)."""
     model = str(default_model_path())
     result = subprocess.run(
-        [sys.executable, "-m", "tuner", "calibrate", "--prompts", "2", "--max-tokens", "32",
-         "--variants", "ngram-simple", "--format", "json", "--state-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=600, check=False,
+        [
+            sys.executable,
+            "-m",
+            "tuner",
+            "calibrate",
+            "--prompts",
+            "2",
+            "--max-tokens",
+            "32",
+            "--variants",
+            "ngram-simple",
+            "--format",
+            "json",
+            "--state-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
         env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home()), "TUNER_DRAFT_MODEL": model},
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr
     profile = Profile.model_validate_json(result.stdout)
     assert profile.draft_cost is not None and 0.5 < profile.draft_cost < 2.0

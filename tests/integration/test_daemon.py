@@ -48,9 +48,11 @@ def test_models_lists_the_real_model(client: openai.OpenAI) -> None:
 
 def test_completion_with_sdk_records_timings(client: openai.OpenAI, daemon: RunningDaemon) -> None:
     raw = client.completions.with_raw_response.create(
-        model="gpt-3.5-turbo-instruct", prompt="The capital of France is", max_tokens=8,
+        model="gpt-3.5-turbo-instruct",
+        prompt="The capital of France is",
+        max_tokens=8,
         temperature=0,
-    )  # fmt: skip
+    )
     completion = raw.parse()
     assert completion.choices[0].text.strip()
     record = records_with(daemon, raw.headers["x-request-id"])
@@ -88,9 +90,13 @@ def test_chat_non_streaming_and_streaming(client: openai.OpenAI) -> None:
     # the router serves a variant's preset; answers name the model the daemon offers
     assert chat.model == "gemma-3-270m-q4_k_m"
     stream = client.chat.completions.create(
-        model="any", messages=messages, max_tokens=8, temperature=0, stream=True,  # type: ignore[arg-type]
+        model="any",
+        messages=messages,
+        max_tokens=8,
+        temperature=0,
+        stream=True,  # type: ignore[arg-type]
         stream_options={"include_usage": True},
-    )  # fmt: skip
+    )
     chunks = list(stream)
     assert {c.model for c in chunks} == {"gemma-3-270m-q4_k_m"}
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -126,8 +132,7 @@ def test_an_idle_connection_outlives_the_clients_keep_alive(daemon: RunningDaemo
 
 
 def test_native_completion_and_llama_extensions_pass_through(daemon: RunningDaemon) -> None:
-    body = {"prompt": "Hello", "n_predict": 4, "n_probs": 2, "cache_prompt": True,
-            "temperature": 0}  # fmt: skip
+    body = {"prompt": "Hello", "n_predict": 4, "n_probs": 2, "cache_prompt": True, "temperature": 0}
     response = httpx.post(daemon.url + "/completion", json=body, timeout=60)
     assert response.status_code == 200
     data = response.json()
@@ -228,8 +233,9 @@ def test_llama_server_killed_mid_stream(tmp_path: Path) -> None:
         started = time.monotonic()
         running.wait_ready(timeout_s=60)
         recovered_s = time.monotonic() - started
-        response = httpx.post(running.v1 + "/completions",
-                              json={"prompt": "Hi", "max_tokens": 2}, timeout=60)  # fmt: skip
+        response = httpx.post(
+            running.v1 + "/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=60
+        )
         assert response.status_code == 200
         assert recovered_s < 10
         assert running.llama_server().pid != victim.pid
@@ -265,8 +271,12 @@ def _stream_through_sigterm(running: RunningDaemon, max_tokens: int) -> tuple[li
     Returns the data lines, the request id and whether new connections were refused
     while the stream was still open.
     """
-    body = {"prompt": "Write a long story about a lighthouse keeper.", "max_tokens": max_tokens,
-            "temperature": 0, "stream": True}  # fmt: skip
+    body = {
+        "prompt": "Write a long story about a lighthouse keeper.",
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+    }
     events: list[str] = []
     refused = False
     with httpx.stream("POST", running.v1 + "/completions", json=body, timeout=60) as response:
@@ -340,8 +350,11 @@ def test_metrics_move_with_real_requests(daemon: RunningDaemon) -> None:
         )
 
     before = generated()
-    httpx.post(daemon.v1 + "/completions", json={"prompt": "One, two,", "max_tokens": 5,
-                                                 "temperature": 0}, timeout=60)  # fmt: skip
+    httpx.post(
+        daemon.v1 + "/completions",
+        json={"prompt": "One, two,", "max_tokens": 5, "temperature": 0},
+        timeout=60,
+    )
     deadline = time.monotonic() + 5
     while generated() < before + 5 and time.monotonic() < deadline:
         time.sleep(0.1)  # records (and metrics) are built off the request path
@@ -370,10 +383,21 @@ def test_port_in_use_fails_clearly_without_orphans(tmp_path: Path) -> None:
         port = taken.getsockname()[1]
         before = {p.pid for p in psutil.process_iter() if "llama-server" in p.name()}
         result = subprocess.run(
-            [sys.executable, "-m", "tuner", "serve", "--port", str(port),
-             "--state-dir", str(tmp_path)],
-            capture_output=True, text=True, timeout=300, check=False,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "tuner",
+                "serve",
+                "--port",
+                str(port),
+                "--state-dir",
+                str(tmp_path),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
     assert result.returncode != 0
     assert "address already in use" in result.stderr
     time.sleep(0.5)

@@ -38,8 +38,12 @@ def test_a_draft_that_accepts_but_costs_a_step_is_switched_off(tmp_path: Path) -
     (tmp_path / "tuning.toml").write_text(DRAFT_ONLY)
     state = tmp_path / "state"
     state.mkdir()
-    env = {"TUNER_DRAFT_MODEL": str(draft), "TUNER_TUNING_FILE": str(tmp_path / "tuning.toml"),
-           "TUNER_SEED": "7", "TUNER_THREADS": "2"}  # fmt: skip
+    env = {
+        "TUNER_DRAFT_MODEL": str(draft),
+        "TUNER_TUNING_FILE": str(tmp_path / "tuning.toml"),
+        "TUNER_SEED": "7",
+        "TUNER_THREADS": "2",
+    }
     running = start_daemon(state, env=env)
     served: list[str] = []
     drafted = accepted = 0

@@ -20,8 +20,7 @@ pytestmark = pytest.mark.llama
 
 
 def edit(n: int) -> tuple[str, dict[str, object]]:
-    return "/v1/completions", {"prompt": CODE_EDIT, "max_tokens": 48, "temperature": 0.0,
-                               "seed": n}  # fmt: skip
+    return "/v1/completions", {"prompt": CODE_EDIT, "max_tokens": 48, "temperature": 0.0, "seed": n}
 
 
 def metric(daemon: RunningDaemon, name: str) -> float:

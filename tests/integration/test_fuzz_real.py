@@ -28,8 +28,9 @@ def bounded(body: bytes) -> bytes:
     if isinstance(data, dict):
         for key in ("max_tokens", "n_predict"):
             value = data.get(key)
-            if value is None or (isinstance(value, int) and not isinstance(value, bool)
-                                 and (value > 4 or value < 0)):  # fmt: skip
+            if value is None or (
+                isinstance(value, int) and not isinstance(value, bool) and (value > 4 or value < 0)
+            ):
                 data[key] = 2
         return json.dumps(data).encode()
     return body
@@ -41,17 +42,24 @@ extras = st.dictionaries(st.sampled_from(FIELDS[4:]), json_values, max_size=4)
 generation = st.one_of(
     st.tuples(st.just("/v1/completions"), st.builds(lambda p, e: {**e, "prompt": p}, text, extras)),
     st.tuples(st.just("/completion"), st.builds(lambda p, e: {**e, "prompt": p}, text, extras)),
-    st.tuples(st.just("/v1/chat/completions"), st.builds(
-        lambda p, e: {**e, "messages": [{"role": "user", "content": p}]}, text, extras)),
-)  # fmt: skip
+    st.tuples(
+        st.just("/v1/chat/completions"),
+        st.builds(lambda p, e: {**e, "messages": [{"role": "user", "content": p}]}, text, extras),
+    ),
+)
 
 
 def test_real_generation_requests_with_odd_fields_never_get_5xx(daemon: RunningDaemon) -> None:
     seen: list[int] = []
     with httpx.Client(base_url=daemon.url, timeout=120) as client:
 
-        @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck),
-                  database=None, derandomize=True)  # fmt: skip
+        @settings(
+            max_examples=300,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+            database=None,
+            derandomize=True,
+        )
         @given(generation)
         def one(case: tuple[str, dict[str, Any]]) -> None:
             route, body = case
@@ -69,8 +77,13 @@ def test_real_stack_never_answers_5xx(daemon: RunningDaemon) -> None:
     seen: list[int] = []
     with httpx.Client(base_url=daemon.url, timeout=120) as client:
 
-        @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck),
-                  database=None, derandomize=True)  # fmt: skip
+        @settings(
+            max_examples=300,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+            database=None,
+            derandomize=True,
+        )
         @given(st.sampled_from(ROUTES), st.sampled_from(["GET", "POST"]), bodies, headers)
         def one(route: str, method: str, body: bytes, extra: dict[str, str]) -> None:
             extra.pop("content-length", None)

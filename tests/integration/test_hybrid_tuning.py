@@ -15,8 +15,8 @@ import pytest
 
 from tests.integration.conftest import start_daemon
 from tests.integration.test_bench import tuner
-from tuner.model.synth import default_vocab
 from tuner.settings import load_settings
+from tuner.upstream.provision import default_vocab
 from tuner.workload import WorkloadItem
 
 pytestmark = pytest.mark.llama
@@ -37,8 +37,9 @@ PROMPT = "Write a short story about a lighthouse keeper who finds a message in a
 
 def _hybrid(tmp_path: Path, *size: str) -> Path:
     path = tmp_path / "hybrid.gguf"
-    made = tuner("synth-moe", str(path), "--arch", "qwen35moe", "--mtp-layers", "1", *size,
-                 state=tmp_path)  # fmt: skip
+    made = tuner(
+        "synth-moe", str(path), "--arch", "qwen35moe", "--mtp-layers", "1", *size, state=tmp_path
+    )
     assert made.returncode == 0, made.stderr[-2000:]
     return path
 
@@ -49,9 +50,13 @@ def _serve(tmp_path: Path, model: Path, rates: str, requests: int) -> tuple[list
     (tmp_path / "tuning.toml").write_text(MTP_ONLY)
     state = tmp_path / "state"
     state.mkdir()
-    env = {"TUNER_MODEL": str(model), "TUNER_TUNING_FILE": str(tmp_path / "tuning.toml"),
-           "TUNER_SPEC_ARGS": f"--spec-synth-rates {rates}", "TUNER_SEED": "7",
-           "TUNER_THREADS": "2"}  # fmt: skip
+    env = {
+        "TUNER_MODEL": str(model),
+        "TUNER_TUNING_FILE": str(tmp_path / "tuning.toml"),
+        "TUNER_SPEC_ARGS": f"--spec-synth-rates {rates}",
+        "TUNER_SEED": "7",
+        "TUNER_THREADS": "2",
+    }
     running = start_daemon(state, env=env)
     served: list[str] = []
     try:
@@ -70,8 +75,19 @@ def _serve(tmp_path: Path, model: Path, rates: str, requests: int) -> tuple[list
 def test_the_kill_switch_keeps_a_losing_mtp_head_off(tmp_path: Path) -> None:
     """A tiny hybrid on the Qwen3.5 vocabulary: its output head is most of a step, so the
     MTP head's every draft costs about a step and loses at any acceptance (0.4-0.7x)."""
-    model = _hybrid(tmp_path, "--experts", "16", "--active", "4", "--layers", "4",
-                    "--hidden", "64", "--expert-ffn", "64")  # fmt: skip
+    model = _hybrid(
+        tmp_path,
+        "--experts",
+        "16",
+        "--active",
+        "4",
+        "--layers",
+        "4",
+        "--hidden",
+        "64",
+        "--expert-ffn",
+        "64",
+    )
     served, policy = _serve(tmp_path, model, "0.5", 24)
     assert policy["variant"] == "none" and not policy["speculation"], policy
     assert "draft-mtp.max3:trial" in served, served  # it was tried, and measured slower
@@ -82,8 +98,21 @@ def test_the_tuner_finds_and_serves_an_mtp_head_that_pays(tmp_path: Path) -> Non
     """A hybrid whose trunk, not its output head, is most of a step (a small vocabulary, as
     in a 35B): the MTP head drafting three tokens pays about 1.3x when all are kept."""
     vocab = default_vocab(load_settings().cache_dir)
-    model = _hybrid(tmp_path, "--experts", "4", "--active", "4", "--layers", "8",
-                    "--hidden", "1024", "--expert-ffn", "1024", "--vocab", str(vocab))  # fmt: skip
+    model = _hybrid(
+        tmp_path,
+        "--experts",
+        "4",
+        "--active",
+        "4",
+        "--layers",
+        "8",
+        "--hidden",
+        "1024",
+        "--expert-ffn",
+        "1024",
+        "--vocab",
+        str(vocab),
+    )
     served, policy = _serve(tmp_path, model, "1", 20)
     assert policy["variant"].startswith("draft-mtp") and policy["speculation"], policy
     assert policy["speedup_low"] > 1.0, policy

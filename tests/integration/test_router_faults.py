@@ -208,8 +208,10 @@ def test_a_preset_that_cannot_load_is_quarantined_and_every_request_answered(
     assert running.stop() == 0
     report = subprocess.run(
         [sys.executable, "-m", "tuner", "report", "--state-dir", str(state), "--format", "json"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert "failed to load" in json.loads(report.stdout)["quarantine"][PINNED]["reason"]
 
 
@@ -219,8 +221,12 @@ def test_a_flag_the_build_does_not_know_stops_the_daemon_with_a_clear_error(
     env = {**os.environ, "TUNER_SPEC_ARGS": "--bogus-flag 3", "TUNER_STATE_DIR": str(tmp_path)}
     result = subprocess.run(
         [sys.executable, "-m", "tuner", "serve", "--port", "0"],
-        capture_output=True, text=True, timeout=120, env=env, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
     assert result.returncode == 2
     assert "TUNER_SPEC_ARGS" in result.stderr and "--bogus-flag" in result.stderr
 
@@ -236,8 +242,12 @@ def test_a_draft_of_another_vocabulary_stops_the_daemon_before_anything_runs(
     env = {**os.environ, "TUNER_DRAFT_MODEL": str(draft), "TUNER_STATE_DIR": str(tmp_path)}
     result = subprocess.run(
         [sys.executable, "-m", "tuner", "serve", "--port", "0"],
-        capture_output=True, text=True, timeout=120, env=env, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
     assert result.returncode == 2, result.stderr[-2000:]
     assert (
         "TUNER_DRAFT_MODEL" in result.stderr and "vocabulary sizes 300 and 262144" in result.stderr

@@ -18,7 +18,7 @@ import pytest
 
 from tests.integration.conftest import RunningDaemon, start_daemon
 from tests.test_systemd import Listener
-from tests.tuning.test_crash import intact_trials
+from tests.tuning.runtime.test_crash import intact_trials
 from tuner.records import read_records
 
 pytestmark = pytest.mark.llama
@@ -127,8 +127,11 @@ def test_a_state_dir_that_refuses_writes_keeps_serving(tmp_path: Path) -> None:
 def _small_filesystem(where: Path, size: str) -> Iterator[Path]:
     """A real tmpfs of ``size`` mounted at ``where`` (needs root; skips otherwise)."""
     where.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
-                             capture_output=True, check=False)  # fmt: skip
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+        capture_output=True,
+        check=False,
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
     try:

@@ -11,7 +11,7 @@ import pytest
 
 from tests.integration.test_daemon import CODE_EDIT
 from tuner.settings import Settings
-from tuner.tuning.shadow import ModDrafter
+from tuner.tuning.replay.drafters import ModDrafter
 from tuner.upstream.launch import default_model_path
 from tuner.upstream.process import free_port
 from tuner.upstream.provision import locate_llama_server
@@ -26,10 +26,28 @@ def mod_server() -> Iterator[str]:
     settings = Settings()
     binary = locate_llama_server(settings.llama_server, settings.cache_dir)
     port = free_port()
-    argv = [str(binary), "-m", str(default_model_path()), "--port", str(port), "-t", "2",
-            "-c", "4096", "-np", "1", "--no-webui", "--spec-type", "ngram-mod",
-            "--spec-ngram-mod-n-match", str(MOD[0]), "--spec-ngram-mod-n-max", str(MOD[1]),
-            "--spec-ngram-mod-n-min", str(MOD[2])]  # fmt: skip
+    argv = [
+        str(binary),
+        "-m",
+        str(default_model_path()),
+        "--port",
+        str(port),
+        "-t",
+        "2",
+        "-c",
+        "4096",
+        "-np",
+        "1",
+        "--no-webui",
+        "--spec-type",
+        "ngram-mod",
+        "--spec-ngram-mod-n-match",
+        str(MOD[0]),
+        "--spec-ngram-mod-n-max",
+        str(MOD[1]),
+        "--spec-ngram-mod-n-min",
+        str(MOD[2]),
+    ]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -62,8 +80,13 @@ def test_the_mod_replay_gives_the_servers_counts_in_order(mod_server: str) -> No
     drafter = ModDrafter(*MOD)
     found = []
     for prompt in prompts:
-        body = {"prompt": prompt, "n_predict": 64, "temperature": 0, "return_tokens": True,
-                "cache_prompt": False}  # fmt: skip
+        body = {
+            "prompt": prompt,
+            "n_predict": 64,
+            "temperature": 0,
+            "return_tokens": True,
+            "cache_prompt": False,
+        }
         reply = httpx.post(mod_server + "/completion", json=body, timeout=300).json()
         t = reply["timings"]
         server = (t.get("draft_n", 0), t.get("draft_n_accepted", 0))

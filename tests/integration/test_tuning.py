@@ -135,8 +135,11 @@ def test_engine_settles_per_class_on_real_llama_server(tmp_path: Path) -> None:
     for key, row in rows.items():
         policy = final[key]["policy"]
         assert (row["variant"], row["speculation"], row["speedup"], row["reason"]) == (
-            policy["variant"], policy["speculation"], policy["speedup"], policy["reason"]
-        ), key  # fmt: skip
+            policy["variant"],
+            policy["speculation"],
+            policy["speedup"],
+            policy["reason"],
+        ), key
         assert row["requests"] == final[key]["seen"]
     learned_on = tmp_path / "state"  # the trial history stays with the Optuna studies there
     history = json.loads(_report(learned_on, "--class", story_class, "--format", "json"))
@@ -155,8 +158,11 @@ def _tuner(*args: str, check: bool = True) -> str:
     """A ``tuner`` command in its own process: its output (with stderr when not ``check``)."""
     done = subprocess.run(
         [sys.executable, "-m", "tuner", *args],
-        capture_output=True, text=True, timeout=120, check=check,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=check,
+    )
     return done.stdout if check else done.stdout + done.stderr
 
 

@@ -11,13 +11,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tuner.cli import main
+from tuner.cli.main import main
 from tuner.model.derive import derive_draft, parse_layers
 from tuner.model.gguf_facts import draft_compatibility, read_facts
 from tuner.model.synth import SynthSpec, write_moe
 
-SPEC = SynthSpec(experts=4, active=2, layers=4, hidden=64, expert_ffn=32, heads=2, kv_heads=1,
-                 head_dim=32)  # fmt: skip
+SPEC = SynthSpec(
+    experts=4, active=2, layers=4, hidden=64, expert_ffn=32, heads=2, kv_heads=1, head_dim=32
+)
 
 
 @pytest.fixture
@@ -43,9 +44,16 @@ def test_a_written_list_of_blocks_parses_back(case: tuple[int, set[int]]) -> Non
 
 @pytest.mark.parametrize(
     ("text", "error"),
-    [("3,1", "ascending"), ("1,1", "ascending"), ("0-4", "blocks 0-3"), ("a", "not N"),
-     ("", "not N"), ("2-", "not N"), ("3-1", "ascending")],
-)  # fmt: skip
+    [
+        ("3,1", "ascending"),
+        ("1,1", "ascending"),
+        ("0-4", "blocks 0-3"),
+        ("a", "not N"),
+        ("", "not N"),
+        ("2-", "not N"),
+        ("3-1", "ascending"),
+    ],
+)
 def test_bad_block_lists_are_refused(text: str, error: str) -> None:
     with pytest.raises(ValueError, match=error):
         parse_layers(text, 4)
@@ -96,8 +104,10 @@ def test_the_command_writes_a_draft_and_refuses_missing_blocks(
 def test_the_command_names_a_model_without_blocks_and_an_out_it_cannot_write(
     vocab: Path, target: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["derive-draft", str(tmp_path / "d.gguf"), "--model", str(vocab),
-                 "--layers", "0"]) == 2  # fmt: skip
+    assert (
+        main(["derive-draft", str(tmp_path / "d.gguf"), "--model", str(vocab), "--layers", "0"])
+        == 2
+    )
     assert "no blocks to keep (a vocabulary-only GGUF?)" in capsys.readouterr().err
     blocked = tmp_path / "file"
     blocked.write_text("")  # a file where the command needs a folder

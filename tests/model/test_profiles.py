@@ -56,9 +56,13 @@ def test_unknown_target_lists_the_known_ones() -> None:
 
 def test_profile_round_trip(tmp_path: Path) -> None:
     profile = Profile(
-        model_key="m-1", model_name="m", hardware_key="h", hardware={"cpu": "x"},
-        decode_ms=15.0, verify_curve=[(1, 1.0), (8, 1.5)],
-    )  # fmt: skip
+        model_key="m-1",
+        model_name="m",
+        hardware_key="h",
+        hardware={"cpu": "x"},
+        decode_ms=15.0,
+        verify_curve=[(1, 1.0), (8, 1.5)],
+    )
     path = save_profile(tmp_path, profile)
     assert json.loads(path.read_text())["decode_ms"] == 15.0
     assert load_profile([tmp_path / "absent", tmp_path], "m-1", "h") == profile
@@ -78,9 +82,13 @@ def test_keys_are_stable(tmp_path: Path) -> None:
 def _check(tokens: int, drafted: int, accepted: int, c: float, rounds: int = 10) -> VariantCheck:
     """A check whose measured speedup is what ``tokens`` cost at ``c`` per drafted token."""
     return VariantCheck(
-        variant="v", flags=[], requests=1, tokens=tokens, rounds=rounds,
+        variant="v",
+        flags=[],
+        requests=1,
+        tokens=tokens,
+        rounds=rounds,
         alpha=accepted / drafted if drafted else None,
         mean_draft=drafted / rounds if drafted else None,
         measured_speedup=tokens / (tokens - accepted + c * drafted),
         predicted_speedup=None,
-    )  # fmt: skip
+    )

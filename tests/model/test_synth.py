@@ -12,8 +12,9 @@ import pytest
 from tuner.model.gguf_facts import read_facts
 from tuner.model.synth import SynthSpec, write_moe
 
-TINY = SynthSpec(experts=8, active=2, layers=2, hidden=64, expert_ffn=32, heads=2, kv_heads=1,
-                 head_dim=32)  # fmt: skip
+TINY = SynthSpec(
+    experts=8, active=2, layers=2, hidden=64, expert_ffn=32, heads=2, kv_heads=1, head_dim=32
+)
 
 
 def test_moe_file_has_the_shape_and_the_tokenizer(vocab: Path, tmp_path: Path) -> None:

@@ -342,8 +342,11 @@ async def test_records_carry_the_class_and_features(
     from tuner.proxy.app import create_app
 
     app = create_app(upstream, store, classifier=partial(classify, definitions=load_definitions()))
-    body = {"prompt": "Rename x to y and keep the rest identical:\n\ndef f(x):\n    return x + 1\n",
-            "temperature": 0, "max_tokens": 8}  # fmt: skip
+    body = {
+        "prompt": "Rename x to y and keep the rest identical:\n\ndef f(x):\n    return x + 1\n",
+        "temperature": 0,
+        "max_tokens": 8,
+    }
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://p") as c:
         await c.post("/v1/completions", json=body)
     record = await next_record(store)

@@ -19,18 +19,51 @@ from tuner.proxy.app import create_app
 from tuner.records import RecordStore
 from tuner.upstream.client import UpstreamClient
 
-FIELDS = ["model", "prompt", "messages", "stream", "max_tokens", "temperature", "top_p", "n",
-          "stop", "seed", "stream_options", "n_predict", "cache_prompt", "n_probs", "grammar",
-          "tools", "role", "content", "response_format", "logit_bias"]  # fmt: skip
-ROUTES = ["/v1/chat/completions", "/v1/completions", "/completion", "/v1/models", "/health",
-          "/ready", "/metrics", "/v1/nothing", "/"]  # fmt: skip
+FIELDS = [
+    "model",
+    "prompt",
+    "messages",
+    "stream",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "n",
+    "stop",
+    "seed",
+    "stream_options",
+    "n_predict",
+    "cache_prompt",
+    "n_probs",
+    "grammar",
+    "tools",
+    "role",
+    "content",
+    "response_format",
+    "logit_bias",
+]
+ROUTES = [
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/completion",
+    "/v1/models",
+    "/health",
+    "/ready",
+    "/metrics",
+    "/v1/nothing",
+    "/",
+]
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=20),
-    lambda c: st.lists(c, max_size=4)
-    | st.dictionaries(st.sampled_from(FIELDS) | st.text(max_size=6), c, max_size=5),
+    lambda c: (
+        st.lists(c, max_size=4)
+        | st.dictionaries(st.sampled_from(FIELDS) | st.text(max_size=6), c, max_size=5)
+    ),
     max_leaves=20,
-)  # fmt: skip
+)
 message = st.fixed_dictionaries(
     {"role": st.sampled_from(["user", "system", "assistant", "tool"]) | st.text(max_size=5)},
     optional={"content": json_values},
@@ -40,13 +73,15 @@ bodies = st.one_of(
     st.dictionaries(st.sampled_from(FIELDS), json_values, max_size=6).map(
         lambda v: json.dumps(v).encode()
     ),
-    st.fixed_dictionaries({"messages": st.lists(message, max_size=4)},
-                          optional={"stream": st.booleans(), "max_tokens": json_values}).map(
-        lambda v: json.dumps(v).encode()),
+    st.fixed_dictionaries(
+        {"messages": st.lists(message, max_size=4)},
+        optional={"stream": st.booleans(), "max_tokens": json_values},
+    ).map(lambda v: json.dumps(v).encode()),
     st.fixed_dictionaries({"prompt": json_values}, optional={"stream": st.booleans()}).map(
-        lambda v: json.dumps(v).encode()),
+        lambda v: json.dumps(v).encode()
+    ),
     st.binary(max_size=200),
-)  # fmt: skip
+)
 headers = st.dictionaries(
     st.sampled_from(["content-type", "x-request-id", "authorization", "accept", "content-length"]),
     st.text(alphabet=st.characters(min_codepoint=33, max_codepoint=126), max_size=30),
@@ -64,8 +99,12 @@ def test_no_request_gets_a_server_error(tmp_path: Any) -> None:
     with TestClient(app, raise_server_exceptions=False) as client:
 
         @settings(max_examples=1200, deadline=None, suppress_health_check=list(HealthCheck))
-        @given(st.sampled_from(ROUTES), st.sampled_from(["GET", "POST", "PUT", "DELETE"]),
-               bodies, headers)  # fmt: skip
+        @given(
+            st.sampled_from(ROUTES),
+            st.sampled_from(["GET", "POST", "PUT", "DELETE"]),
+            bodies,
+            headers,
+        )
         def one(route: str, method: str, body: bytes, extra: dict[str, str]) -> None:
             extra.pop("content-length", None)  # a wrong length is the transport's business
             response = client.request(method, route, content=body, headers=extra)

@@ -39,8 +39,9 @@ async def test_api_keys_guard_everything_but_health(
 
         sdk = openai.AsyncOpenAI(api_key="k1", base_url="http://p/v1", http_client=c)
         assert (await sdk.completions.create(model="m", prompt="Hi", max_tokens=2)).choices
-        wrong = openai.AsyncOpenAI(api_key="bad", base_url="http://p/v1", http_client=c,
-                                   max_retries=0)  # fmt: skip
+        wrong = openai.AsyncOpenAI(
+            api_key="bad", base_url="http://p/v1", http_client=c, max_retries=0
+        )
         with pytest.raises(openai.AuthenticationError):
             await wrong.completions.create(model="m", prompt="Hi", max_tokens=2)
 
@@ -77,8 +78,10 @@ async def test_client_gone_before_the_stream_starts(
 ) -> None:
     app = create_app(upstream, store, max_concurrent=4)
     body = json.dumps({**BODY, "stream": True}).encode()
-    messages = [{"type": "http.request", "body": body, "more_body": False},
-                {"type": "http.disconnect"}]  # fmt: skip
+    messages = [
+        {"type": "http.request", "body": body, "more_body": False},
+        {"type": "http.disconnect"},
+    ]
 
     async def receive() -> dict[str, Any]:
         return messages.pop(0) if messages else {"type": "http.disconnect"}
@@ -87,11 +90,20 @@ async def test_client_gone_before_the_stream_starts(
         if message["type"] == "http.response.start":
             raise OSError("client went away")
 
-    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"},
-             "http_version": "1.1", "method": "POST", "path": "/v1/completions",
-             "raw_path": b"/v1/completions", "query_string": b"", "root_path": "",
-             "headers": [(b"content-type", b"application/json")], "scheme": "http",
-             "server": ("p", 80), "client": ("c", 1)}  # fmt: skip
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.4"},
+        "http_version": "1.1",
+        "method": "POST",
+        "path": "/v1/completions",
+        "raw_path": b"/v1/completions",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json")],
+        "scheme": "http",
+        "server": ("p", 80),
+        "client": ("c", 1),
+    }
     with pytest.raises(Exception):  # noqa: B017 - Starlette turns the OSError into ClientDisconnect
         await app(scope, receive, send)
     assert app.state.handlers.in_flight == 0
@@ -125,11 +137,20 @@ async def test_a_client_that_closes_at_done_had_the_whole_answer(
         if message["type"] == "http.response.body" and gone_after in message.get("body", b""):
             seen.set()
 
-    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
-             "http_version": "1.1", "method": "POST", "path": "/v1/completions",
-             "raw_path": b"/v1/completions", "query_string": b"", "root_path": "",
-             "headers": [(b"content-type", b"application/json")], "scheme": "http",
-             "server": ("p", 80), "client": ("c", 1)}  # fmt: skip
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": "POST",
+        "path": "/v1/completions",
+        "raw_path": b"/v1/completions",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json")],
+        "scheme": "http",
+        "server": ("p", 80),
+        "client": ("c", 1),
+    }
     await asyncio.wait_for(app(scope, receive, send), timeout=10)
     await store.flush()
     record = store.recent[-1]

@@ -165,9 +165,12 @@ async def test_a_variant_that_fails_before_answering_is_tried_again_without_spec
         return None if variant == "none" else _Routed("none", "fallback")
 
     app = create_app(
-        upstream, store, router=lambda key: _Routed("ngram-mod"), fallback=fallback,
+        upstream,
+        store,
+        router=lambda key: _Routed("ngram-mod"),
+        fallback=fallback,
         gate=VariantGate(),
-    )  # fmt: skip
+    )
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://p") as p:
         response = await p.post("/v1/completions", json={"prompt": "hi"})
         assert response.status_code == 200 and response.headers["x-spec-variant"] == "none"
@@ -178,9 +181,11 @@ async def test_a_variant_that_fails_before_answering_is_tried_again_without_spec
     await store.flush()
     rows = [(r.variant, r.role, r.status) for r in store.recent]
     assert rows == [
-        ("ngram-mod", "exploit", 502), ("none", "fallback", 200),
-        ("ngram-mod", "exploit", 502), ("none", "fallback", 502),
-    ]  # fmt: skip
+        ("ngram-mod", "exploit", 502),
+        ("none", "fallback", 200),
+        ("ngram-mod", "exploit", 502),
+        ("none", "fallback", 502),
+    ]
     assert [v for v, _ in fallen] == ["ngram-mod", "ngram-mod"]
     assert all("failed to load" in reason for _, reason in fallen), fallen
 

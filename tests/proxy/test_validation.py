@@ -82,10 +82,17 @@ def test_content_parts_must_be_typed_objects() -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("tools", False), ("tools", [{}]), ("tools", [{"type": "function"}]),
-     ("tools", [{"type": "function", "function": {"name": 3}}]), ("n_probs", -1),
-     ("grammar", 5), ("response_format", "json"), ("cache_prompt", "yes")],
-)  # fmt: skip
+    [
+        ("tools", False),
+        ("tools", [{}]),
+        ("tools", [{"type": "function"}]),
+        ("tools", [{"type": "function", "function": {"name": 3}}]),
+        ("n_probs", -1),
+        ("grammar", 5),
+        ("response_format", "json"),
+        ("cache_prompt", "yes"),
+    ],
+)
 def test_structured_fields_llama_server_would_500_on_are_refused(field: str, value: object) -> None:
     """llama-server answers these with a 500; the proxy refuses them with a 400 first."""
     body = {"messages": [{"role": "user", "content": "hi"}], field: value}

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from tests.tuning.sim import CODE, HELP, PROSE, SimUpstream, config, drive, make, schedule, truth
-from tuner.cli import main
+from tuner.cli.main import main
 from tuner.errors import TunerError
 from tuner.model.envelope import cost_model
 from tuner.report.data import SCHEMA, build_report, load_history, load_report
 from tuner.report.render import as_json, as_markdown, as_table
 from tuner.tuning.config import Override
-from tuner.tuning.state import POLICY_FILE, save_policies
+from tuner.tuning.runtime.policy_file import POLICY_FILE, save_policies
 from tuner.upstream.capabilities import parse_capabilities
 
 FEW = "code/fresh/greedy"  # a class with too few requests: it borrows its parent's policy
@@ -66,8 +66,18 @@ def test_json_schema_and_values_follow_the_engine(learned: Path) -> None:
     assert document["schema"] == SCHEMA and document["found"] is True
     assert document["model"] == "sim-model" and document["build"] == "0c1e570"
     rows = {row["class"]: row for row in document["classes"]}
-    required = {"class", "variant", "speculation", "reason", "alpha", "speedup", "speedup_low",
-                "speedup_high", "predicted_speedup", "requests"}  # fmt: skip
+    required = {
+        "class",
+        "variant",
+        "speculation",
+        "reason",
+        "alpha",
+        "speedup",
+        "speedup_low",
+        "speedup_high",
+        "predicted_speedup",
+        "requests",
+    }
     assert all(required <= set(row) for row in rows.values())
     policies = json.loads((learned / POLICY_FILE).read_text())["classes"]
 
@@ -100,6 +110,8 @@ def test_table_shows_decisions_reasons_and_header(learned: Path) -> None:
     assert "model: sim-model  build: 0c1e570" in text
     assert "Sim CPU, 2 cores, 24 GiB RAM, no GPU" in text
     assert "expected speedup of the current policies" in text
+    # the interval the engine stores with a policy's acceptance: Wilson's, at 95 %
+    assert "alpha [95% Wilson]" in text and "speedup [90%]" in text
     lines = {line.split()[0]: line for line in text.splitlines() if line[:1].isalpha()}
     assert "ngram-simple.n3" in lines[CODE] and "x [" in lines[CODE]
     assert "speculation off" in lines[PROSE] and "no variant beats baseline" in lines[PROSE]
@@ -145,8 +157,11 @@ def test_damaged_state_files_are_reported_not_raised(tmp_path: Path) -> None:
         load_history(tmp_path, CODE)
     done = subprocess.run(
         [sys.executable, "-m", "tuner", "report", "--state-dir", str(tmp_path), "--class", CODE],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 2 and "tuner: error: cannot read the Optuna studies" in done.stderr
 
 
@@ -209,7 +224,7 @@ def test_the_docs_document_every_json_field(learned: Path) -> None:
 
 def test_one_variant_at_a_time_is_reported(tmp_path: Path) -> None:
     """With one instance, the report names the variant serving all traffic and its gain."""
-    from tests.tuning.test_single import mix, reloading, run
+    from tests.tuning.runtime.test_single import mix, reloading, run
 
     caps = parse_capabilities(HELP.read_text())
     upstream, single = reloading(tmp_path, caps, 2.0, guess=5.0)

@@ -10,8 +10,8 @@ from typing import Any
 
 from tuner.records import RequestRecord, Timings
 from tuner.tuning.config import TuningConfig, load_tuning
-from tuner.tuning.engine import Decision, Engine
-from tuner.tuning.studies import StudyBook
+from tuner.tuning.runtime.engine import Decision, Engine
+from tuner.tuning.search.studies import StudyBook
 from tuner.tuning.variants import Variant, grid
 from tuner.upstream.capabilities import Capabilities
 

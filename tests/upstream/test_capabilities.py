@@ -19,9 +19,18 @@ def test_current_build_has_spec_types_new_flags_and_router() -> None:
     caps = load("0c1e570")
     assert caps.commit == "0c1e570" and caps.version == "0.5.0-dev" and caps.build == 1
     assert caps.spec_types == {
-        "none", "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark",
-        "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache",
-    }  # fmt: skip
+        "none",
+        "draft-simple",
+        "draft-eagle3",
+        "draft-mtp",
+        "draft-dflash",
+        "draft-dspark",
+        "ngram-simple",
+        "ngram-map-k",
+        "ngram-map-k4v",
+        "ngram-mod",
+        "ngram-cache",
+    }
     assert caps.new_spec_flags and not caps.old_draft_flags
     assert caps.router and caps.metrics
     for flag in ("--alias", "-a", "--no-webui", "--spec-ngram-mod-n-match", "-md"):

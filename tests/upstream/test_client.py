@@ -34,9 +34,13 @@ async def serve(handler: Handler) -> tuple[asyncio.Server, str]:
 async def read_request(reader: asyncio.StreamReader) -> None:
     head = await reader.readuntil(b"\r\n\r\n")
     length = next(
-        (int(line.split(b":")[1]) for line in head.split(b"\r\n")
-         if line.lower().startswith(b"content-length")), 0,
-    )  # fmt: skip
+        (
+            int(line.split(b":")[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length")
+        ),
+        0,
+    )
     await reader.readexactly(length)
 
 
@@ -80,8 +84,10 @@ async def test_stream_cut_midway_raises_disconnected(
 ) -> None:
     async def cut(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                     b"transfer-encoding: chunked\r\n\r\n")  # fmt: skip
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            b"transfer-encoding: chunked\r\n\r\n"
+        )
         chunk = b'data: {"content": "a"}\n\n'
         writer.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
         await writer.drain()  # then close without a terminating chunk: the stream breaks
@@ -110,8 +116,9 @@ async def test_keep_alive_connections_are_reused(
         connections += 1
         while True:
             await read_request(reader)
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                         b"content-length: 2\r\n\r\n{}")  # fmt: skip
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+            )
             await writer.drain()
 
     server, url = await serve(answer)
@@ -139,8 +146,9 @@ async def test_a_pooled_connection_the_server_dropped_is_retried_once(
         nonlocal served
         await read_request(reader)
         served += 1
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                     b"content-length: 2\r\n\r\n{}")  # fmt: skip
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+        )
         await writer.drain()
         await read_request(reader)  # the next request on this pooled connection: dropped
 

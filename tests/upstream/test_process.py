@@ -110,7 +110,9 @@ def test_a_free_port_avoids_the_ports_spoken_for() -> None:
     out the same (the proxy then failed to bind). A port in ``avoid`` is never returned."""
     with patch("tuner.upstream.process.socket.socket") as sockets:
         sockets.return_value.__enter__.return_value.getsockname.side_effect = [
-            ("127.0.0.1", 8088), ("127.0.0.1", 8088), ("127.0.0.1", 9000)
-        ]  # fmt: skip
+            ("127.0.0.1", 8088),
+            ("127.0.0.1", 8088),
+            ("127.0.0.1", 9000),
+        ]
         assert free_port(avoid={8088}) == 9000
     assert free_port(avoid={8088}) != 8088

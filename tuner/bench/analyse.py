@@ -47,7 +47,7 @@ import numpy as np
 
 from tuner.bench.compare import peer_summary, same_work, side_by_side, vs_static_by_counts
 from tuner.bench.rows import (
-    BASELINE,
+    BASELINE_ARM,
     Measured,
     arm_entry,
     arm_ratio,
@@ -147,10 +147,10 @@ def summarize(
     challenger = [r for r in ok if r["arm"] == CHALLENGER]
     runs = item_runs([r for r in ok if r["arm"] not in (TUNER, CHALLENGER)])
     means = means_of(runs)
-    statics = sorted(a for a in means if a != BASELINE and not is_peer(a))
+    statics = sorted(a for a in means if a != BASELINE_ARM and not is_peer(a))
     peers = sorted(a for a in means if is_peer(a))
     # the prompts every static and peer arm measured: ratios are only taken over those
-    common = set(means[BASELINE]).intersection(*(means[a] for a in [*statics, *peers]))
+    common = set(means[BASELINE_ARM]).intersection(*(means[a] for a in [*statics, *peers]))
     tuner = [r for r in tuner if int(r["item"]) in common]
     challenger = [r for r in challenger if int(r["item"]) in common]
     # the occurrences the ratios are taken over: the tuner's stream, else each item once
@@ -178,7 +178,7 @@ def summarize(
             late_rows = tuner_by_class[key][found["converged_after"] :]
             if late_rows:
                 oracle_late = _oracle_late(late_rows, entry["oracle"], runs, means, occurrence)
-                base_late = [means[BASELINE][int(r["item"])] for r in late_rows]
+                base_late = [means[BASELINE_ARM][int(r["item"])] for r in late_rows]
                 entry["oracle_ratio_after_convergence"] = round(
                     arm_ratio(oracle_late, base_late), 4
                 )
@@ -189,11 +189,11 @@ def summarize(
                 )
         classes[key] = entry
 
-    base_all = static(BASELINE, occurrences)
+    base_all = static(BASELINE_ARM, occurrences)
     overall_arms = {arm: arm_entry(static(arm, occurrences), base_all, rng) for arm in statics}
     best_static = max(statics, key=lambda a: overall_arms[a]["ratio"]) if statics else None
     per_prompt = [
-        max((means[a][i] for a in [BASELINE, *statics]), key=lambda m: m.tokens / m.seconds)
+        max((means[a][i] for a in [BASELINE_ARM, *statics]), key=lambda m: m.tokens / m.seconds)
         for i in occurrences
     ]
     overall: dict[str, Any] = {
@@ -248,7 +248,7 @@ def summarize(
         **dict(meta or {}),
         "requests": len(rows),
         "errors": len(rows) - len(ok),
-        "static_arms": [BASELINE, *statics],
+        "static_arms": [BASELINE_ARM, *statics],
         "overall": overall,
         "classes": classes,
         "targets": judge_targets(overall, classes) if tuner else None,
@@ -295,7 +295,7 @@ def challenger_summary(
     out = as_challenger(found)
     out["challenger_oracle_ratio_after_convergence"] = found["oracle_ratio_after_convergence"]
     if tuner:
-        out.update(side_by_side(tuner, rows, means[BASELINE], rng))
+        out.update(side_by_side(tuner, rows, means[BASELINE_ARM], rng))
     return out
 
 
@@ -329,7 +329,7 @@ def _tuner_class(
     after = _convergence(served, [finals[leaf] for leaf in leaves])
     settled = bool(policies) and all(p is not None and p.settled for p in policies.values())
     measured = [Measured.of(r) for r in rows]
-    base = [means[BASELINE][int(r["item"])] for r in rows]
+    base = [means[BASELINE_ARM][int(r["item"])] for r in rows]
     late, late_base = measured[after:], base[after:]
     exploit = [i for i in range(after, len(rows)) if served[i][0] in SERVING_ROLES]
     roles: dict[str, int] = defaultdict(int)
@@ -368,7 +368,7 @@ def _tuner_overall(
     rng: np.random.Generator,
 ) -> dict[str, Any]:
     measured = [Measured.of(r) for r in rows]
-    base = [means[BASELINE][int(r["item"])] for r in rows]
+    base = [means[BASELINE_ARM][int(r["item"])] for r in rows]
     entry = arm_entry(measured, base, rng)
     # after convergence: each class's requests after its own convergence point
     late: list[Measured] = []

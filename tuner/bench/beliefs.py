@@ -56,12 +56,18 @@ def beliefs(
             if not belief or not measured or measured <= 0:
                 continue
             low, high = arm.get("interval") or (measured, measured)
-            rows.append({
-                "class": key, "variant": variant, "prompts": int(entry["prompts"]),
-                "predicted": round(float(belief[0]), 4), "measured": round(float(measured), 4),
-                "interval": [low, high], "ratio": round(float(belief[0]) / measured, 4),
-                "inside": bool(low <= belief[0] <= high),
-            })  # fmt: skip
+            rows.append(
+                {
+                    "class": key,
+                    "variant": variant,
+                    "prompts": int(entry["prompts"]),
+                    "predicted": round(float(belief[0]), 4),
+                    "measured": round(float(measured), 4),
+                    "interval": [low, high],
+                    "ratio": round(float(belief[0]) / measured, 4),
+                    "inside": bool(low <= belief[0] <= high),
+                }
+            )
     if not rows:
         return None
     weights = [r["prompts"] for r in rows]
@@ -125,12 +131,17 @@ def lock_in(
         arm = (entry.get("arms") or {}).get(held)
         static = float(arm["ratio"]) if arm else (1.0 if held == "none" else None)
         oracle = entry.get("oracle_ratio")
-        out.append({
-            "class": key, "requests": int(entry["tuner_requests"]), "held": held,
-            "held_priced": round(priced[held], 4), "best_priced": best,
-            "own_gap": round(priced[best] / priced[held], 4),
-            "static_gap": round(float(oracle) / static, 4) if static and oracle else None,
-        })  # fmt: skip
+        out.append(
+            {
+                "class": key,
+                "requests": int(entry["tuner_requests"]),
+                "held": held,
+                "held_priced": round(priced[held], 4),
+                "best_priced": best,
+                "own_gap": round(priced[best] / priced[held], 4),
+                "static_gap": round(float(oracle) / static, 4) if static and oracle else None,
+            }
+        )
     return out
 
 

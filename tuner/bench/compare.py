@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from tuner.bench.rows import (
-    BASELINE,
+    BASELINE_ARM,
     PEER_BASELINE,
     Measured,
     arm_entry,
@@ -34,7 +34,7 @@ from tuner.bench.rows import (
     tok_s_of,
 )
 from tuner.bench.schedule import CHALLENGER, TUNER
-from tuner.measure import Z90, mean_interval
+from tuner.stats import Z90, mean_interval
 
 
 def side_by_side(
@@ -86,7 +86,7 @@ def vs_static_by_counts(
     items = [int(r["item"]) for r in daemon]
     ours = [Measured.of(r) for r in daemon]
     static = [means[arm][i] for i in items]
-    base = [means[BASELINE][i] for i in items]
+    base = [means[BASELINE_ARM][i] for i in items]
     variants = [str(r.get("variant")) for r in daemon] + [arm] * len(items)
     priced = priced_by_counts([*ours, *static], base * 2, variants)
     return round(arm_ratio(priced[: len(ours)], priced[len(ours) :]), 4)
@@ -127,8 +127,13 @@ def priced_by_counts(
 
 def work_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
     """What a request did: the prompt, the variant, and its token counts."""
-    return (row["item"], row.get("variant") or row["arm"], int(row["tokens"]),
-            int(row.get("drafted") or 0), int(row.get("accepted") or 0))  # fmt: skip
+    return (
+        row["item"],
+        row.get("variant") or row["arm"],
+        int(row["tokens"]),
+        int(row.get("drafted") or 0),
+        int(row.get("accepted") or 0),
+    )
 
 
 def log_ratio_summary(logs: Sequence[float]) -> dict[str, Any]:
@@ -139,9 +144,10 @@ def log_ratio_summary(logs: Sequence[float]) -> dict[str, Any]:
         "pairs": len(logs),
         "time_ratio": round(math.exp(found.value), 4),
         "interval": [round(math.exp(found.low), 4), round(math.exp(found.high), 4)]
-        if len(logs) > 1 else None,
+        if len(logs) > 1
+        else None,
         "sd": round(statistics.stdev(logs), 4) if len(logs) > 1 else None,
-    }  # fmt: skip
+    }
 
 
 def same_work(rows: Iterable[Mapping[str, Any]], arm: str) -> dict[str, Any] | None:

@@ -28,7 +28,7 @@ from tuner.bench.analyse import FinalPolicy
 from tuner.bench.schedule import TUNER
 from tuner.errors import UpstreamError
 from tuner.settings import Settings
-from tuner.tuning.state import POLICY_FILE
+from tuner.tuning.runtime.policy_file import POLICY_FILE
 from tuner.upstream.launch import Prepared
 from tuner.upstream.process import die_with_parent, free_port
 
@@ -125,12 +125,17 @@ async def tuner_daemon(
     url = f"http://127.0.0.1:{port}"
     log = (workdir / f"{arm}-daemon.log").open("ab")
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tuner", "serve",
+        sys.executable,
+        "-m",
+        "tuner",
+        "serve",
         env=daemon_env(settings, prepared, state, port, options, tuning),
-        stdout=log, stderr=log, start_new_session=True,
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
         # killed with the bench (even by SIGKILL), it still drains and stops its servers
         preexec_fn=functools.partial(die_with_parent, signal.SIGTERM),
-    )  # fmt: skip
+    )
     try:
         deadline = time.monotonic() + settings.startup_timeout_s
         async with httpx.AsyncClient(timeout=5.0) as http:
@@ -202,9 +207,10 @@ def final_speedups(state: Path) -> dict[str, dict[str, list[float]]]:
             out[key] = {
                 v: [float(x) for x in s]
                 for v, s in priced.items()
-                if isinstance(s, list) and len(s) == 3
+                if isinstance(s, list)
+                and len(s) == 3
                 and all(isinstance(x, int | float) for x in s)
-            }  # fmt: skip
+            }
     return out
 
 

@@ -74,9 +74,18 @@ def peer_argv(
     slot (so a per-slot tuner such as ``--spec-autotune`` learns from every request), then
     the arm's flags."""
     argv = [
-        str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
-        "--ctx-size", str(settings.ctx_size), "-np", "1",
-    ]  # fmt: skip
+        str(binary),
+        "-m",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--ctx-size",
+        str(settings.ctx_size),
+        "-np",
+        "1",
+    ]
     if settings.threads is not None:
         argv += ["--threads", str(settings.threads)]
     return argv + list(flags)
@@ -112,9 +121,11 @@ async def peer_servers(
             client = UpstreamClient(url, read_timeout_s=settings.request_timeout_s)
             stack.push_async_callback(client.aclose)
             server = ManagedServer(
-                peer_argv(binary, settings, model, flags, port), client, env=env,
+                peer_argv(binary, settings, model, flags, port),
+                client,
+                env=env,
                 log_path=workdir / f"peer-{arm.removeprefix(PEER_PREFIX)}.log",
-            )  # fmt: skip
+            )
             stack.push_async_callback(server.stop)
             await server.start()
             await server.wait_ready(settings.startup_timeout_s)

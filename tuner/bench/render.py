@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.bench.beliefs import markdown_rows
-from tuner.bench.rows import BASELINE, Measured, item_means, succeeded
+from tuner.bench.rows import BASELINE_ARM, Measured, item_means, succeeded
 from tuner.bench.schedule import CHALLENGER, TUNER
 
 __all__ = ["markdown", "plot"]
@@ -316,15 +316,19 @@ def _cumulative(
 
 def _running(ax: Any, summary: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> None:
     ok = succeeded(rows)
-    base = item_means([r for r in ok if r["arm"] not in (TUNER, CHALLENGER)])[BASELINE]
+    base = item_means([r for r in ok if r["arm"] not in (TUNER, CHALLENGER)])[BASELINE_ARM]
     for arm, color in ((TUNER, ON), (CHALLENGER, OTHER)):
         ys = _cumulative(ok, arm, base)
         if ys:
             ax.plot(range(1, len(ys) + 1), ys, color=color, label=f"{arm} (cumulative)")
     overall = summary["overall"]
     if overall.get("best_static"):
-        ax.axhline(overall["best_static_ratio"], color=STATIC, lw=2,
-                   label=f"best static: {overall['best_static']}")  # fmt: skip
+        ax.axhline(
+            overall["best_static_ratio"],
+            color=STATIC,
+            lw=2,
+            label=f"best static: {overall['best_static']}",
+        )
         ax.axhline(overall["oracle_ratio"], color=ORACLE, lw=1, ls=":", label="per-class oracle")
     ax.axhline(1.0, color=ORACLE, lw=1, ls="--", label="no speculation")
     ax.set_xlabel("tuner requests")

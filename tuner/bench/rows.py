@@ -17,10 +17,12 @@ from typing import Any
 
 import numpy as np
 
-BASELINE = "none"
+from tuner.tuning.variants import BASELINE
+
+BASELINE_ARM = BASELINE.name  # the bench arm without speculation
 # a peer build's arms (``tuner bench --peer``), each read against the peer's own baseline
 PEER_PREFIX = "peer:"
-PEER_BASELINE = PEER_PREFIX + BASELINE
+PEER_BASELINE = PEER_PREFIX + BASELINE_ARM
 
 
 def is_peer(arm: str) -> bool:
@@ -109,9 +111,15 @@ _REQUIRED: dict[str, tuple[type, ...]] = {"arm": (str,), "item": (int,), "class"
 
 
 _OPTIONAL: dict[str, tuple[type, ...]] = {
-    "repeat": (int,), "variant": (str,), "tokens": _NUMBER, "ms": _NUMBER,
-    "drafted": _NUMBER, "accepted": _NUMBER, "id": (str,), "t": _NUMBER,
-}  # fmt: skip
+    "repeat": (int,),
+    "variant": (str,),
+    "tokens": _NUMBER,
+    "ms": _NUMBER,
+    "drafted": _NUMBER,
+    "accepted": _NUMBER,
+    "id": (str,),
+    "t": _NUMBER,
+}
 
 
 def check_row(row: object) -> str | None:
@@ -187,7 +195,7 @@ def means_of(
     runs: Mapping[str, Mapping[int, Sequence[Measured]]],
 ) -> dict[str, dict[int, Measured]]:
     """``item_means`` from ``item_runs``' output."""
-    if BASELINE not in runs:
+    if BASELINE_ARM not in runs:
         raise ValueError("the run has no successful baseline ('none') request")
     return {arm: {i: mean_of(v) for i, v in items.items()} for arm, items in runs.items()}
 
@@ -210,15 +218,15 @@ def static_class(
     statics: Sequence[str],
     rng: np.random.Generator,
 ) -> dict[str, Any]:
-    base = [means[BASELINE][i] for i in items]
+    base = [means[BASELINE_ARM][i] for i in items]
     arms = {arm: arm_entry([means[arm][i] for i in items], base, rng) for arm in statics}
-    best = max(statics, key=lambda a: arms[a]["ratio"], default=BASELINE)
-    oracle = best if best != BASELINE and arms[best]["ratio"] > 1.0 else BASELINE
+    best = max(statics, key=lambda a: arms[a]["ratio"], default=BASELINE_ARM)
+    oracle = best if best != BASELINE_ARM and arms[best]["ratio"] > 1.0 else BASELINE_ARM
     return {
         "prompts": len(set(items)),
         "occurrences": len(items),
         "baseline_tok_s": round(tok_s_of(base), 2),
         "arms": arms,
         "oracle": oracle,
-        "oracle_ratio": arms[oracle]["ratio"] if oracle != BASELINE else 1.0,
+        "oracle_ratio": arms[oracle]["ratio"] if oracle != BASELINE_ARM else 1.0,
     }

@@ -49,12 +49,12 @@ from tuner.bench.peers import peer_servers
 from tuner.bench.rows import PEER_BASELINE, is_peer, parse_rows
 from tuner.bench.schedule import CHALLENGER, TUNER, Step, schedule
 from tuner.classify import classify, load_definitions
+from tuner.daemon.capacity import instances_that_fit
+from tuner.daemon.plan import draft_kind, tuning_config, write_presets
 from tuner.errors import ConfigError, UpstreamError
 from tuner.model.gguf_facts import read_facts
 from tuner.model.profile import hardware_fingerprint
 from tuner.settings import Settings
-from tuner.tuning.capacity import instances_that_fit
-from tuner.tuning.plan import draft_kind, tuning_config, write_presets
 from tuner.tuning.variants import BASELINE, Variant, parse_name, unavailable
 from tuner.upstream.client import UpstreamClient
 from tuner.upstream.launch import Prepared, prepare, router_argv
@@ -183,9 +183,14 @@ async def _run_bench(
     item_classes = [classify(i.model_dump(exclude_none=True), definitions).key for i in items]
     challenger = options.challenger if options.requests else None
     steps = schedule(
-        len(items), arms, requests=options.requests, repeats=options.repeats, seed=options.seed,
-        challenger=challenger is not None, baseline=options.baseline_repeats,
-    )  # fmt: skip
+        len(items),
+        arms,
+        requests=options.requests,
+        repeats=options.repeats,
+        seed=options.seed,
+        challenger=challenger is not None,
+        baseline=options.baseline_repeats,
+    )
     progress(
         f"bench: {len(items)} prompts, {len(arms)} static arms x {options.repeats} "
         f"(baseline x {options.repeats * options.baseline_repeats}), "
@@ -298,9 +303,13 @@ def finish(out: Path) -> dict[str, Any]:
     challenger = final_policies(state_dir(out, CHALLENGER))
     try:
         summary = summarize(
-            rows, item_classes, final_policies=final, challenger_policies=challenger,
-            meta=meta, seed=int(meta.get("seed", 0)),
-        )  # fmt: skip
+            rows,
+            item_classes,
+            final_policies=final,
+            challenger_policies=challenger,
+            meta=meta,
+            seed=int(meta.get("seed", 0)),
+        )
     except ValueError as exc:
         raise ConfigError(f"{out}: {exc}") from exc
     priced = final_speedups(state_dir(out, TUNER))
@@ -327,9 +336,13 @@ async def _one(
     (``urls[arm]``) or a static arm's (``urls["matrix"]``, the arm as the model); its row."""
     item = items[step.item]
     row: dict[str, Any] = {
-        "arm": step.arm, "item": step.item, "id": item.id, "repeat": step.repeat,
-        "class": item_classes[step.item], "t": time.time(),
-    }  # fmt: skip
+        "arm": step.arm,
+        "item": step.item,
+        "id": item.id,
+        "repeat": step.repeat,
+        "class": item_classes[step.item],
+        "t": time.time(),
+    }
     sent = time.monotonic()
     try:
         if step.arm in (TUNER, CHALLENGER):

@@ -32,8 +32,6 @@ __all__ = [
 CONTENT_TYPES = frozenset({"code", "data", "math", "prose", "question", "other"})
 DEFAULT_DEFINITIONS = Path(__file__).resolve().parents[1] / "data" / "classes.toml"
 ROOT = "all"
-# tables of earlier versions, measured no better and removed (docs/decisions.md)
-RETIRED = ("fallback", "split")
 
 log = get_logger(__name__)
 
@@ -87,10 +85,6 @@ def load_definitions(path: Path | None = None) -> ClassDefinitions:
     path = path or DEFAULT_DEFINITIONS
     try:
         data = tomllib.loads(path.read_text())
-        retired = [key for key in RETIRED if data.pop(key, None) is not None]
-        if retired:
-            log.warning("classes_keys_retired", keys=retired, path=str(path),
-                        detail="these tables were removed; see docs/decisions.md")  # fmt: skip
         return ClassDefinitions.model_validate(data)
     except (OSError, tomllib.TOMLDecodeError, ValidationError) as exc:
         raise ConfigError(f"bad class definitions {path}: {exc}") from exc

@@ -188,8 +188,13 @@ def _data_format(scan: _Scan) -> tuple[str | None, int]:
     )
     # a run of 3 lines with commas needs 3 commas: one count, not a line loop, decides that
     csv = _csv_lines(scan.lines) if scan.text.count(",") >= 3 else 0
-    scores = {"json": json_keys, "table": scan.table, "log": scan.log, "csv": csv,
-              "yaml": scan.yaml if scan.yaml >= 3 else 0}  # fmt: skip
+    scores = {
+        "json": json_keys,
+        "table": scan.table,
+        "log": scan.log,
+        "csv": csv,
+        "yaml": scan.yaml if scan.yaml >= 3 else 0,
+    }
     name = max(scores, key=lambda k: scores[k])
     return (name, scores[name]) if scores[name] >= 2 else (None, 0)
 
@@ -272,8 +277,11 @@ def _asks(instruction: str) -> _Asks:
         nxt = words[i + 1] if i + 1 < len(words) else ""
         if not echo and word in lx.REFERENT_PREPOSITIONS and nxt in ("this", "these", "the"):
             rest = words[i + 2 : i + 4]
-            noun = rest[1] if rest[:1] in (["following"], ["above"]) and len(rest) > 1 else (
-                rest[0] if rest else "")  # fmt: skip
+            noun = (
+                rest[1]
+                if rest[:1] in (["following"], ["above"]) and len(rest) > 1
+                else (rest[0] if rest else "")
+            )
             echo = noun in lx.REFERENT_NOUNS
         if code is None and word in lx.CODE_VERBS:
             code = not lx.CODE_NOUNS.isdisjoint(words[i + 1 : i + 12]) or None

@@ -84,8 +84,9 @@ def _chat_view(messages: list[Any], tools: bool) -> PromptView:
     texts.reverse()
     if instruction is None:
         instruction = texts[-1] if texts else ""
-    return PromptView("\n".join(texts), instruction, "\n".join(reversed(system)),
-                      len(messages), tools, chat=True)  # fmt: skip
+    return PromptView(
+        "\n".join(texts), instruction, "\n".join(reversed(system)), len(messages), tools, chat=True
+    )
 
 
 def view_of(body: Any) -> PromptView:

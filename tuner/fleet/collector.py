@@ -28,16 +28,19 @@ class FleetCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         f = self.fleet
         up = float(bool(f.up))
-        yield GaugeMetricFamily("tuner_fleet_storage_up", "1 while the fleet's database answers",
-                                value=up)  # fmt: skip
-        yield CounterMetricFamily(
-            "tuner_fleet_storage_outages", "Times the fleet's database stopped answering",
-            value=f.outages,
-        )  # fmt: skip
         yield GaugeMetricFamily(
-            "tuner_fleet_events_pending", "Evidence events not yet written to the fleet's database",
+            "tuner_fleet_storage_up", "1 while the fleet's database answers", value=up
+        )
+        yield CounterMetricFamily(
+            "tuner_fleet_storage_outages",
+            "Times the fleet's database stopped answering",
+            value=f.outages,
+        )
+        yield GaugeMetricFamily(
+            "tuner_fleet_events_pending",
+            "Evidence events not yet written to the fleet's database",
             value=len(f.outbox),
-        )  # fmt: skip
+        )
         for name, value, text in (
             ("written", f.written, "Evidence events written to the fleet's database"),
             ("absorbed", f.absorbed, "Other daemons' evidence events taken in"),

@@ -6,7 +6,7 @@ daemons of another scope never read each other's rows):
 - ``spec_tuner_writers``: one row per daemon process (``writer``), with the ``node`` it
   runs as (host and state dir, the same across restarts), when it was last heard from and
   the last sequence number it wrote;
-- ``spec_tuner_events``: the events (``tuner.tuning.pooling``), numbered 1, 2, ... per
+- ``spec_tuner_events``: the events (``tuner.tuning.runtime.events``), numbered 1, 2, ... per
   writer; a batch is written in one transaction with its writer's ``last_seq``, and a
   re-sent batch (a commit whose answer was lost) changes nothing;
 - ``spec_tuner_documents``: each node's latest policy file, for ``tuner report``.
@@ -25,7 +25,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from tuner.tuning.pooling import Event
+from tuner.tuning.runtime.events import Event
 
 __all__ = ["Ledger", "Pulled", "Writer", "redact"]
 

@@ -24,7 +24,7 @@ import psycopg
 
 from tuner.fleet.ledger import Ledger, redact
 from tuner.logs import get_logger
-from tuner.tuning.pooling import Event, parse
+from tuner.tuning.runtime.events import Event, parse
 
 __all__ = ["OUTBOX", "FleetSync"]
 
@@ -123,8 +123,12 @@ class FleetSync:
                 for row in pulled:
                     self.since[row.writer] = max(self.since.get(row.writer, 0), row.seq)
         if self.up is not True:
-            log.info("fleet_storage_up", url=redact(self.ledger.url), absorbed=len(events),
-                     pending=len(self.outbox))  # fmt: skip
+            log.info(
+                "fleet_storage_up",
+                url=redact(self.ledger.url),
+                absorbed=len(events),
+                pending=len(self.outbox),
+            )
         self.up = True
         return True
 
@@ -154,3 +158,7 @@ class FleetSync:
                 self.ledger.put_document(self.scope, self.node, document)
             except (psycopg.Error, OSError) as exc:
                 log.warning("fleet_document_not_written", error=str(exc).strip()[:200])
+
+    def close(self) -> None:
+        """Close the connection to the shared database."""
+        self.ledger.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tuner.model.envelope import Envelope
-from tuner.model.gguf_facts import DraftCompatibility, ModelFacts
+from tuner.model.gguf_facts import ModelFacts
 from tuner.model.profile import Profile
 from tuner.model.speedup import CostModel, speedup, verdict
 from tuner.render import text_table
@@ -84,10 +84,6 @@ def gamma_table(alpha: float, cost: CostModel, gamma_max: int = 8) -> str:
         s = speedup(alpha, g, cost)
         rows.append([g, s, "best" if best.pays and g == best.gamma else ""])
     return text_table(["gamma", "speedup", "note"], rows) + "\n" + best.reason
-
-
-def compatibility_text(result: DraftCompatibility) -> str:
-    return result.explain()
 
 
 def profile_text(profile: Profile) -> str:

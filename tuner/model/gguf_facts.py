@@ -21,12 +21,32 @@ from typing import Any
 from tuner.errors import ConfigError
 from tuner.model.gguf_header import read_header
 
-__all__ = ["DraftCompatibility", "ModelFacts", "draft_compatibility", "read_facts"]
+__all__ = [
+    "DRAFT_ARCHS",
+    "DraftCompatibility",
+    "ModelFacts",
+    "draft_compatibility",
+    "draft_type",
+    "read_facts",
+]
 
 _LAYER = re.compile(r"^blk\.(\d+)\.")
 _EXPERT = re.compile(r"_exps\b|_exps\.")  # routed experts: ffn_{gate,up,down}_exps
 _VOCAB_MAX_DIFF = 128  # SPEC_VOCAB_MAX_SIZE_DIFFERENCE in common/speculative.cpp
 _VOCAB_CHECK_FROM = 5  # SPEC_VOCAB_CHECK_START_TOKEN_ID
+
+
+# a draft GGUF's architecture -> the one spec type it serves (any other model: draft-simple)
+DRAFT_ARCHS = {"eagle3": "draft-eagle3", "dflash": "draft-dflash"}
+
+
+def draft_type(architecture: str) -> str:
+    """The spec type a draft model of this GGUF architecture is run as.
+
+    >>> draft_type("eagle3"), draft_type("gemma3")
+    ('draft-eagle3', 'draft-simple')
+    """
+    return DRAFT_ARCHS.get(architecture, "draft-simple")
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,7 +61,6 @@ __all__ = [
     "leviathan",
     "moe_verify_curve",
     "speedup",
-    "speedup_table",
     "tokens_for_coverage",
     "verdict",
 ]
@@ -244,13 +243,6 @@ def interpolated_curve(points: Sequence[tuple[int, float]]) -> Callable[[float],
 def best_gamma(alpha: float, cost: CostModel, gamma_max: int = 16) -> tuple[int, float]:
     """The draft length with the highest predicted speedup (0 = do not speculate)."""
     return max(((g, speedup(alpha, g, cost)) for g in range(gamma_max + 1)), key=lambda t: t[1])
-
-
-def speedup_table(
-    alphas: Sequence[float], gammas: Sequence[int], cost: CostModel
-) -> list[list[float]]:
-    """Rows over ``alphas``, columns over ``gammas``: the envelope ``tuner inspect`` prints."""
-    return [[speedup(a, g, cost) for g in gammas] for a in alphas]
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["SynthSpec", "Writer", "default_vocab", "vocab_from_sdist", "write_moe"]
+__all__ = ["SynthSpec", "Writer", "vocab_from_sdist", "write_moe"]
 
 VOCAB_MEMBER = "vendor/llama.cpp/models/ggml-vocab-{name}.gguf"
 SHARE_ABOVE = 2**22  # elements: larger tensors of one shape share their values
@@ -75,14 +75,6 @@ def vocab_from_sdist(sdist: Path, dest_dir: Path, name: str = "llama-spm") -> Pa
         tmp.write_bytes(source.read())
         tmp.replace(dest)
     return dest
-
-
-def default_vocab(cache_dir: Path, name: str = "llama-spm") -> Path:
-    """A llama.cpp test vocabulary (``llama-spm``, ``qwen35``, ...) from the cached sources
-    (downloaded once if absent)."""
-    from tuner.upstream.provision import llama_cpp_sources
-
-    return vocab_from_sdist(llama_cpp_sources(cache_dir), cache_dir / "vocab", name)
 
 
 def _tokenizer_fields(vocab: Path) -> list[tuple[str, Any, Any]]:

@@ -57,7 +57,7 @@ Classifier = Callable[[dict[str, Any]], Classification]
 
 
 class Routing(Protocol):
-    """What the tuner decided for one request (see ``tuner.tuning.service.Routed``)."""
+    """What the tuner decided for one request (see ``tuner.tuning.runtime.service.Routed``)."""
 
     @property
     def variant(self) -> str: ...
@@ -128,7 +128,7 @@ class _Handlers:
         self.classifier = classifier
         self.max_concurrent = max_concurrent
         self.in_flight = 0
-        # counterfactual replays (tuner.tuning.counterfactual): get each answered request
+        # counterfactual replays (tuner.tuning.replay.worker): get each answered request
         self.keep = keep
         self.fallback = fallback
         self.drain = Drain()
@@ -273,8 +273,10 @@ class _Handlers:
 
     async def models(self, request: Request) -> Response:
         if self.public_models:  # router mode: the presets are variants, not models
-            data = [{"id": m, "object": "model", "created": 0, "owned_by": "spec-tuner"}
-                    for m in self.public_models]  # fmt: skip
+            data = [
+                {"id": m, "object": "model", "created": 0, "owned_by": "spec-tuner"}
+                for m in self.public_models
+            ]
             return JSONResponse({"object": "list", "data": data})
         try:
             response = await self.upstream.open("GET", "/v1/models")
@@ -337,9 +339,17 @@ def create_app(
     answered request that the tuner routed (the counterfactual replayer).
     """
     handlers = _Handlers(
-        upstream, records, max_body_bytes, classifier, max_concurrent, router, public_models, gate,
-        keep, fallback,
-    )  # fmt: skip
+        upstream,
+        records,
+        max_body_bytes,
+        classifier,
+        max_concurrent,
+        router,
+        public_models,
+        gate,
+        keep,
+        fallback,
+    )
     metrics = metrics or Metrics(upstream, records)
     records.observers.append(metrics.observe)
 
@@ -377,5 +387,5 @@ def create_app(
         exception_handlers={HTTPException: _http_error, Exception: _internal_error},
     )
     app.state.handlers = handlers
-    app.state.keys = ring  # SIGHUP replaces the keys (tuner.daemon.reload)
+    app.state.keys = ring  # SIGHUP replaces the keys (tuner.daemon.serve.reload)
     return app

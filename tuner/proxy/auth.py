@@ -44,9 +44,11 @@ class BearerAuth:
             await self.app(scope, receive, send)
             return
         error = OpenAIError(
-            401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
-            "authentication_error", code="invalid_api_key",
-        )  # fmt: skip
+            401,
+            "missing or invalid API key: send 'Authorization: Bearer <key>'",
+            "authentication_error",
+            code="invalid_api_key",
+        )
         await error_response(error)(scope, receive, send)
 
     def _allowed(self, scope: Scope) -> bool:

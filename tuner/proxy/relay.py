@@ -126,8 +126,9 @@ async def forward(
         trace.finish(response.status_code, body=data)  # timings are parsed off the loop
         if rename is not None:
             data = rename.whole(data)
-        return Response(data, status_code=response.status_code, media_type=content_type,
-                        headers=headers)  # fmt: skip
+        return Response(
+            data, status_code=response.status_code, media_type=content_type, headers=headers
+        )
 
     headers.update({"cache-control": "no-cache", "x-accel-buffering": "no"})
     relay = RelayResponse(

@@ -40,9 +40,14 @@ def parse_body(raw: bytes) -> dict[str, Any]:
 
 def _kind(value: object) -> str:
     return {
-        dict: "an object", list: "an array", str: "a string", bool: "a boolean",
-        int: "a number", float: "a number", type(None): "null",
-    }.get(type(value), type(value).__name__)  # fmt: skip
+        dict: "an object",
+        list: "an array",
+        str: "a string",
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
 
 
 def _is_int(value: object) -> bool:
@@ -143,8 +148,10 @@ _COMMON: dict[str, tuple[Any, str]] = {
     "stream_options": (lambda v: isinstance(v, dict), "an object"),
     "model": (lambda v: isinstance(v, str), "a string"),
     # Structured fields llama-server answers with a 500 (not a 400) when mistyped.
-    "tools": (lambda v: isinstance(v, list) and all(map(_is_tool, v)),
-              'an array of tools like {"type": "function", "function": {"name": ...}}'),
+    "tools": (
+        lambda v: isinstance(v, list) and all(map(_is_tool, v)),
+        'an array of tools like {"type": "function", "function": {"name": ...}}',
+    ),
     "tool_choice": (lambda v: isinstance(v, str | dict), "a string or an object"),
     "response_format": (lambda v: isinstance(v, dict), "an object"),
     "json_schema": (lambda v: isinstance(v, dict), "an object"),
@@ -157,10 +164,12 @@ _COMMON: dict[str, tuple[Any, str]] = {
     "presence_penalty": (_is_number, "a number"),
     "frequency_penalty": (_is_number, "a number"),
     "cache_prompt": (lambda v: isinstance(v, bool), "a boolean"),
-    "logprobs": (lambda v: isinstance(v, bool) or (_is_int(v) and v >= 0),
-                 "a boolean or an integer >= 0"),
+    "logprobs": (
+        lambda v: isinstance(v, bool) or (_is_int(v) and v >= 0),
+        "a boolean or an integer >= 0",
+    ),
     "top_logprobs": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
-}  # fmt: skip
+}
 
 
 def validate(

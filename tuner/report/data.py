@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.classify.classes import ROOT
 from tuner.errors import TunerError
-from tuner.measure import BASELINE, Z90, Interval, ratio_interval, wilson
-from tuner.tuning.state import POLICY_FILE, read_document
+from tuner.stats import Z90, Interval, ratio_interval, wilson
+from tuner.tuning.runtime.policy_file import POLICY_FILE, read_document
+from tuner.tuning.variants import BASELINE
 
 if TYPE_CHECKING:
-    from tuner.tuning.studies import TrialRecord
+    from tuner.tuning.search.studies import TrialRecord
 
 __all__ = [
     "SCHEMA",
@@ -161,7 +162,7 @@ def _arms(
     """Each arm's row: the speedup the engine measured it at (``speedups``, as it decides),
     else (a file from before it wrote them, or an arm with too few requests for the
     engine) the ratio of its mean decode speed to the baseline's."""
-    base = arms.get(BASELINE) or {}
+    base = arms.get(BASELINE.name) or {}
     base_samples = [float(x) for x in base.get("samples", [])]
     out = []
     for name, arm in sorted(arms.items()):
@@ -171,15 +172,15 @@ def _arms(
             int(arm.get("accepted", 0)) + sum(int(c[2]) for c in shadow),
             int(arm.get("drafted", 0)) + sum(int(c[1]) for c in shadow),
         )
-        s = _measured(measured.get(name)) if name != BASELINE else None
-        if s is None and name != BASELINE and len(samples) >= 2 and len(base_samples) >= 2:
+        s = _measured(measured.get(name)) if name != BASELINE.name else None
+        if s is None and name != BASELINE.name and len(samples) >= 2 and len(base_samples) >= 2:
             s = ratio_interval(samples, base_samples, Z90)
         out.append(
             ArmRow(
                 variant=name,
                 requests=int(arm.get("requests", 0)),
                 alpha=alpha.value if alpha else None,
-                speedup=s.value if s else (1.0 if name == BASELINE else None),
+                speedup=s.value if s else (1.0 if name == BASELINE.name else None),
                 speedup_low=s.low if s else None,
                 speedup_high=s.high if s else None,
                 predicted=predicted.get(name),
@@ -200,7 +201,7 @@ def _row(key: str, data: Mapping[str, Any]) -> ClassRow:
     }
     return ClassRow(
         class_key=key,
-        variant=str(policy.get("variant", BASELINE)),
+        variant=str(policy.get("variant", BASELINE.name)),
         speculation=speculation,
         reason=str(policy.get("reason", "no policy yet")),
         kill_switch=bool(policy.get("kill_switch", False)),
@@ -231,7 +232,8 @@ def _order(key: str) -> tuple[int, str]:
 
 
 def build_report(document: Mapping[str, Any] | None, state_dir: str = "") -> Report:
-    """The report for a policy document as ``tuner.tuning.state`` writes it (None: no file)."""
+    """The report for a policy document as ``tuning.runtime.policy_file`` writes it (None: no
+    file)."""
     if document is None:
         return Report(state_dir=state_dir, found=False)
     classes = document.get("classes") or {}
@@ -271,7 +273,7 @@ def load_histories(state_dir: Path, class_keys: Sequence[str]) -> dict[str, list
     path = state_dir / "studies.db"
     if not path.is_file():
         return {key: [] for key in class_keys}
-    from tuner.tuning.studies import StudyBook  # Optuna: imported only when asked
+    from tuner.tuning.search.studies import StudyBook  # Optuna: imported only when asked
 
     document = read_document(state_dir / POLICY_FILE)
     scope = f"{document.get('model_key')}@{document.get('hardware_key')}" if document else ""

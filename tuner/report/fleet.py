@@ -17,7 +17,7 @@ import psycopg
 from tuner.errors import TunerError
 from tuner.fleet.ledger import Ledger, redact
 from tuner.report.data import Report, build_report
-from tuner.tuning.evidence import under
+from tuner.tuning.evidence.classes import under
 
 __all__ = ["load_fleet_report"]
 

@@ -19,7 +19,7 @@ from tuner.report.data import ArmRow, ClassRow, Report
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
-    from tuner.tuning.studies import TrialRecord
+    from tuner.tuning.search.studies import TrialRecord
 
 __all__ = ["plot_report"]
 
@@ -157,8 +157,9 @@ def _history(ax: Axes, histories: Mapping[str, Sequence[TrialRecord]]) -> None:
             ax.plot(times, np.array([p[1] for p in points]), "o-", ms=4, label=key)
             drawn = True
     if not drawn:
-        ax.text(0.5, 0.5, "no finished trials yet", ha="center", va="center",
-                transform=ax.transAxes)  # fmt: skip
+        ax.text(
+            0.5, 0.5, "no finished trials yet", ha="center", va="center", transform=ax.transAxes
+        )
     else:
         from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
 

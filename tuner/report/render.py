@@ -11,14 +11,14 @@ from tuner.render import markdown_table, text_table
 from tuner.report.data import ClassRow, Report
 
 if TYPE_CHECKING:
-    from tuner.tuning.studies import TrialRecord
+    from tuner.tuning.search.studies import TrialRecord
 
 __all__ = ["as_json", "as_markdown", "as_table", "history_markdown", "history_table"]
 
 HEADERS = (
     "class",
     "policy",
-    "alpha [90%]",
+    "alpha [95% Wilson]",
     "acc.len",
     "speedup [90%]",
     "predicted",

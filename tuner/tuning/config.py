@@ -1,4 +1,7 @@
-"""The tuner's declarative defaults: the shipped ``tuner/data/tuning.toml``, validated.
+"""The tuner's declarative defaults: the shipped ``policies/tuning.toml``, validated.
+
+The package reads it as ``tuner/data/tuning.toml``, a link to that one copy (a wheel holds
+its content).
 
 Search spaces, exploration budget, guard thresholds, the prior's acceptance
 guesses, and user overrides (pin a class to a variant, forbid spec types, force
@@ -15,12 +18,20 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from tuner.classify.classes import parents
+from tuner.classify.classes import ClassDefinitions, parents
 from tuner.errors import ConfigError
 from tuner.logs import get_logger
 from tuner.tuning.variants import PARAMS, parse_name
 
-__all__ = ["Budget", "Guard", "Override", "Prior", "TuningConfig", "load_tuning"]
+__all__ = [
+    "Budget",
+    "Guard",
+    "Override",
+    "Prior",
+    "TuningConfig",
+    "check_overrides",
+    "load_tuning",
+]
 
 log = get_logger(__name__)
 
@@ -65,7 +76,7 @@ class Prior(_Strict):
 
 
 class Single(_Strict):
-    """One variant loaded at a time (router capacity 1): see ``tuner.tuning.single``."""
+    """One variant loaded at a time (router capacity 1): see ``tuner.tuning.runtime.single``."""
 
     horizon_s: float = Field(600.0, gt=0.0)
     window: int = Field(8, ge=1)
@@ -126,32 +137,6 @@ class TuningConfig(_Strict):
         return Override(pin=pin, off=bool(off), forbid=tuple(dict.fromkeys(forbid)))
 
 
-# keys of earlier versions whose options were measured no better and removed
-# (docs/decisions.md): a file that still sets them loads, with a warning
-RETIRED = {
-    "guard": {
-        "speedup_from", "baseline", "control_share", "confirm_served", "trial_controls_until",
-        "controls_pooled", "trial_replayed", "trial_bar", "cost_pool", "class_cost",
-        "class_factor", "revisit", "skip_loading", "opening", "cost_prior", "consolidate",
-        "paired", "warm_tables",
-    },
-    "prior": {"check_order"},
-    "": {"offline"},
-}  # fmt: skip
-
-
-def _drop_retired(data: dict[str, Any]) -> dict[str, Any]:
-    dropped = [key for key in RETIRED[""] if data.pop(key, None) is not None]
-    for table, keys in RETIRED.items():
-        section = data.get(table) if table else None
-        if isinstance(section, dict):
-            dropped += [f"{table}.{key}" for key in keys if section.pop(key, None) is not None]
-    if dropped:
-        log.warning("tuning_keys_retired", keys=sorted(dropped),
-                    detail="these options were removed; see docs/decisions.md")  # fmt: skip
-    return data
-
-
 def load_tuning(path: Path | None = None) -> TuningConfig:
     """Read and validate a tuning TOML; the shipped defaults when ``path`` is None."""
     try:
@@ -160,8 +145,22 @@ def load_tuning(path: Path | None = None) -> TuningConfig:
         else:
             text = path.read_text(encoding="utf-8")
         data: dict[str, Any] = tomllib.loads(text)
-        return TuningConfig.model_validate(_drop_retired(data))
+        return TuningConfig.model_validate(data)
     except OSError as exc:
         raise ConfigError(f"cannot read the tuning file {path}: {exc}") from exc
     except (tomllib.TOMLDecodeError, ValidationError) as exc:
         raise ConfigError(f"invalid tuning file {path or 'tuning.toml'}: {exc}") from exc
+
+
+def check_overrides(config: TuningConfig, definitions: ClassDefinitions) -> None:
+    """Refuse overrides whose key is no class nor a level above one: such an entry would
+    silently do nothing (``prose`` is a content type; its group is the class)."""
+    known = {level for key in definitions.all_classes() for level in parents(key)}
+    unknown = sorted(set(config.overrides) - known)
+    if unknown:
+        names = ", ".join(repr(key) for key in unknown)
+        levels = ", ".join(sorted(k for k in known if "/" not in k))
+        raise ConfigError(
+            f"tuning file: [overrides] {names}: not a class key; keys are a class such as "
+            f"'code/echo/greedy' or a level above it ({levels})"
+        )

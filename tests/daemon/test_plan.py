@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tuner.daemon.plan import tuning_config
+from tuner.errors import ConfigError
+from tuner.settings import Settings
+
+
+def test_the_shipped_shares_differ_per_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Per class 0.01 (measured with every variant loaded), one instance 0.03 (reloads)."""
+    monkeypatch.delenv("TUNER_EXPLORE_SHARE", raising=False)
+    monkeypatch.delenv("TUNER_TUNING_FILE", raising=False)
+    config = tuning_config(Settings())
+    assert config.budget.explore_share == 0.01
+    assert config.single.explore_share == 0.03
+
+
+def test_the_setting_overrides_both_shares(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``TUNER_EXPLORE_SHARE`` (e.g. 0 to stop exploring) wins over both of the file's."""
+    tuning = tmp_path / "tuning.toml"
+    tuning.write_text("[budget]\nexplore_share = 0.2\n[single]\nexplore_share = 0.4\n")
+    monkeypatch.setenv("TUNER_TUNING_FILE", str(tuning))
+    monkeypatch.delenv("TUNER_EXPLORE_SHARE", raising=False)
+    config = tuning_config(Settings())
+    assert (config.budget.explore_share, config.single.explore_share) == (0.2, 0.4)
+    monkeypatch.setenv("TUNER_EXPLORE_SHARE", "0")
+    config = tuning_config(Settings())
+    assert (config.budget.explore_share, config.single.explore_share) == (0.0, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("spec_args", "replay"),
+    [("--spec-synth-len 2", False), ("--spec-synth-rates 0.5,0.25", False), ("--threads 2", True)],
+)
+def test_forced_acceptance_turns_replays_off(
+    monkeypatch: pytest.MonkeyPatch, spec_args: str, replay: bool
+) -> None:
+    """A server that accepts drafts at a forced rate makes a replay of the answer's tokens
+    meaningless (on the synthetic MoE it crowned ngram-mod variants that lost there)."""
+    monkeypatch.delenv("TUNER_TUNING_FILE", raising=False)
+    monkeypatch.setenv("TUNER_SPEC_ARGS", spec_args)
+    assert tuning_config(Settings()).guard.replay is replay
+
+
+def test_an_override_for_no_class_is_refused_at_start_with_its_name(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``prose`` is a content type, not a class (its group is ``text``): an override for it
+    would do nothing, so the tuning file is refused, naming it; class keys and the levels
+    above them are taken."""
+    tuning = tmp_path / "tuning.toml"
+    monkeypatch.setenv("TUNER_TUNING_FILE", str(tuning))
+    tuning.write_text('[overrides.prose]\noff = true\n[overrides."code/echo"]\noff = true\n')
+    with pytest.raises(ConfigError, match="'prose'") as refused:
+        tuning_config(Settings())
+    assert "'code/echo'" not in str(refused.value)
+    tuning.write_text('[overrides.text]\noff = true\n[overrides."code/echo/greedy"]\noff = true\n')
+    assert set(tuning_config(Settings()).overrides) == {"text", "code/echo/greedy"}
+
+
+@pytest.mark.parametrize("command", ["variants", "serve"])
+def test_tuner_refuses_an_override_for_no_class(tmp_path: Path, command: str) -> None:
+    """As a user runs it: ``tuner variants`` and ``tuner serve`` exit non-zero naming it."""
+    tuning = tmp_path / "tuning.toml"
+    tuning.write_text("[overrides.prose]\noff = true\n")
+    env = {**os.environ, "TUNER_TUNING_FILE": str(tuning), "TUNER_STATE_DIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-m", "tuner", command],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode != 0
+    assert "prose" in done.stderr

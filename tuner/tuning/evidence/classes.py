@@ -1,0 +1,242 @@
+"""What the engine knows per class: each variant's evidence, the running trial, the counters.
+
+A request counts as evidence in its class and in every level above it (``levels``), so
+parent classes learn from all their children's traffic and can lend a policy to a class
+that has not measured its own yet. The classes' evidence is persisted in the policy file
+(``dump_class`` / ``parse_class``); a running trial is not (its study fails it at the
+next start).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from tuner.classify.classes import parents
+from tuner.stats import Interval, wilson
+from tuner.tuning.evidence.counts import Counts, parse_counts
+from tuner.tuning.policy.guard import Policy
+from tuner.tuning.policy.prior import PriorView
+from tuner.tuning.variants import BASELINE, Variant
+
+__all__ = [
+    "PAIRS",
+    "SAMPLED",
+    "SAMPLES",
+    "Arm",
+    "ClassState",
+    "Trial",
+    "levels",
+    "parse_class",
+    "under",
+]
+
+SAMPLES = 256  # requests kept per (class, variant)
+PAIRS = 128  # replayed requests kept per class with every variant's counts side by side
+SAMPLED = "*/sampled"  # every sampled class's evidence, pooled
+
+
+def levels(key: str) -> list[str]:
+    """Where a request of this class counts as evidence, and where the class looks for a
+    policy to borrow, nearest first: the class, then (for a sampled class) all sampled
+    traffic pooled, then its parents.
+
+    Sampling is the third part of a class key, so a sampled class's parents are mostly
+    greedy traffic, which accepts far more drafts; the pooled sampled evidence is the
+    nearest of its kind after the sampled class itself.
+
+    >>> levels("code/echo/sampled")
+    ['code/echo/sampled', '*/sampled', 'code/echo', 'code', 'all']
+    >>> levels("code/echo/greedy")
+    ['code/echo/greedy', 'code/echo', 'code', 'all']
+    """
+    chain = list(dict.fromkeys(parents(key)))
+    if key != SAMPLED:
+        sampled = [i for i, level in enumerate(chain) if level.endswith("/sampled")]
+        if sampled:
+            chain.insert(sampled[-1] + 1, SAMPLED)
+    return chain
+
+
+def under(key: str, leaf: str) -> bool:
+    """Whether a request of class ``leaf`` counts as evidence in class ``key``.
+
+    >>> under("code/echo", "code/echo/greedy"), under("*/sampled", "code/echo/greedy")
+    (True, False)
+    """
+    return key in _levels_of(leaf)
+
+
+@functools.lru_cache(maxsize=1024)
+def _levels_of(leaf: str) -> frozenset[str]:
+    return frozenset(levels(leaf))
+
+
+@dataclass(slots=True)
+class Arm:
+    """Evidence for one variant in one class: what it served, and what replays of other
+    variants' requests say it would have drafted and accepted."""
+
+    requests: int = 0
+    tokens: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    samples: deque[float] = field(default_factory=lambda: deque(maxlen=SAMPLES))  # tok/s
+    # the counts of each served request, beside its speed in ``samples``
+    recent: deque[Counts] = field(default_factory=lambda: deque(maxlen=SAMPLES))
+    replayed: int = 0
+    shadow: deque[Counts] = field(default_factory=lambda: deque(maxlen=SAMPLES))
+
+    def add(self, tok_s: float, counts: Counts) -> None:
+        self.requests += 1
+        self.tokens += counts.tokens
+        self.drafted += counts.drafted
+        self.accepted += counts.accepted
+        self.samples.append(tok_s)
+        self.recent.append(counts)
+
+    def add_replayed(self, counts: Counts) -> None:
+        self.replayed += 1
+        self.shadow.append(counts)
+
+    @property
+    def known(self) -> int:
+        """Requests measured: served, or replayed."""
+        return self.requests + self.replayed
+
+    @property
+    def alpha(self) -> Interval | None:
+        return wilson(
+            self.accepted + sum(c.accepted for c in self.shadow),
+            self.drafted + sum(c.drafted for c in self.shadow),
+        )
+
+    @property
+    def tokens_per_step(self) -> float:
+        if not self.requests and self.shadow:
+            n, a = sum(c.tokens for c in self.shadow), sum(c.accepted for c in self.shadow)
+            return n / max(n - a, 1)
+        return self.tokens / max(self.tokens - self.accepted, 1)
+
+    @property
+    def counts(self) -> list[Counts]:
+        """The counts of the kept served requests."""
+        return [c for c in self.recent if c.tokens > 0]
+
+    @property
+    def evidence(self) -> list[Counts]:
+        """The kept counts, served and replayed."""
+        return [*self.counts, *self.shadow]
+
+    def dump(self) -> dict[str, Any]:
+        return {
+            "requests": self.requests,
+            "tokens": self.tokens,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "samples": list(self.samples),
+            "recent": [list(r) for r in self.recent],
+            "replayed": self.replayed,
+            "shadow": [list(c) for c in self.shadow],
+        }
+
+    @classmethod
+    def load(cls, data: dict[str, Any]) -> Arm:
+        arm = cls(
+            int(data["requests"]), int(data["tokens"]), int(data["drafted"]), int(data["accepted"])
+        )
+        arm.samples.extend(float(x) for x in data["samples"])
+        arm.recent.extend(parse_counts(c) for c in data["recent"])
+        arm.replayed = int(data["replayed"])
+        arm.shadow.extend(parse_counts(c) for c in data["shadow"])
+        return arm
+
+
+@dataclass(slots=True)
+class Trial:
+    """One Optuna trial being served: a variant and the counts of its requests so far."""
+
+    number: int
+    variant: Variant
+    counts: list[Counts] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class ClassState:
+    key: str
+    seen: int = 0
+    explored: int = 0
+    trials_done: int = 0
+    converged: bool = False
+    switches: int = 0  # times the chosen variant changed (this process)
+    spent: float = 0.0  # exploration cost, in requests at the served policy's speed
+    stale: int = 0  # trials in a row that measured no better than the class's policy
+    trial: Trial | None = None
+    preparing: bool = False  # a trial is being asked for on the IO thread
+    arms: dict[str, Arm] = field(default_factory=dict)
+    # per replayed request, the counts of every variant that measured it (the served one's
+    # from the server): two variants compared on the same requests (``Pricing.paired``)
+    pairs: deque[dict[str, Counts]] = field(default_factory=lambda: deque(maxlen=PAIRS))
+    policy: Policy | None = None
+    prior: PriorView | None = None
+
+    def arm(self, name: str) -> Arm:
+        found = self.arms.get(name)
+        if found is None:
+            found = self.arms[name] = Arm()
+        return found
+
+    @property
+    def measured(self) -> int:
+        return sum(a.requests for a in self.arms.values())
+
+    @property
+    def baseline_requests(self) -> int:
+        """Requests this class has observed without speculation."""
+        base = self.arms.get(BASELINE.name)
+        return base.requests if base is not None else 0
+
+    def counters(self) -> ClassState:
+        """A copy of the counters alone (for summaries read off the engine's lock)."""
+        return ClassState(
+            self.key,
+            seen=self.seen,
+            explored=self.explored,
+            trials_done=self.trials_done,
+            converged=self.converged,
+            switches=self.switches,
+            spent=self.spent,
+        )
+
+    def dump(self) -> dict[str, Any]:
+        """The persisted part (the policy file's entry adds what the engine derives)."""
+        return {
+            "seen": self.seen,
+            "explored": self.explored,
+            "spent": round(self.spent, 4),
+            "trials_done": self.trials_done,
+            "converged": self.converged,
+            "policy": self.policy.model_dump() if self.policy else None,
+            "arms": {name: arm.dump() for name, arm in self.arms.items()},
+            "pairs": [{name: list(c) for name, c in row.items()} for row in self.pairs],
+        }
+
+
+def parse_class(key: str, data: dict[str, Any]) -> ClassState:
+    """One class of a policy file, parsed; raises on a malformed entry."""
+    explored = int(data["explored"])
+    policy = data.get("policy")
+    pairs = [{str(name): parse_counts(c) for name, c in row.items()} for row in data["pairs"]]
+    return ClassState(
+        key,
+        seen=int(data["seen"]),
+        explored=explored,
+        spent=float(data["spent"]),
+        trials_done=int(data["trials_done"]),
+        converged=bool(data["converged"]),
+        arms={str(n): Arm.load(a) for n, a in data.get("arms", {}).items()},
+        pairs=deque(pairs, maxlen=PAIRS),
+        policy=Policy.model_validate(policy) if policy else None,
+    )

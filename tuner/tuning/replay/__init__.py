@@ -1,0 +1,1 @@
+"""Answered requests replayed through the n-gram drafters: evidence for variants not served."""

@@ -1,0 +1,84 @@
+"""The policy file: everything the engine learned, written atomically, read on start.
+
+``<state>/policies.json`` holds, per class, the chosen variant with its evidence
+(requests, alpha and speedup with intervals, predicted speedup, since when), the
+exploration counters and the per-variant evidence; plus the model, build and
+hardware it was learned on. A crash leaves the previous file or the new one.
+A file learned on another model, build or machine is set aside (renamed), not
+reused; so is one that is not a policy file of this version (a hand edit that broke its
+JSON, or an entry the engine cannot restore: ``set_aside``), and the daemon starts fresh
+rather than failing to start or overwriting it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from tuner.atomic import write_atomic
+from tuner.logs import get_logger
+
+__all__ = ["POLICY_FILE", "PolicyMeta", "load_policies", "save_policies", "set_aside"]
+
+log = get_logger(__name__)
+
+POLICY_FILE = "policies.json"
+VERSION = 2  # 2: a request's counts stored as [tokens, drafted, accepted]
+
+PolicyMeta = dict[str, Any]  # model, model_key, build, hardware, hardware_key
+
+
+def save_policies(
+    path: Path, meta: PolicyMeta, classes: dict[str, Any], *, extra: dict[str, Any] | None = None
+) -> None:
+    """``extra``: more top-level keys (the one-variant-at-a-time state)."""
+    document = {"version": VERSION, "saved": time.time(), **meta, **(extra or {})}
+    document["classes"] = classes
+    write_atomic(path, json.dumps(document, indent=1, sort_keys=True) + "\n")
+
+
+def read_document(path: Path) -> dict[str, Any] | None:
+    """The policy file as written, or None when absent or unreadable."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.error("policies_unreadable", path=str(path), error=str(exc))
+        return None
+    return data if isinstance(data, dict) and data.get("version") == VERSION else None
+
+
+def set_aside(path: Path, why: str, **context: Any) -> Path | None:
+    """Rename the policy file out of the way (``<stem>.<time>.<why>.json``), kept for the
+    user to look at; None when it cannot be renamed (then it stays, and is overwritten)."""
+    aside = path.with_name(f"{path.stem}.{int(time.time())}.{why}.json")
+    try:
+        path.replace(aside)
+    except OSError as exc:
+        log.error("policies_set_aside_failed", path=str(path), error=str(exc))
+        return None
+    log.warning("policies_set_aside", path=str(aside), **context)
+    return aside
+
+
+def load_policies(path: Path, meta: PolicyMeta) -> dict[str, Any]:
+    """The learned classes, if the file was learned on this model, build and machine.
+
+    Also removes temporary files a crash left mid-write (the policy file itself is whole).
+    """
+    for stale in path.parent.glob(f".{path.stem}-*.tmp"):
+        stale.unlink(missing_ok=True)
+    data = read_document(path)
+    if data is None:
+        if path.is_file():  # there, readable or not, but no policy file of this version
+            set_aside(path, "bad", reason="unreadable, or not a policy file of this version")
+        return {}
+    mismatch = [k for k in ("model_key", "build", "hardware_key") if data.get(k) != meta.get(k)]
+    if mismatch:
+        set_aside(path, "old", changed=mismatch)
+        return {}
+    classes = data.get("classes")
+    return classes if isinstance(classes, dict) else {}

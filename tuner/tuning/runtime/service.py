@@ -1,0 +1,306 @@
+"""The tuning engine as a daemon service: routing, background IO, persistence, scheduled jobs.
+
+- ``route(class_key)`` gives the proxy what to send: the router preset (``model``)
+  or, on older builds that honour them, per-request ``speculative`` fields.
+- Optuna and policy-file writes run on one background thread, never on the
+  request path; a change is written at most every ``save_every_s``.
+- apscheduler jobs: drift check and re-evaluation (``reevaluate_s``), policy
+  snapshots (``snapshot_s``, the last ``keep_snapshots`` kept under
+  ``<state>/snapshots/``).
+- ``stop`` writes the policies one last time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+
+from tuner.logs import get_logger
+from tuner.records import RequestRecord
+from tuner.tuning.runtime.engine import Decision, Engine
+from tuner.tuning.runtime.policy_file import (
+    POLICY_FILE,
+    PolicyMeta,
+    load_policies,
+    read_document,
+    save_policies,
+    set_aside,
+)
+from tuner.tuning.runtime.quarantine import Quarantine
+from tuner.tuning.runtime.single import SingleVariant
+from tuner.tuning.variants import BASELINE, request_fields
+
+__all__ = ["Fleet", "Routed", "TuningService"]
+
+log = get_logger(__name__)
+
+Mode = Literal["router", "per-request"]
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """What the proxy does to one request: the model to ask for, or fields to add."""
+
+    variant: str
+    role: str
+    trial: int | None
+    model: str | None = None
+    fields: dict[str, Any] | None = None
+
+
+EngineFactory = Callable[..., Engine]  # called with io= and on_change=
+
+
+class Fleet(Protocol):
+    """A fleet's shared storage as the service drives it (``tuner.fleet.sync.FleetSync``)."""
+
+    def sync(self, engine: Engine) -> bool: ...
+    def describe(self) -> dict[str, Any]: ...
+    def restore(self, saved: object) -> None: ...
+    def put_document(self, document: dict[str, Any]) -> None: ...
+    def close(self) -> None: ...
+
+
+class TuningService:
+    """``build`` makes the engine, wired to this service's background thread (``io``) and
+    its policy-file writer (``on_change``): ``functools.partial(Engine, config, ...)``."""
+
+    def __init__(
+        self,
+        build: EngineFactory,
+        state_dir: Path,
+        meta: PolicyMeta,
+        *,
+        mode: Mode = "router",
+        reevaluate_s: float = 60.0,
+        snapshot_s: float = 900.0,
+        keep_snapshots: int = 24,
+        save_every_s: float = 2.0,
+        flush: Callable[[], Awaitable[None]] | None = None,
+        single_reload_s: float | None = None,
+        unavailable: Callable[[str], bool] = lambda _: False,
+        fleet: Fleet | None = None,
+        sync_s: float = 2.0,
+        stop_s: float = 15.0,
+    ) -> None:
+        self.flush = flush
+        self.fleet = fleet  # built with the engine's ``publish``; synced here
+        self.sync_s = sync_s
+        self.stop_s = stop_s
+        self.state_dir = state_dir
+        self.path = state_dir / POLICY_FILE
+        self.meta = meta
+        self.mode = mode
+        self.reevaluate_s = reevaluate_s
+        self.snapshot_s = snapshot_s
+        self.keep_snapshots = keep_snapshots
+        self.save_every_s = save_every_s
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tuning")
+        self._dirty = threading.Event()
+        self._last_save = 0.0
+        self.save_errors = 0
+        self.scheduler: AsyncIOScheduler | None = None
+        # variants that fail on the server side, out of routing and search for a while
+        self.quarantine = Quarantine()
+        self.unavailable = unavailable  # presets the router is reloading after a stall
+        self.engine = engine = build(
+            io=self._submit, on_change=lambda _: self._mark_dirty(), excluded=self.quarantine.blocks
+        )
+        # One variant loaded at a time (router capacity 1): given the reload guess.
+        self.single = (
+            SingleVariant(engine, reload_s=single_reload_s) if single_reload_s is not None else None
+        )
+
+    # -- request path -----------------------------------------------------------------
+
+    def route(self, class_key: str | None) -> Routed:
+        single = self.single
+        decision: Decision = single.route(class_key) if single else self.engine.route(class_key)
+        held = self.quarantine.blocks(decision.variant) or self.unavailable(decision.variant)
+        if held:  # a pin, a choice not re-decided yet, or an instance being reloaded
+            decision = Decision(BASELINE.name, "fallback", policy_class=decision.policy_class)
+        return self.routed(decision)
+
+    def fallback(self, variant: str, request_id: str, reason: str) -> Routed | None:
+        """The second try for a request whose variant failed on the server before answering:
+        no speculation (None when that is what failed). The failure counts now, not when its
+        record lands, so the next request already routes around a variant that cannot load."""
+        if variant == BASELINE.name:
+            return None
+        self._failed(variant, reason, request_id)
+        return self.routed(Decision(BASELINE.name, "fallback"))
+
+    def routed(self, decision: Decision) -> Routed:
+        """How the proxy applies a decision: the router preset, or per-request fields."""
+        if self.mode == "router":
+            return Routed(decision.variant, decision.role, decision.trial, model=decision.variant)
+        fields = request_fields(self.engine.variants[decision.variant])
+        return Routed(decision.variant, decision.role, decision.trial, fields=fields)
+
+    def observe(self, record: RequestRecord) -> None:
+        variant = record.variant
+        if variant is not None and record.status >= 500:
+            self._failed(variant, record.error or f"status {record.status}", record.id)
+        elif variant is not None and record.status == 200 and not record.error:
+            self.quarantine.succeeded(variant)
+        if self.single is not None:
+            self.single.observe(record)
+        else:
+            self.engine.observe(record)
+
+    def _failed(self, variant: str, reason: str, request_id: str) -> None:
+        if self.quarantine.failed(variant, reason, request_id):
+            self._submit(self.engine.refresh)  # classes choose among the others
+
+    # -- background -------------------------------------------------------------------
+
+    def _submit(self, job: Callable[[], object]) -> None:
+        def run() -> None:
+            try:
+                job()
+            except Exception:
+                log.exception("tuning_job_failed")
+
+        with contextlib.suppress(RuntimeError):  # shutting down
+            self._pool.submit(run)
+
+    def _mark_dirty(self) -> None:
+        self._dirty.set()
+        if time.monotonic() - self._last_save >= self.save_every_s:
+            self._submit(self.save)
+
+    def save(self) -> bool:
+        """Write the policy file now (atomically); False (and logged) when it cannot."""
+        self._dirty.clear()
+        self._last_save = time.monotonic()
+        try:
+            extra: dict[str, Any] = {"quarantine": self.quarantine.describe()}
+            if self.single is not None:
+                extra["single"] = self.single.describe()
+            with self.engine.locked():  # the fleet's cursors match the evidence saved
+                classes = self.engine.snapshot()
+                if self.fleet is not None:
+                    extra["fleet"] = self.fleet.describe()
+            save_policies(self.path, self.meta, classes, extra=extra)
+        except OSError as exc:
+            self.save_errors += 1
+            self._dirty.set()
+            log.error("policies_write_failed", path=str(self.path), error=str(exc))
+            return False
+        return True
+
+    def sync(self) -> None:
+        """Trade evidence with the fleet; renew the heartbeats of running trials."""
+        if self.fleet is None:
+            return
+        if self.fleet.sync(self.engine) and self.engine.studies is not None:
+            try:
+                self.engine.studies.beat()
+            except Exception as exc:  # the database went away between the two
+                log.warning("trial_heartbeat_failed", error=str(exc)[:200])
+
+    def publish_document(self) -> None:
+        """The policy file, for the fleet's report."""
+        document = read_document(self.path)
+        if self.fleet is not None and document is not None:
+            self.fleet.put_document(document)
+
+    def reevaluate(self) -> None:
+        self.engine.check_drift()
+        if self.single is not None:
+            self.single.choose()
+        if self._dirty.is_set():
+            self._submit(self.save)
+
+    def snapshot(self) -> Path | None:
+        if not self.path.is_file():
+            return None
+        folder = self.state_dir / "snapshots"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            target = folder / f"policies-{time.strftime('%Y%m%dT%H%M%S')}.json"
+            shutil.copyfile(self.path, target)
+            for old in sorted(folder.glob("policies-*.json"))[: -self.keep_snapshots]:
+                old.unlink(missing_ok=True)
+        except OSError as exc:
+            log.error("snapshot_failed", error=str(exc))
+            return None
+        return target
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    async def start(self) -> None:
+        restored = load_policies(self.path, self.meta)
+        if restored:
+            try:
+                self.engine.restore(restored)
+            except (LookupError, TypeError, ValueError) as exc:  # an entry it cannot parse
+                set_aside(self.path, "bad", reason=f"cannot restore: {exc!r}")
+            else:
+                log.info("policies_restored", classes=len(restored), path=str(self.path))
+        if self.fleet is not None:
+            saved = read_document(self.path) if restored else None
+            self.fleet.restore((saved or {}).get("fleet"))
+            await asyncio.wrap_future(self._pool.submit(self.sync))  # warm from the fleet
+        if self.single is not None:
+            log.info(
+                "single_variant",
+                detail="one variant loaded at a time",
+                reload_guess_s=round(self.single.reload_s, 1),
+            )
+        self.scheduler = AsyncIOScheduler()
+        self.scheduler.add_job(
+            lambda: self._submit(self.reevaluate),
+            "interval",
+            seconds=self.reevaluate_s,
+            id="reevaluate",
+        )
+        self.scheduler.add_job(
+            lambda: self._submit(self.snapshot), "interval", seconds=self.snapshot_s, id="snapshot"
+        )
+        if self.fleet is not None:
+            self.scheduler.add_job(
+                lambda: self._submit(self.sync), "interval", seconds=self.sync_s, id="sync"
+            )
+            self.scheduler.add_job(
+                lambda: self._submit(self.publish_document),
+                "interval",
+                seconds=self.reevaluate_s,
+                id="document",
+            )
+        self.scheduler.start()
+
+    async def stop(self) -> None:
+        """Finish the queued work, sync and save once more, within ``stop_s``: a database
+        or disk that hangs must not hold the daemon's exit (the last policy file written
+        every ``save_every_s`` stands)."""
+        if self.flush is not None:
+            await self.flush()  # the last requests' records reach the engine first
+        if self.scheduler is not None:
+            self.scheduler.shutdown(wait=False)
+            self.scheduler = None
+        closing = threading.Thread(target=self._close, name="tuning-stop", daemon=True)
+        closing.start()
+        await asyncio.to_thread(closing.join, self.stop_s)
+        if closing.is_alive():
+            log.error("tuning_stop_timed_out", seconds=self.stop_s, path=str(self.path))
+
+    def _close(self) -> None:
+        self._pool.shutdown(wait=True)
+        self.sync()  # the fleet gets what is left in the outbox
+        self.save()
+        if self.fleet is not None:
+            self.publish_document()
+            self.fleet.close()
+        if self.engine.studies is not None:
+            self.engine.studies.close()

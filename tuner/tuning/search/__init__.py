@@ -1,0 +1,1 @@
+"""The trial search: which variant a class tries next, over its Optuna study."""
