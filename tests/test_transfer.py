@@ -151,3 +151,22 @@ def test_a_state_dir_that_refuses_writes_is_served_without_the_lock(tmp_path: Pa
     blocked.write_text("where the state dir should be")
     with state_dir_lock(blocked / "state"):
         pass  # no error: entered unlocked
+
+
+def test_the_example_export_in_policies_is_one_this_version_imports() -> None:
+    """``policies/example-export.json`` (a real export, cut short for reading) stays in step
+    with the policy file's layout: refused only on another machine, and every class in it
+    parses as the engine restores it."""
+    from tuner.tuning.evidence.classes import parse_class
+
+    path = Path(__file__).resolve().parents[1] / "policies" / "example-export.json"
+    wrapped = json.loads(path.read_text())
+    policies = wrapped["policies"]
+    learned_on = Machine(
+        policies["model"], policies["model_key"], policies["hardware_key"], policies["build"]
+    )
+    assert refusal(wrapped, learned_on) is None
+    assert refusal(wrapped, HERE) is not None
+    for key, data in policies["classes"].items():
+        state = parse_class(key, data)
+        assert state.policy is not None and state.policy.class_key == key
