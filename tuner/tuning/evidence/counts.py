@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from tuner.stats import Interval
 
@@ -46,13 +46,14 @@ class Counts(NamedTuple):
     accepted: int
 
 
-def parse_counts(value: Sequence[object]) -> Counts:
-    """Counts stored as ``[tokens, drafted, accepted]``; raises on any other shape.
+def parse_counts(value: Sequence[Any]) -> Counts:
+    """Counts read back from JSON as ``[tokens, drafted, accepted]``; raises (ValueError,
+    TypeError) on any other shape.
 
     >>> parse_counts([64, 20, 12])
     Counts(tokens=64, drafted=20, accepted=12)
     """
-    tokens, drafted, accepted = (int(x) for x in value)  # type: ignore[call-overload]
+    tokens, drafted, accepted = (int(x) for x in value)
     return Counts(tokens, drafted, accepted)
 
 
