@@ -141,7 +141,7 @@ def evidence(engine: Engine) -> dict[str, Any]:
     """Every class's evidence per variant: counts and the replayed rows."""
     return {
         key: {
-            name: (a.requests, a.tokens, a.drafted, a.accepted, list(a.shadow))
+            name: (a.requests, a.tokens, a.drafted, a.accepted, list(a.replays))
             for name, a in sorted(s.arms.items())
         }
         for key, s in sorted(engine.classes.items())

@@ -33,7 +33,7 @@ from tuner.records import RecordStore
 from tuner.settings import Settings
 from tuner.statedir import state_dir_lock
 from tuner.systemd import Notifier, notify
-from tuner.tuning.replay.worker import Counterfactual
+from tuner.tuning.replay.worker import Replayer
 from tuner.tuning.runtime.collectors import ReplayCollector, TuningCollector
 from tuner.tuning.runtime.service import TuningService
 from tuner.upstream.capabilities import Capabilities
@@ -134,16 +134,14 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
         restarts=lambda: client.restarts,
     )
     services: list[Service] = [supervisor] + ([tuning] if tuning else []) + [notifier]
-    counterfactual: Counterfactual | None = None
+    replayer: Replayer | None = None
     if tuning is not None and tuning.single is None and plan is not None:
-        counterfactual = Counterfactual(
-            tuning.engine, client.base_url, router=plan.mode == "router"
-        )
-        services.append(counterfactual)
+        replayer = Replayer(tuning.engine, client.base_url, router=plan.mode == "router")
+        services.append(replayer)
     definitions = load_definitions(settings.classes_file)
     collectors: list[Collector] = (
         [TuningCollector(tuning.engine, tuning.quarantine)] if tuning else []
-    ) + ([ReplayCollector(counterfactual)] if counterfactual else [])
+    ) + ([ReplayCollector(replayer)] if replayer else [])
     if plan is not None and plan.fleet is not None:
         collectors.append(FleetCollector(plan.fleet))
     metrics = Metrics(client, records, collectors)
@@ -159,7 +157,7 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
         router=tuning.route if tuning else None,
         public_models=public_models,
         gate=gate,
-        keep=counterfactual.submit if counterfactual else None,
+        keep=replayer.submit if replayer else None,
         fallback=tuning.fallback if tuning else None,
     )
     return Daemon(settings, app, client, supervisor, records, caps, notifier, tuning)

@@ -49,7 +49,7 @@ class Trace:
     wait_ms: float | None = None
     finished: bool = False
     error: str | None = None  # what it finished with, for the second try's caller
-    # Counterfactual replays: who gets the answered request (with its body and text)
+    # Replayer replays: who gets the answered request (with its body and text)
     keep: Keep | None = None
     request_body: dict[str, Any] | None = None
     chunks: list[bytes] | None = None  # a stream's raw bytes, kept while ``keep`` is set

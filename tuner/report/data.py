@@ -167,10 +167,10 @@ def _arms(
     out = []
     for name, arm in sorted(arms.items()):
         samples = [float(x) for x in arm.get("samples", [])]
-        shadow = arm.get("shadow") or []  # replayed (tokens, drafted, accepted)
+        replays = arm.get("replays") or []  # replayed (tokens, drafted, accepted)
         alpha = wilson(
-            int(arm.get("accepted", 0)) + sum(int(c[2]) for c in shadow),
-            int(arm.get("drafted", 0)) + sum(int(c[1]) for c in shadow),
+            int(arm.get("accepted", 0)) + sum(int(c[2]) for c in replays),
+            int(arm.get("drafted", 0)) + sum(int(c[1]) for c in replays),
         )
         s = _measured(measured.get(name)) if name != BASELINE.name else None
         if s is None and name != BASELINE.name and len(samples) >= 2 and len(base_samples) >= 2:

@@ -1,4 +1,4 @@
-"""Counterfactual replays: the engine's use of replayed counts, and the replayer's IO."""
+"""Replays: the engine's use of replayed counts, and the replayer's IO."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from tuner.records import RecordStore, RequestRecord, Timings
 from tuner.tuning.evidence.classes import Arm
 from tuner.tuning.evidence.counts import Counts
 from tuner.tuning.replay.drafters import EXACT, REPLAYABLE, ModDrafter, replay_simple
-from tuner.tuning.replay.worker import Counterfactual
+from tuner.tuning.replay.worker import Replayer
 from tuner.tuning.runtime.engine import Decision, Engine
 from tuner.tuning.runtime.service import TuningService
 from tuner.upstream.capabilities import Capabilities
@@ -170,9 +170,9 @@ def test_replayed_evidence_is_kept_across_a_restart(tmp_path: Path, caps: Capabi
     arm.add(60.0, Counts(64, 20, 10))
     arm.add_replayed(Counts(64, 30, 25))
     again = Arm.load(json.loads(json.dumps(arm.dump())))
-    assert again.replayed == 1 and list(again.shadow) == [(64, 30, 25)]
+    assert again.replayed == 1 and list(again.replays) == [(64, 30, 25)]
     assert again.evidence == [(64, 20, 10), (64, 30, 25)] and again.known == 2
-    old = {k: v for k, v in arm.dump().items() if k not in ("replayed", "shadow")}
+    old = {k: v for k, v in arm.dump().items() if k not in ("replayed", "replays")}
     with pytest.raises(KeyError):  # a layout of another version: the file is set aside
         Arm.load(old)
 
@@ -237,7 +237,7 @@ def test_the_replayer_tokenizes_and_hands_each_variant_its_counts(
 ) -> None:
     engine = make(tmp_path, config(), caps)
     calls: list[tuple[str, dict[str, object]]] = []
-    replayer = Counterfactual(engine, "http://fake", transport=_transport(calls))
+    replayer = Replayer(engine, "http://fake", transport=_transport(calls))
     assert replayer.enabled and "ngram-simple.n3.m16" in replayer.variants
     code = "a b c d e f g h i j k l m n o p q r s t"
     body = {"messages": [{"role": "user", "content": "copy this: " + code}], "max_tokens": 64}
@@ -252,11 +252,11 @@ def test_the_replayer_tokenizes_and_hands_each_variant_its_counts(
     arms = engine.classes[CODE].arms
     assert served not in arms or arms[served].replayed == 0  # its own counts are real ones
     other = arms["ngram-simple.n3.m48"]
-    assert other.replayed == 1 and other.shadow[0][0] == len(output)
+    assert other.replayed == 1 and other.replays[0][0] == len(output)
     assert replayer.checked == 1 and replayer.agreed == 1
     # the request's row: every replayed variant's counts beside the server's own
     row = engine.classes[CODE].pairs[-1]
-    assert row[served] == (len(output), d, a) and row["ngram-simple.n3.m48"] == other.shadow[0]
+    assert row[served] == (len(output), d, a) and row["ngram-simple.n3.m48"] == other.replays[0]
     # a wrong count from the server shows as a disagreement, not as evidence
     replayer.replay(_record(served, d + 1, a), "/v1/chat/completions", body, code)
     assert replayer.checked == 2 and replayer.agreed == 1
@@ -268,7 +268,7 @@ def test_ngram_mod_variants_are_replayed_through_tables_that_remember(
     """Each ngram-mod variant has its own simulated drafter, fed every request in order:
     an answer repeated later is drafted from the earlier one (as the server's table does)."""
     engine = make(tmp_path, config(), caps)
-    replayer = Counterfactual(engine, "http://fake", transport=_transport([]))
+    replayer = Replayer(engine, "http://fake", transport=_transport([]))
     mods = [k for k, v in engine.variants.items() if v.spec_type == "ngram-mod"]
     assert mods and sorted(replayer.mod) == sorted(mods)
     drafter = replayer.mod[mods[0]]
@@ -286,10 +286,10 @@ def test_ngram_mod_variants_are_replayed_through_tables_that_remember(
         expected = {k: d.replay(prompt, output, record.max_tokens) for k, d in reference.items()}
     arms = engine.classes[CODE].arms
     for name in mods:
-        shadow = list(arms[name].shadow)
+        shadow = list(arms[name].replays)
         assert len(shadow) == 2 and shadow[0][1:] == (0, 0)  # nothing to copy the first time
         assert shadow[1][1:] == expected[name]
-    assert any(arms[name].shadow[1][2] > 40 for name in mods)  # the second time: copied
+    assert any(arms[name].replays[1][2] > 40 for name in mods)  # the second time: copied
     # served by one of them: its own counts are the evidence; the others still learn
     assert record.timings is not None
     timings = record.timings.model_copy(update={"draft_n": 30, "draft_n_accepted": 7})
@@ -305,7 +305,7 @@ def test_ngram_mod_variants_are_replayed_through_tables_that_remember(
 
 def test_replay_mod_off_leaves_ngram_mod_to_trials(tmp_path: Path, caps: Capabilities) -> None:
     engine = make(tmp_path, config({"replay_mod": False}), caps)
-    replayer = Counterfactual(engine, "http://fake", transport=_transport([]))
+    replayer = Replayer(engine, "http://fake", transport=_transport([]))
     assert replayer.enabled and not replayer.mod and replayer.variants
 
 
@@ -317,7 +317,7 @@ def test_a_lookup_length_the_drafter_cannot_model_is_not_replayed(
     cfg = config()
     cfg = cfg.model_copy(update={"search": {"ngram-mod": {"n_match": [-1, 0, 12], "n_max": [16]}}})
     engine = make(tmp_path, cfg, caps)
-    replayer = Counterfactual(engine, "http://fake", transport=_transport([]))
+    replayer = Replayer(engine, "http://fake", transport=_transport([]))
     assert sorted(replayer.mod) == ["ngram-mod.match12.max16"]
 
 
@@ -326,7 +326,7 @@ def test_the_replayer_runs_off_thread_and_drops_when_full(
 ) -> None:
     engine = make(tmp_path, config(), caps)
     calls: list[tuple[str, dict[str, object]]] = []
-    replayer = Counterfactual(engine, "http://fake", transport=_transport(calls), queue_size=1)
+    replayer = Replayer(engine, "http://fake", transport=_transport(calls), queue_size=1)
     body = {"prompt": "x y z x y z x y z", "max_tokens": 64}
     record = _record("none").model_copy(update={"endpoint": "/v1/completions"})
     assert replayer.submit(record, "/v1/completions", body, "x y z")
@@ -350,7 +350,7 @@ def test_the_replayer_runs_off_thread_and_drops_when_full(
 
 def test_an_upstream_error_loses_one_replay_only(tmp_path: Path, caps: Capabilities) -> None:
     engine = make(tmp_path, config(), caps)
-    replayer = Counterfactual(
+    replayer = Replayer(
         engine, "http://fake", transport=httpx.MockTransport(lambda r: httpx.Response(503))
     )
     replayer.open()

@@ -307,9 +307,9 @@ def test_a_state_file_of_another_format_is_refused_whole(
         "drafted": 240,
         "accepted": 200,
         "samples": [90.0] * 6,
-        "recent": [[40, 33]] * 6,
+        "served": [[40, 33]] * 6,
         "replayed": 0,
-        "shadow": [],
+        "replays": [],
     }
     entry = {
         "seen": 6,

@@ -77,7 +77,7 @@ def test_a_policy_file_it_cannot_restore_is_set_aside_and_the_daemon_starts_fres
         assert isinstance(classes, dict)
         last = sorted(classes)[-1]  # the others would restore before it
         arm = next(iter(classes[last]["arms"].values()))
-        arm["recent"] = [["many", 1, 2, 0]]
+        arm["served"] = [["many", 1, 2, 0]]
         text = json.dumps(document)
     path.write_text(text)
     service = _start_fresh(tmp_path)

@@ -85,9 +85,9 @@ class Arm:
     accepted: int = 0
     samples: deque[float] = field(default_factory=lambda: deque(maxlen=SAMPLES))  # tok/s
     # the counts of each served request, beside its speed in ``samples``
-    recent: deque[Counts] = field(default_factory=lambda: deque(maxlen=SAMPLES))
+    served: deque[Counts] = field(default_factory=lambda: deque(maxlen=SAMPLES))
     replayed: int = 0
-    shadow: deque[Counts] = field(default_factory=lambda: deque(maxlen=SAMPLES))
+    replays: deque[Counts] = field(default_factory=lambda: deque(maxlen=SAMPLES))
 
     def add(self, tok_s: float, counts: Counts) -> None:
         self.requests += 1
@@ -95,11 +95,11 @@ class Arm:
         self.drafted += counts.drafted
         self.accepted += counts.accepted
         self.samples.append(tok_s)
-        self.recent.append(counts)
+        self.served.append(counts)
 
     def add_replayed(self, counts: Counts) -> None:
         self.replayed += 1
-        self.shadow.append(counts)
+        self.replays.append(counts)
 
     @property
     def known(self) -> int:
@@ -109,26 +109,26 @@ class Arm:
     @property
     def alpha(self) -> Interval | None:
         return wilson(
-            self.accepted + sum(c.accepted for c in self.shadow),
-            self.drafted + sum(c.drafted for c in self.shadow),
+            self.accepted + sum(c.accepted for c in self.replays),
+            self.drafted + sum(c.drafted for c in self.replays),
         )
 
     @property
     def tokens_per_step(self) -> float:
-        if not self.requests and self.shadow:
-            n, a = sum(c.tokens for c in self.shadow), sum(c.accepted for c in self.shadow)
+        if not self.requests and self.replays:
+            n, a = sum(c.tokens for c in self.replays), sum(c.accepted for c in self.replays)
             return n / max(n - a, 1)
         return self.tokens / max(self.tokens - self.accepted, 1)
 
     @property
     def counts(self) -> list[Counts]:
         """The counts of the kept served requests."""
-        return [c for c in self.recent if c.tokens > 0]
+        return [c for c in self.served if c.tokens > 0]
 
     @property
     def evidence(self) -> list[Counts]:
         """The kept counts, served and replayed."""
-        return [*self.counts, *self.shadow]
+        return [*self.counts, *self.replays]
 
     def dump(self) -> dict[str, Any]:
         return {
@@ -137,9 +137,9 @@ class Arm:
             "drafted": self.drafted,
             "accepted": self.accepted,
             "samples": list(self.samples),
-            "recent": [list(r) for r in self.recent],
+            "served": [list(r) for r in self.served],
             "replayed": self.replayed,
-            "shadow": [list(c) for c in self.shadow],
+            "replays": [list(c) for c in self.replays],
         }
 
     @classmethod
@@ -148,9 +148,9 @@ class Arm:
             int(data["requests"]), int(data["tokens"]), int(data["drafted"]), int(data["accepted"])
         )
         arm.samples.extend(float(x) for x in data["samples"])
-        arm.recent.extend(parse_counts(c) for c in data["recent"])
+        arm.served.extend(parse_counts(c) for c in data["served"])
         arm.replayed = int(data["replayed"])
-        arm.shadow.extend(parse_counts(c) for c in data["shadow"])
+        arm.replays.extend(parse_counts(c) for c in data["replays"])
         return arm
 
 

@@ -253,7 +253,7 @@ class Pricing:
                 continue  # a leaf's requests count at every level: once is enough
             for name, arm in state.arms.items():
                 # newest first: the two windows hold the same requests, newest last
-                kept = zip(reversed(arm.samples), reversed(arm.recent), strict=False)
+                kept = zip(reversed(arm.samples), reversed(arm.served), strict=False)
                 rows += [
                     (key, name, counts, counts.tokens / tok_s)
                     for tok_s, counts in kept

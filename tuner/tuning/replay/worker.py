@@ -1,6 +1,6 @@
 """Every answered request measures every n-gram variant it can: tokenize it, replay it.
 
-After a request is answered (and recorded), ``Counterfactual`` takes its body and the
+After a request is answered (and recorded), ``Replayer`` takes its body and the
 answer's text, asks llama-server for the token ids (``tuning.replay.tokenizer``) and
 replays them through each
 ``ngram-simple`` variant of the search space (``tuner.tuning.replay.drafters``), and, with
@@ -37,7 +37,7 @@ from tuner.tuning.replay.drafters import ModDrafter, replay_simple
 from tuner.tuning.replay.tokenizer import Tokenizer
 from tuner.tuning.variants import Variant
 
-__all__ = ["Counterfactual"]
+__all__ = ["Replayer"]
 
 log = get_logger(__name__)
 
@@ -68,7 +68,7 @@ class _Job:
     text: str
 
 
-class Counterfactual:
+class Replayer:
     """Replays finished requests through the engine's n-gram variants it can replay."""
 
     def __init__(

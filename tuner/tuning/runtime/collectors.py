@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from tuner.tuning.replay.worker import Counterfactual
+from tuner.tuning.replay.worker import Replayer
 from tuner.tuning.runtime.engine import Engine
 from tuner.tuning.runtime.quarantine import Quarantine
 
@@ -99,9 +99,9 @@ class TuningCollector(Collector):
 
 
 class ReplayCollector(Collector):
-    """Counterfactual replays (``tuner.tuning.replay.worker``), read when scraped."""
+    """Replayer replays (``tuner.tuning.replay.worker``), read when scraped."""
 
-    def __init__(self, replayer: Counterfactual) -> None:
+    def __init__(self, replayer: Replayer) -> None:
         self.replayer = replayer
 
     def collect(self) -> Iterator[Metric]:
