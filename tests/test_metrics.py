@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fake_llama import TIMINGS
@@ -52,3 +53,18 @@ async def test_metrics_parse_and_count_requests_tokens_and_drafts(
     after = (await proxy.get("/metrics")).text
     assert value(after, "tuner_upstream_ready") == 0.0
     assert value(after, "tuner_upstream_restarts_total") == 2
+
+
+async def test_prompt_tokens_the_cache_held_are_counted_apart(
+    proxy: httpx.AsyncClient, store: RecordStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn of a conversation: most of its prompt was in the server's cache."""
+    monkeypatch.setitem(TIMINGS, "cache_n", 1200)
+    monkeypatch.setitem(TIMINGS, "prompt_n", 30)
+    for _ in range(2):
+        await proxy.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 4})
+    await store.flush()
+    text = (await proxy.get("/metrics")).text
+    arm = {"class_key": "unknown", "variant": "default"}
+    assert value(text, "tuner_prompt_cached_tokens_total", **arm) == 2 * 1200
+    assert value(text, "tuner_prompt_tokens_total", **arm) == 2 * 30

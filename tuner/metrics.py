@@ -89,6 +89,12 @@ class Metrics:
         self.requests = Counter("tuner_requests", "Requests proxied", labels, registry=r)
         self.generated = Counter("tuner_generated_tokens", "Tokens generated", arm, registry=r)
         self.prompt = Counter("tuner_prompt_tokens", "Prompt tokens processed", arm, registry=r)
+        self.cached = Counter(
+            "tuner_prompt_cached_tokens",
+            "Prompt tokens the server's cache held, not processed again",
+            arm,
+            registry=r,
+        )
         self.drafted = Counter("tuner_draft_tokens", "Tokens drafted", arm, registry=r)
         self.accepted = Counter(
             "tuner_draft_accepted_tokens", "Drafted tokens accepted", arm, registry=r
@@ -128,6 +134,7 @@ class Metrics:
             return
         self.generated.labels(*arm).inc(t.predicted_n or 0)
         self.prompt.labels(*arm).inc(t.prompt_n or 0)
+        self.cached.labels(*arm).inc(t.cache_n or 0)
         self.drafted.labels(*arm).inc(t.draft_n or 0)
         self.accepted.labels(*arm).inc(t.draft_n_accepted or 0)
         if t.predicted_per_second:

@@ -416,3 +416,56 @@ def test_api_keys_on_the_real_daemon(tmp_path: Path) -> None:
         assert httpx.get(running.url + "/metrics", timeout=10).status_code == 401
     finally:
         assert running.stop() == 0
+
+
+def test_a_conversation_keeps_its_prompt_cache_through_the_daemon(tmp_path: Path) -> None:
+    """A second turn re-sends the first turn's prompt and answer: the instance that served
+    the first holds it, so the server processes only what is new (its own timings); the
+    daemon counts the cached tokens per class in /metrics and the report. (All classes pinned
+    to one variant: which instance a conversation should stay on is routing's question.)"""
+    import subprocess
+    import sys
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    tuning = tmp_path / "tuning.toml"
+    tuning.write_text('[overrides.all]\npin = "none"\n')
+    state = tmp_path / "state"
+    state.mkdir()
+    running = start_daemon(state, env={"TUNER_TUNING_FILE": str(tuning)})
+    try:
+        prompt, turns = CODE_EDIT, []
+        for ask in ["", "\n\nNow rename the argument items to rows as well.\n\nRewritten:\n\n"]:
+            prompt += ask
+            body = {"prompt": prompt, "max_tokens": 32, "temperature": 0}
+            response = httpx.post(running.v1 + "/completions", json=body, timeout=120)
+            assert response.status_code == 200
+            turns.append(records_with(running, response.headers["x-request-id"]))
+            prompt += response.json()["choices"][0]["text"]
+        first, second = (t.timings for t in turns)
+        assert first is not None and second is not None
+        first_prompt = (first.cache_n or 0) + (first.prompt_n or 0)
+        # the prompt's last tokens ("\n\n") re-tokenize with the answer that follows them
+        assert second.cache_n is not None and second.cache_n >= first_prompt - 8
+        assert second.prompt_n is not None and second.prompt_n < first_prompt
+        key = turns[1].class_key
+        text = httpx.get(running.url + "/metrics", timeout=10).text
+        cached = sum(
+            s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == "tuner_prompt_cached_tokens_total" and s.labels["class_key"] == key
+        )
+        assert cached >= second.cache_n
+    finally:
+        assert running.stop() == 0
+    report = subprocess.run(
+        [sys.executable, "-m", "tuner", "report", "--state-dir", str(state), "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    rows = {row["class"]: row for row in json.loads(report.stdout)["classes"]}
+    assert rows[key]["prompt_cached"] >= second.cache_n
+    assert rows[key]["prompt_tok_s"] > 0

@@ -77,6 +77,9 @@ class ClassRow:
     converged: bool
     since: float | None
     served_by: str | None  # whose policy its requests use (itself or a parent)
+    prompt_cached: int = 0  # prompt tokens the server's cache held
+    prompt_processed: int = 0  # ... and those it processed
+    prompt_tok_s: float | None = None  # how fast it processed them
     arms: list[ArmRow] = field(default_factory=list)
     daemons: int | None = None  # a fleet's report: daemons whose requests are its evidence
 
@@ -196,6 +199,8 @@ def _row(key: str, data: Mapping[str, Any]) -> ClassRow:
     spent = _float(data.get("spent"))
     speculation = bool(policy.get("speculation", False))
     prior = data.get("prior") or {}
+    prompt: Mapping[str, Any] = data.get("prompt") or {}
+    processed, seconds = int(prompt.get("processed", 0)), _float(prompt.get("seconds"))
     predicted = {
         str(name): float(p) for name, p in prior.get("ranked") or [] if _float(p) is not None
     }
@@ -223,6 +228,9 @@ def _row(key: str, data: Mapping[str, Any]) -> ClassRow:
         converged=bool(data.get("converged", False)),
         since=_float(policy.get("since")),
         served_by=data.get("served_by"),
+        prompt_cached=int(prompt.get("cached", 0)),
+        prompt_processed=processed,
+        prompt_tok_s=processed / seconds if seconds and processed else None,
         arms=_arms(data.get("arms") or {}, predicted, data.get("speedups") or {}),
     )
 

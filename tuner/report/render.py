@@ -25,6 +25,7 @@ HEADERS = (
     "requests",
     "explored",
     "trials",
+    "prompt cached",
     "uses",
     "since",
     "why",
@@ -51,6 +52,16 @@ def _policy(row: ClassRow) -> str:
     return f"{text} (override)" if row.override else text
 
 
+def _cached(row: ClassRow) -> str | None:
+    """The share of the class's prompt tokens the server's cache held, and the processing
+    speed of the rest (a conversation that moves instance processes its history again)."""
+    total = row.prompt_cached + row.prompt_processed
+    if not total:
+        return None
+    rate = f", {row.prompt_tok_s:.0f} tok/s" if row.prompt_tok_s else ""
+    return f"{row.prompt_cached / total:.0%}{rate}"
+
+
 def _cells(row: ClassRow) -> list[object]:
     share = f"{row.exploration_share:.0%}" if row.exploration_share is not None else None
     if share is not None and row.exploration_cost is not None:
@@ -65,6 +76,7 @@ def _cells(row: ClassRow) -> list[object]:
         row.requests,
         share,
         row.trials,
+        _cached(row),
         row.served_by if row.served_by not in (None, row.class_key) else None,
         when(row.since),
         row.reason,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -316,6 +317,7 @@ def test_a_state_file_of_another_format_is_refused_whole(
         "explored": 0,
         "spent": 0.0,
         "pairs": [],
+        "prompt": {"cached": 0, "processed": 0, "seconds": 0.0},
         "trials_done": 0,
         "converged": False,
         "arms": {"ngram-simple.n3.m16": old},
@@ -625,3 +627,40 @@ def test_a_drafted_tokens_cost_before_any_request_is_the_verify_guess(
     assert engine.pricing.costs([name])[name] == prior  # nothing served yet: the prior alone
     engine.restore({})
     assert (engine.calibration.prior, engine.calibration.prior_se) == prior
+
+
+def test_a_class_counts_its_prompt_tokens_cached_and_processed(
+    tmp_path: Path, caps: Capabilities
+) -> None:
+    """Every answered request adds what the server's cache held and what it processed (and
+    how long that took) to its class, kept across a restart and shown by the report."""
+    from tuner.records import RequestRecord, Timings
+    from tuner.report.data import build_report
+
+    engine = make(tmp_path, config(), caps)
+    turns = [(0, 1400, 2800.0), (1380, 40, 80.0), (0, 1500, 3000.0)]  # the last one moved
+    for i, (cached, processed, ms) in enumerate(turns):
+        timings = {"cache_n": cached, "prompt_n": processed, "prompt_ms": ms}
+        engine.observe(
+            RequestRecord(
+                id=f"r{i}",
+                ts=float(i),
+                endpoint="/v1/chat/completions",
+                stream=False,
+                status=200,
+                proxy_ms=1.0,
+                timings=Timings.model_validate({**timings, "predicted_n": 64}),
+                class_key=CODE,
+                variant="none",
+            )
+        )
+    state = engine.state(CODE)
+    assert (state.prompt_cached, state.prompt_processed) == (1380, 2940)
+    assert state.prompt_s == pytest.approx(5.88)
+    restored = make(tmp_path / "again", config(), caps)
+    restored.restore(json.loads(json.dumps(engine.snapshot())))
+    assert restored.state(CODE).prompt_processed == 2940
+    document = {"version": 2, "classes": engine.snapshot()}
+    row = next(r for r in build_report(document).classes if r.class_key == CODE)
+    assert (row.prompt_cached, row.prompt_processed) == (1380, 2940)
+    assert row.prompt_tok_s == pytest.approx(500.0)

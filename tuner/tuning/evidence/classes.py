@@ -173,6 +173,11 @@ class ClassState:
     switches: int = 0  # times the chosen variant changed (this process)
     spent: float = 0.0  # exploration cost, in requests at the served policy's speed
     stale: int = 0  # trials in a row that measured no better than the class's policy
+    # prompt tokens of its answered requests: held by the server's cache, processed, and the
+    # seconds processing took (a conversation that moved instance processes its history again)
+    prompt_cached: int = 0
+    prompt_processed: int = 0
+    prompt_s: float = 0.0
     trial: Trial | None = None
     preparing: bool = False  # a trial is being asked for on the IO thread
     arms: dict[str, Arm] = field(default_factory=dict)
@@ -208,6 +213,9 @@ class ClassState:
             converged=self.converged,
             switches=self.switches,
             spent=self.spent,
+            prompt_cached=self.prompt_cached,
+            prompt_processed=self.prompt_processed,
+            prompt_s=self.prompt_s,
         )
 
     def dump(self) -> dict[str, Any]:
@@ -218,6 +226,11 @@ class ClassState:
             "spent": round(self.spent, 4),
             "trials_done": self.trials_done,
             "converged": self.converged,
+            "prompt": {
+                "cached": self.prompt_cached,
+                "processed": self.prompt_processed,
+                "seconds": round(self.prompt_s, 3),
+            },
             "policy": self.policy.model_dump() if self.policy else None,
             "arms": {name: arm.dump() for name, arm in self.arms.items()},
             "pairs": [{name: list(c) for name, c in row.items()} for row in self.pairs],
@@ -236,6 +249,9 @@ def parse_class(key: str, data: dict[str, Any]) -> ClassState:
         spent=float(data["spent"]),
         trials_done=int(data["trials_done"]),
         converged=bool(data["converged"]),
+        prompt_cached=int(data["prompt"]["cached"]),
+        prompt_processed=int(data["prompt"]["processed"]),
+        prompt_s=float(data["prompt"]["seconds"]),
         arms={str(n): Arm.load(a) for n, a in data.get("arms", {}).items()},
         pairs=deque(pairs, maxlen=PAIRS),
         policy=Policy.model_validate(policy) if policy else None,

@@ -194,9 +194,15 @@ class Engine:
         t = record.timings
         if record.variant is None or record.status != 200 or record.error or t is None:
             return
+        key = record.class_key or ROOT
+        if t.prompt_n is not None:
+            with self._lock:
+                state = self.rules.state(key)
+                state.prompt_cached += t.cache_n or 0
+                state.prompt_processed += t.prompt_n
+                state.prompt_s += (t.prompt_ms or 0.0) / 1000
         if not t.predicted_per_second or not t.predicted_n:
             return
-        key = record.class_key or ROOT
         tok_s = float(t.predicted_per_second)
         drafted, accepted = t.draft_n or 0, t.draft_n_accepted or 0
         counts = Counts(t.predicted_n, drafted, accepted)
@@ -503,6 +509,9 @@ class Engine:
                 state.seen, state.explored, state.spent = found.seen, found.explored, found.spent
                 state.trials_done, state.converged = found.trials_done, found.converged
                 state.arms, state.pairs = found.arms, found.pairs
+                state.prompt_cached = found.prompt_cached
+                state.prompt_processed = found.prompt_processed
+                state.prompt_s = found.prompt_s
                 if found.policy is not None:
                     state.policy = found.policy
             self.pricing.recalibrate()
