@@ -195,18 +195,16 @@ class Engine:
         if record.variant is None or record.status != 200 or record.error or t is None:
             return
         key = record.class_key or ROOT
-        if t.prompt_n is not None:
-            with self._lock:
+        with self._lock:
+            if t.prompt_n is not None:
                 state = self.rules.state(key)
                 state.prompt_cached += t.cache_n or 0
                 state.prompt_processed += t.prompt_n
                 state.prompt_s += (t.prompt_ms or 0.0) / 1000
-        if not t.predicted_per_second or not t.predicted_n:
-            return
-        tok_s = float(t.predicted_per_second)
-        drafted, accepted = t.draft_n or 0, t.draft_n_accepted or 0
-        counts = Counts(t.predicted_n, drafted, accepted)
-        with self._lock:
+            if not t.predicted_per_second or not t.predicted_n:
+                return
+            tok_s = float(t.predicted_per_second)
+            counts = Counts(t.predicted_n, t.draft_n or 0, t.draft_n_accepted or 0)
             self._served += record.variant != BASELINE.name
             if record.role in ("trial", "control"):
                 gain = self.rules.effective_policy(key)[1].gain
@@ -346,7 +344,7 @@ class Engine:
         assert self.studies is not None
         with self._lock:
             state = self.rules.state(key)
-            outcome = self.search.outcome(self.config, state, trial, self.rules.clears(state))
+            outcome = self.search.outcome(self.config, state, trial, self.rules.clears)
             self.own(trial_done(key, trial.variant.name, outcome.converged))
             self.rules.decide_all(key)
             space = self.rules.space(key)

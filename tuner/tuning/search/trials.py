@@ -17,7 +17,7 @@ and told off the lock, on the engine's IO thread.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,15 +76,14 @@ class TrialSearch:
     ) -> Ask:
         """What the class's study is asked next: a suggestion, and the variants this class
         has measured over a trial's worth of requests already (told at once, not served)."""
-        known = {}
+        known: dict[str, float] = {}
         base = self.pricing.base(state)
-        for name, arm in state.arms.items():
-            if (
-                base is not None
-                and name in self.variants
-                and arm.known >= config.budget.trial_requests
-            ):
-                known[name] = self.pricing.arm_speedup(state.key, name, arm, base).value
+        if base is not None:
+            known = {
+                name: self.pricing.arm_speedup(state.key, name, arm, base).value
+                for name, arm in state.arms.items()
+                if name in self.variants and arm.known >= config.budget.trial_requests
+            }
         return Ask(space, self.suggest(config, state, classes, space), known)
 
     def suggest(
@@ -137,10 +136,15 @@ class TrialSearch:
         return next((v for v in picks if v.name not in elsewhere), picks[0] if picks else None)
 
     def outcome(
-        self, config: TuningConfig, state: ClassState, trial: Trial, clears: bool
+        self,
+        config: TuningConfig,
+        state: ClassState,
+        trial: Trial,
+        clears: Callable[[ClassState], bool],
     ) -> Outcome:
         """What a finished trial found; counts it in the class's run of trials that measured
-        no better than its policy (``clears``: some measured variant clears the guard)."""
+        no better than its policy (``clears``: whether some measured variant clears the
+        guard in a class, asked only while the prior's verdict holds)."""
         budget = config.budget
         found = self.pricing.trial_speedup(state, trial)
         served = len(trial.counts)
@@ -159,12 +163,14 @@ class TrialSearch:
         )
 
     @staticmethod
-    def max_trials(config: TuningConfig, state: ClassState, clears: bool) -> int:
+    def max_trials(
+        config: TuningConfig, state: ClassState, clears: Callable[[ClassState], bool]
+    ) -> int:
         """Trials before a class is converged: the budget's, or, while the prior's verdict
         (structural cost, nothing can pay) still holds, only enough to check its best few."""
         limit = config.budget.max_trials
         policy = state.policy
         verdict = policy is not None and policy.kill_switch and not policy.override
-        if verdict and not clears:
+        if verdict and not clears(state):
             limit = min(limit, max(1, config.prior.enqueue))
         return limit
