@@ -68,3 +68,31 @@ async def test_prompt_tokens_the_cache_held_are_counted_apart(
     arm = {"class_key": "unknown", "variant": "default"}
     assert value(text, "tuner_prompt_cached_tokens_total", **arm) == 2 * 1200
     assert value(text, "tuner_prompt_tokens_total", **arm) == 2 * 30
+
+
+def test_conversation_turns_are_counted_by_outcome(
+    upstream: UpstreamClient, store: RecordStore
+) -> None:
+    from prometheus_client import generate_latest
+
+    from tuner.metrics import Metrics
+    from tuner.records import RequestRecord
+
+    metrics = Metrics(upstream, store)
+    for i, outcome in enumerate(["new", "stayed", "stayed", "moved:pays", None]):
+        record = RequestRecord(
+            id=f"r{i}",
+            ts=0.0,
+            endpoint="/v1/chat/completions",
+            stream=False,
+            status=200,
+            proxy_ms=1.0,
+            class_key="code/echo/greedy",
+            session=outcome,
+        )
+        metrics.observe(record)
+    text = generate_latest(metrics.registry).decode()
+    key = {"class_key": "code/echo/greedy"}
+    assert value(text, "tuner_session_turns_total", outcome="stayed", **key) == 2
+    assert value(text, "tuner_session_turns_total", outcome="moved:pays", **key) == 1
+    assert value(text, "tuner_session_turns_total", outcome="new", **key) == 1

@@ -7,6 +7,8 @@ Names follow Prometheus conventions (``_total`` counters, base units in seconds)
     tuner_requests_total{endpoint,class_key,variant,status}
     tuner_generated_tokens_total{class_key,variant}
     tuner_prompt_tokens_total{class_key,variant}
+    tuner_prompt_cached_tokens_total{class_key,variant}
+    tuner_session_turns_total{class_key,outcome}  new, stayed, moved:<reason> (router mode)
     tuner_draft_tokens_total{class_key,variant}
     tuner_draft_accepted_tokens_total{class_key,variant}
     tuner_request_duration_seconds{endpoint}      histogram: arrival to last byte
@@ -95,6 +97,13 @@ class Metrics:
             arm,
             registry=r,
         )
+        self.turns = Counter(
+            "tuner_session_turns",
+            "Requests by how routing treated their conversation: new, stayed on the instance"
+            " holding its history, or moved (and why)",
+            ["class_key", "outcome"],
+            registry=r,
+        )
         self.drafted = Counter("tuner_draft_tokens", "Tokens drafted", arm, registry=r)
         self.accepted = Counter(
             "tuner_draft_accepted_tokens", "Drafted tokens accepted", arm, registry=r
@@ -129,6 +138,8 @@ class Metrics:
         self.duration.labels(record.endpoint).observe(record.proxy_ms / 1000)
         if record.overhead_ms is not None:
             self.overhead.observe(max(record.overhead_ms, 0.0) / 1000)
+        if record.session is not None:
+            self.turns.labels(arm[0], record.session).inc()
         t = record.timings
         if t is None:
             return

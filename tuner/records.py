@@ -70,6 +70,10 @@ class RequestRecord(BaseModel):
     variant: str | None = None
     role: str | None = None  # exploit, trial, control or pinned
     trial: int | None = None
+    # a conversation's turn: new, stayed (on the instance holding its history) or
+    # moved:<reason>; and the prompt's length in characters (routing's unit)
+    session: str | None = None
+    prompt_chars: int | None = None
     replay: bool = False  # an idle-time replay of a sampled prompt, not a live request
 
     @property

@@ -111,6 +111,7 @@ class _Routed:
     trial: int | None = None
     model: str | None = "ngram-mod.match24.max16"
     fields: dict[str, Any] | None = None
+    session: str | None = None
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -119,7 +120,7 @@ async def test_answers_name_the_offered_model_not_the_variants_preset(
 ) -> None:
     """In router mode the body goes upstream with the preset as its ``model`` and
     llama-server names it in the answer; the client sees the model it was offered."""
-    app = create_app(upstream, store, router=lambda key: _Routed(), public_models=["gemma"])
+    app = create_app(upstream, store, router=lambda key, prompt: _Routed(), public_models=["gemma"])
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
         response = await client.post("/v1/chat/completions", json={**CHAT, "stream": stream})
@@ -135,6 +136,31 @@ async def test_answers_name_the_offered_model_not_the_variants_preset(
         assert response.json()["model"] == "gemma"
     record = await next_record(store)
     assert record.variant == "ngram-mod.match24.max16" and record.timings is not None
+
+
+async def test_the_router_gets_the_prompt_and_the_record_says_how_the_turn_went(
+    upstream: UpstreamClient, store: RecordStore
+) -> None:
+    """The router sees each request's prompt (its blocks and the client's session id, from
+    the ``x-session-id`` header first); the record keeps the prompt's length and the turn's
+    outcome."""
+    seen: list[Any] = []
+
+    def router(key: str | None, prompt: Any) -> _Routed:
+        seen.append(prompt)
+        return _Routed(session="stayed")
+
+    app = create_app(upstream, store, router=router, public_models=["gemma"])
+    transport = httpx.ASGITransport(app=app)
+    body = {**CHAT, "user": "u1", "messages": [{"role": "user", "content": "x" * 600}]}
+    async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
+        await client.post("/v1/chat/completions", json=body)
+        await client.post("/v1/chat/completions", json=body, headers={"x-session-id": "s-9"})
+    assert [p.session for p in seen] == ["u1", "s-9"]
+    assert len(seen[0].blocks) == 2 and seen[0].blocks == seen[1].blocks
+    assert seen[0].max_tokens == CHAT["max_tokens"]
+    record = await next_record(store)
+    assert record.session == "stayed" and record.prompt_chars == seen[1].chars
 
 
 async def test_a_stream_past_the_drain_bound_ends_with_an_error_event(

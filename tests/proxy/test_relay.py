@@ -145,6 +145,7 @@ class _Routed:
     role: str = "exploit"
     trial: int | None = None
     fields: dict[str, object] | None = None
+    session: str | None = None
 
     @property
     def model(self) -> str:
@@ -167,7 +168,7 @@ async def test_a_variant_that_fails_before_answering_is_tried_again_without_spec
     app = create_app(
         upstream,
         store,
-        router=lambda key: _Routed("ngram-mod"),
+        router=lambda key, prompt: _Routed("ngram-mod"),
         fallback=fallback,
         gate=VariantGate(),
     )
@@ -239,7 +240,9 @@ async def test_a_second_try_that_fails_is_recorded_too(
         upstream.mark_ready(False)  # gone between the two tries
         return _Routed("none", "fallback")
 
-    app = create_app(upstream, store, router=lambda key: _Routed("ngram-mod"), fallback=fallback)
+    app = create_app(
+        upstream, store, router=lambda key, prompt: _Routed("ngram-mod"), fallback=fallback
+    )
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://p") as p:
         response = await p.post("/v1/completions", json={"prompt": "hi"})
     assert response.status_code == 503

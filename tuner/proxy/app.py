@@ -44,6 +44,7 @@ from tuner.proxy.relay import Drain, RelayResponse, error_response, forward
 from tuner.proxy.trace import Keep, Trace
 from tuner.proxy.validation import CHAT, COMPLETIONS, NATIVE, parse_body, validate
 from tuner.records import RecordStore
+from tuner.sessions.prefix import Prompt, prompt_of
 from tuner.upstream.client import UpstreamClient
 
 __all__ = ["Service", "create_app"]
@@ -69,9 +70,12 @@ class Routing(Protocol):
     def model(self) -> str | None: ...
     @property
     def fields(self) -> dict[str, Any] | None: ...
+    @property
+    def session(self) -> str | None: ...
 
 
-Router = Callable[[str | None], Routing]
+# a request's class and prompt -> what to send it to
+Router = Callable[[str | None, Prompt], Routing]
 # a routed request's variant failed on the server: the routing for a second try, or None
 # (given the variant, the request's id and the error's message)
 Fallback = Callable[[str, str, str], Routing | None]
@@ -175,7 +179,7 @@ class _Handlers:
                     found = self.classifier(body)
                     trace.class_key, trace.features = found.key, found.features.as_dict()
                 if self.router is not None:
-                    raw = self._route(trace, body) or raw
+                    raw = self._route(trace, body, request.headers.get("x-session-id")) or raw
                 response = await self._send(trace, body, raw, hold)
                 if isinstance(response, RelayResponse):
                     response.close_hooks += [self._release, hold.release]  # until it ends
@@ -193,10 +197,12 @@ class _Handlers:
 
         return handler
 
-    def _route(self, trace: Trace, body: dict[str, Any]) -> bytes | None:
+    def _route(self, trace: Trace, body: dict[str, Any], session: str | None) -> bytes | None:
         """Apply the tuner's decision to the body; the new body bytes when it changed."""
         assert self.router is not None
-        changed = self._apply(trace, body, self.router(trace.class_key))
+        prompt = prompt_of(body, session)
+        trace.prompt_chars = prompt.chars
+        changed = self._apply(trace, body, self.router(trace.class_key, prompt))
         self._keep_answer(trace, body)
         return changed
 
@@ -249,6 +255,7 @@ class _Handlers:
         trace = Trace(self.records, failed.endpoint, failed.request_id)
         trace.note_body(body)
         trace.class_key, trace.features = failed.class_key, failed.features
+        trace.prompt_chars = failed.prompt_chars
         return trace
 
     @staticmethod
@@ -256,6 +263,7 @@ class _Handlers:
         """Note a routing decision on the trace and apply it to the body; the new body bytes
         when it changed."""
         trace.variant, trace.role, trace.trial = routed.variant, routed.role, routed.trial
+        trace.session = routed.session
         if routed.model is not None:
             body["model"] = routed.model
         if routed.fields:

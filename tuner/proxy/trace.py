@@ -46,6 +46,8 @@ class Trace:
     variant: str | None = None
     role: str | None = None
     trial: int | None = None
+    session: str | None = None
+    prompt_chars: int | None = None
     wait_ms: float | None = None
     finished: bool = False
     error: str | None = None  # what it finished with, for the second try's caller
@@ -113,6 +115,8 @@ class Trace:
             variant=self.variant,
             role=self.role,
             trial=self.trial,
+            session=self.session,
+            prompt_chars=self.prompt_chars,
         )
         log.info(
             "request",

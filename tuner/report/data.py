@@ -80,6 +80,9 @@ class ClassRow:
     prompt_cached: int = 0  # prompt tokens the server's cache held
     prompt_processed: int = 0  # ... and those it processed
     prompt_tok_s: float | None = None  # how fast it processed them
+    # conversations' later turns kept on the instance holding their history, and moved (why)
+    turns_stayed: int = 0
+    turns_moved: dict[str, int] = field(default_factory=dict)
     arms: list[ArmRow] = field(default_factory=list)
     daemons: int | None = None  # a fleet's report: daemons whose requests are its evidence
 
@@ -201,6 +204,7 @@ def _row(key: str, data: Mapping[str, Any]) -> ClassRow:
     prior = data.get("prior") or {}
     prompt: Mapping[str, Any] = data.get("prompt") or {}
     processed, seconds = int(prompt.get("processed", 0)), _float(prompt.get("seconds"))
+    turns: Mapping[str, Any] = data.get("turns") or {}
     predicted = {
         str(name): float(p) for name, p in prior.get("ranked") or [] if _float(p) is not None
     }
@@ -231,6 +235,8 @@ def _row(key: str, data: Mapping[str, Any]) -> ClassRow:
         prompt_cached=int(prompt.get("cached", 0)),
         prompt_processed=processed,
         prompt_tok_s=processed / seconds if seconds and processed else None,
+        turns_stayed=int(turns.get("stayed", 0)),
+        turns_moved={str(k): int(n) for k, n in (turns.get("moved") or {}).items()},
         arms=_arms(data.get("arms") or {}, predicted, data.get("speedups") or {}),
     )
 

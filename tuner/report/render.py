@@ -59,7 +59,9 @@ def _cached(row: ClassRow) -> str | None:
     if not total:
         return None
     rate = f", {row.prompt_tok_s:.0f} tok/s" if row.prompt_tok_s else ""
-    return f"{row.prompt_cached / total:.0%}{rate}"
+    moved = sum(row.turns_moved.values())
+    turns = f", turns {row.turns_stayed} kept {moved} moved" if row.turns_stayed or moved else ""
+    return f"{row.prompt_cached / total:.0%}{rate}{turns}"
 
 
 def _cells(row: ClassRow) -> list[object]:

@@ -178,6 +178,10 @@ class ClassState:
     prompt_cached: int = 0
     prompt_processed: int = 0
     prompt_s: float = 0.0
+    # conversations' later turns: kept on the instance that held their history, or moved
+    # (by reason: the move paid, or the instance was unavailable)
+    stayed: int = 0
+    moved: dict[str, int] = field(default_factory=dict)
     trial: Trial | None = None
     preparing: bool = False  # a trial is being asked for on the IO thread
     arms: dict[str, Arm] = field(default_factory=dict)
@@ -216,7 +220,17 @@ class ClassState:
             prompt_cached=self.prompt_cached,
             prompt_processed=self.prompt_processed,
             prompt_s=self.prompt_s,
+            stayed=self.stayed,
+            moved=dict(self.moved),
         )
+
+    def count_turn(self, outcome: str) -> None:
+        """A request's session outcome (``new``, ``stayed`` or ``moved:<reason>``)."""
+        if outcome == "stayed":
+            self.stayed += 1
+        elif outcome.startswith("moved:"):
+            reason = outcome.removeprefix("moved:")
+            self.moved[reason] = self.moved.get(reason, 0) + 1
 
     def dump(self) -> dict[str, Any]:
         """The persisted part (the policy file's entry adds what the engine derives)."""
@@ -231,6 +245,7 @@ class ClassState:
                 "processed": self.prompt_processed,
                 "seconds": round(self.prompt_s, 3),
             },
+            "turns": {"stayed": self.stayed, "moved": dict(self.moved)},
             "policy": self.policy.model_dump() if self.policy else None,
             "arms": {name: arm.dump() for name, arm in self.arms.items()},
             "pairs": [{name: list(c) for name, c in row.items()} for row in self.pairs],
@@ -242,6 +257,7 @@ def parse_class(key: str, data: dict[str, Any]) -> ClassState:
     explored = int(data["explored"])
     policy = data.get("policy")
     pairs = [{str(name): parse_counts(c) for name, c in row.items()} for row in data["pairs"]]
+    turns = data.get("turns") or {}  # absent from files written before conversations
     return ClassState(
         key,
         seen=int(data["seen"]),
@@ -252,6 +268,8 @@ def parse_class(key: str, data: dict[str, Any]) -> ClassState:
         prompt_cached=int(data["prompt"]["cached"]),
         prompt_processed=int(data["prompt"]["processed"]),
         prompt_s=float(data["prompt"]["seconds"]),
+        stayed=int(turns.get("stayed", 0)),
+        moved={str(k): int(n) for k, n in (turns.get("moved") or {}).items()},
         arms={str(n): Arm.load(a) for n, a in data.get("arms", {}).items()},
         pairs=deque(pairs, maxlen=PAIRS),
         policy=Policy.model_validate(policy) if policy else None,

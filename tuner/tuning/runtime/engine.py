@@ -38,6 +38,7 @@ from tuner.classify.classes import ROOT
 from tuner.logs import get_logger
 from tuner.model.speedup import CostModel
 from tuner.records import RequestRecord
+from tuner.sessions.moves import Turn, move_pays
 from tuner.tuning.config import Override, TuningConfig
 from tuner.tuning.evidence.classes import SAMPLED, ClassState, Trial, levels, parse_class
 from tuner.tuning.evidence.counts import Counts
@@ -57,6 +58,12 @@ __all__ = ["SAMPLED", "Decision", "Engine", "Policy", "levels"]
 log = get_logger(__name__)
 
 IO = Callable[[Callable[[], None]], None]
+
+# Before prompts are timed, prefill is taken as this many plain decode steps' tokens a
+# second (a CPU processes a prompt about 9x faster than it decodes; a GPU far more)
+PREFILL_STEPS = 8.0
+PREFILL_MIN = 512  # prompt tokens processed before their speed is trusted
+DEFAULT_ANSWER = 256  # tokens, before a class has answered anything
 
 
 def _inline(job: Callable[[], None]) -> None:
@@ -118,31 +125,43 @@ class Engine:
 
     # -- the request path -------------------------------------------------------------
 
-    def route(self, class_key: str | None) -> Decision:
-        """The variant for one request of this class (memory only, no IO)."""
+    def route(self, class_key: str | None, turn: Turn | None = None) -> Decision:
+        """The variant for one request of this class (memory only, no IO). A conversation's
+        later ``turn`` never explores, and stays on the instance that holds its history
+        unless moving to the class's variant (its pin included) pays for processing it
+        again."""
         key = class_key or ROOT
         with self._lock:
-            state = self.rules.state(key)
-            state.seen += 1
-            override = self.rules.override(key)
-            if override.pin is not None and override.pin in self.variants:
-                return Decision(override.pin, "pinned", policy_class=key)
-            policy_class, policy = self.rules.effective_policy(key)
-            share = self.config.budget.explore_share
-            may_explore = (
-                not override.off
-                and state.spent < share * state.seen
-                and self._spent_all() < share * self._seen_all()
-            )
-            decision = self._explore(key, state, policy.gain) if may_explore else None
-            if decision is None:
-                decision = self._exploit(key, state, policy_class, policy)
-            else:
-                state.explored += 1
-                state.spent += 1.0  # until observed (``Pricing.explore_cost``)
-            if decision.variant == BASELINE.name:
+            decision = self._decide(key, explore=turn is None)
+            moving = turn is not None and decision.variant != turn.held
+            if moving and turn is not None and self._stays(key, decision, turn):
+                decision = Decision(turn.held, "exploit", policy_class=decision.policy_class)
+            if decision.variant == BASELINE.name and decision.role != "pinned":
                 self._plain_routed += 1
             return decision
+
+    def _decide(self, key: str, explore: bool) -> Decision:
+        """The class's pin, a trial or control request (while its budget allows and
+        ``explore``), or its policy's variant (caller holds the lock)."""
+        state = self.rules.state(key)
+        state.seen += 1
+        override = self.rules.override(key)
+        if override.pin is not None and override.pin in self.variants:
+            return Decision(override.pin, "pinned", policy_class=key)
+        policy_class, policy = self.rules.effective_policy(key)
+        share = self.config.budget.explore_share
+        may_explore = (
+            explore
+            and not override.off
+            and state.spent < share * state.seen
+            and self._spent_all() < share * self._seen_all()
+        )
+        decision = self._explore(key, state, policy.gain) if may_explore else None
+        if decision is None:
+            return self._exploit(key, state, policy_class, policy)
+        state.explored += 1
+        state.spent += 1.0  # until observed (``Pricing.explore_cost``)
+        return decision
 
     def _spent_all(self) -> float:
         return sum(state.spent for state in self.classes.values())
@@ -164,6 +183,46 @@ class Engine:
         ):
             return Decision(opening, "exploit", policy_class=ROOT)
         return Decision(policy.variant, "exploit", policy_class=policy_class)
+
+    def _stays(self, key: str, wanted: Decision, turn: Turn) -> bool:
+        """Whether a conversation's turn stays where its history is cached rather than move
+        to ``wanted`` (caller holds the lock): it stays unless the decode time the class's
+        measured speedups save over its answer beats processing the history again."""
+        held = turn.held
+        if held not in self.variants or self.excluded(held) or self.rules.forbidden(key, held):
+            return False
+        plain = self.pricing.baseline_speed(key)
+        if plain is None:
+            return True  # nothing measured yet to pay for a move
+        speeds = self.rules.class_speedups([key])[key]
+        return not move_pays(
+            turn.extra(wanted.variant),
+            self.prefill_speed() or PREFILL_STEPS * plain,
+            self._answer_tokens(key, turn.max_tokens),
+            1.0 / plain,
+            speeds.get(held, 1.0),
+            speeds.get(wanted.variant, 1.0),
+        )
+
+    def prefill_speed(self) -> float | None:
+        """Prompt tokens processed per second over all traffic; None before ``PREFILL_MIN``
+        of them."""
+        with self._lock:
+            tokens = sum(s.prompt_processed for s in self.classes.values())
+            seconds = sum(s.prompt_s for s in self.classes.values())
+        return tokens / seconds if tokens >= PREFILL_MIN and seconds > 0 else None
+
+    def _answer_tokens(self, key: str, limit: int | None) -> float:
+        """The answer a request of this class is expected to decode: its nearest level's
+        mean, at most the request's limit."""
+        for level in levels(key):
+            state = self.classes.get(level)
+            arms = state.arms.values() if state is not None else ()
+            requests = sum(arm.requests for arm in arms)
+            if requests:
+                mean = sum(arm.tokens for arm in arms) / requests
+                return min(mean, limit) if limit else mean
+        return float(limit or DEFAULT_ANSWER)
 
     def _explore(self, key: str, state: ClassState, gain: float) -> Decision | None:
         """A trial or control request, or None when there is nothing to explore right now
@@ -201,6 +260,8 @@ class Engine:
                 state.prompt_cached += t.cache_n or 0
                 state.prompt_processed += t.prompt_n
                 state.prompt_s += (t.prompt_ms or 0.0) / 1000
+                if record.session is not None:
+                    state.count_turn(record.session)
             if not t.predicted_per_second or not t.predicted_n:
                 return
             tok_s = float(t.predicted_per_second)

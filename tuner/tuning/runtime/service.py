@@ -25,8 +25,10 @@ from typing import Any, Literal, Protocol
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
+from tuner.classify.classes import ROOT
 from tuner.logs import get_logger
 from tuner.records import RequestRecord
+from tuner.sessions import Held, PrefixIndex, Prompt, Turn
 from tuner.tuning.runtime.engine import Decision, Engine
 from tuner.tuning.runtime.policy_file import (
     POLICY_FILE,
@@ -46,6 +48,10 @@ log = get_logger(__name__)
 
 Mode = Literal["router", "per-request"]
 
+CHARS_PER_TOKEN = 4.0  # until prompts' token counts are seen
+CHARS_WEIGHT = 0.05  # of each new prompt in the moving mean
+CHARS_MIN_TOKENS = 32
+
 
 @dataclass(frozen=True, slots=True)
 class Routed:
@@ -56,6 +62,7 @@ class Routed:
     trial: int | None
     model: str | None = None
     fields: dict[str, Any] | None = None
+    session: str | None = None  # new, stayed or moved:<reason> (router mode, a prompt seen)
 
 
 EngineFactory = Callable[..., Engine]  # called with io= and on_change=
@@ -120,16 +127,55 @@ class TuningService:
         self.single = (
             SingleVariant(engine, reload_s=single_reload_s) if single_reload_s is not None else None
         )
+        # which instance holds which conversation: only where variants are instances
+        routes_turns = mode == "router" and self.single is None
+        self.sessions: PrefixIndex | None = PrefixIndex() if routes_turns else None
+        self.chars_per_token = CHARS_PER_TOKEN
 
     # -- request path -----------------------------------------------------------------
 
-    def route(self, class_key: str | None) -> Routed:
-        single = self.single
-        decision: Decision = single.route(class_key) if single else self.engine.route(class_key)
-        held = self.quarantine.blocks(decision.variant) or self.unavailable(decision.variant)
-        if held:  # a pin, a choice not re-decided yet, or an instance being reloaded
+    def route(self, class_key: str | None, prompt: Prompt | None = None) -> Routed:
+        """What to send one request of this class; with its ``prompt``, a conversation's
+        later turn goes where its history is cached unless moving pays."""
+        single, sessions = self.single, self.sessions
+        turn: Turn | None = None
+        if sessions is not None and prompt is not None:
+            held = sessions.locate(prompt)
+            if held is not None and held.continuing:
+                turn = self._turn(held, prompt)
+        if single is not None:
+            decision: Decision = single.route(class_key)
+        else:
+            decision = self.engine.route(class_key, turn)
+        if self._blocked(decision.variant):
+            # a pin, a choice not re-decided yet, or an instance being reloaded
             decision = Decision(BASELINE.name, "fallback", policy_class=decision.policy_class)
-        return self.routed(decision)
+        if sessions is None or prompt is None:
+            return self.routed(decision)
+        sessions.remember(prompt, decision.variant)
+        return self.routed(decision, self._outcome(class_key, decision, turn))
+
+    def _blocked(self, variant: str) -> bool:
+        return self.quarantine.blocks(variant) or self.unavailable(variant)
+
+    def _turn(self, held: Held, prompt: Prompt) -> Turn:
+        per_token = self.chars_per_token
+        cached = {variant: chars / per_token for variant, chars in held.cached.items()}
+        return Turn(held.variant, cached, prompt.max_tokens)
+
+    def _outcome(self, class_key: str | None, decision: Decision, turn: Turn | None) -> str:
+        """How a turn was routed: ``new`` (no history cached beyond what every conversation
+        shares), ``stayed``, or ``moved:<reason>``: ``pays`` (the class's variant, or its
+        pin, saves more than the history costs again) or ``unavailable`` (quarantined,
+        reloading or forbidden to its class)."""
+        if turn is None:
+            return "new"
+        if decision.variant == turn.held:
+            return "stayed"
+        held = turn.held
+        if self._blocked(held) or self.engine.forbidden(class_key or ROOT, held):
+            return "moved:unavailable"
+        return "moved:pays" if decision.role in ("exploit", "pinned") else f"moved:{decision.role}"
 
     def fallback(self, variant: str, request_id: str, reason: str) -> Routed | None:
         """The second try for a request whose variant failed on the server before answering:
@@ -140,15 +186,22 @@ class TuningService:
         self._failed(variant, reason, request_id)
         return self.routed(Decision(BASELINE.name, "fallback"))
 
-    def routed(self, decision: Decision) -> Routed:
+    def routed(self, decision: Decision, session: str | None = None) -> Routed:
         """How the proxy applies a decision: the router preset, or per-request fields."""
         if self.mode == "router":
-            return Routed(decision.variant, decision.role, decision.trial, model=decision.variant)
+            return Routed(
+                decision.variant,
+                decision.role,
+                decision.trial,
+                model=decision.variant,
+                session=session,
+            )
         fields = request_fields(self.engine.variants[decision.variant])
         return Routed(decision.variant, decision.role, decision.trial, fields=fields)
 
     def observe(self, record: RequestRecord) -> None:
         variant = record.variant
+        self._learn_chars(record)
         if variant is not None and record.status >= 500:
             self._failed(variant, record.error or f"status {record.status}", record.id)
         elif variant is not None and record.status == 200 and not record.error:
@@ -158,7 +211,20 @@ class TuningService:
         else:
             self.engine.observe(record)
 
+    def _learn_chars(self, record: RequestRecord) -> None:
+        """Characters per prompt token, from each prompt's length and the server's count of
+        its tokens (a moving mean: routing counts a cached history in characters)."""
+        t = record.timings
+        if record.prompt_chars is None or t is None or t.prompt_n is None:
+            return
+        tokens = t.prompt_n + (t.cache_n or 0)
+        if tokens >= CHARS_MIN_TOKENS:
+            found = min(max(record.prompt_chars / tokens, 1.0), 16.0)
+            self.chars_per_token += CHARS_WEIGHT * (found - self.chars_per_token)
+
     def _failed(self, variant: str, reason: str, request_id: str) -> None:
+        if self.sessions is not None:
+            self.sessions.forget(variant)  # a failed instance's cache is not to be counted on
         if self.quarantine.failed(variant, reason, request_id):
             self._submit(self.engine.refresh)  # classes choose among the others
 

@@ -1,0 +1,107 @@
+"""Which instance holds which prompt prefix: the blocks each variant's instance was last
+sent, so a conversation's next turn can go where its history is cached.
+
+A block continued differently by ``COMMON`` or more prompts (a system prompt or a tool list
+every conversation shares) gives no credit: matching it does not make a turn a
+continuation, since every instance that served any of those prompts holds it. The index
+is bounded (least recently used blocks forgotten first) and thread-safe.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from tuner.sessions.prefix import BLOCK_CHARS, Prompt
+
+__all__ = ["COMMON", "Held", "PrefixIndex"]
+
+COMMON = 3  # distinct continuations that make a block common to many conversations
+MAX_IDS = 10_000
+
+
+@dataclass(slots=True)
+class _Block:
+    holders: dict[str, int] = field(default_factory=dict)  # variant -> last use (a tick)
+    children: set[bytes] = field(default_factory=set)  # up to COMMON distinct next blocks
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """Where a prompt's history is cached: the instance it continues on, and how many of
+    the prompt's characters each instance holds (whole blocks)."""
+
+    variant: str
+    cached: dict[str, int]
+    continuing: bool  # beyond blocks common to many prompts, or the session id was seen
+
+    def chars(self, variant: str) -> int:
+        return self.cached.get(variant, 0)
+
+
+class PrefixIndex:
+    def __init__(self, max_blocks: int = 200_000) -> None:
+        self.max_blocks = max_blocks
+        self._blocks: OrderedDict[bytes, _Block] = OrderedDict()
+        self._ids: OrderedDict[str, str] = OrderedDict()  # session id -> its last variant
+        self._tick = 0
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def locate(self, prompt: Prompt) -> Held | None:
+        """Where this prompt continues a conversation; None for a new one."""
+        with self._lock:
+            depth: dict[str, int] = {}  # leading blocks each variant holds
+            last: dict[str, int] = {}
+            common = 0
+            for i, digest in enumerate(prompt.blocks):
+                block = self._blocks.get(digest)
+                if block is None:
+                    break
+                for variant, tick in block.holders.items():
+                    if depth.get(variant, 0) == i:
+                        depth[variant], last[variant] = i + 1, tick
+                if len(block.children) >= COMMON:
+                    common = i + 1
+            by_id = self._ids.get(prompt.session) if prompt.session else None
+        if not depth and by_id is None:
+            return None
+        cached = {v: n * BLOCK_CHARS for v, n in depth.items()}
+        deepest = max(depth.values(), default=0)
+        # the session's last instance, else the longest match (of equals, the latest)
+        variant = by_id or max(depth, key=lambda v: (depth[v], last[v]))
+        return Held(variant, cached, deepest > common or by_id is not None)
+
+    def remember(self, prompt: Prompt, variant: str) -> None:
+        """``variant``'s instance was sent this prompt: it holds its blocks now."""
+        with self._lock:
+            self._tick += 1
+            parent: _Block | None = None
+            for digest in prompt.blocks:
+                block = self._blocks.get(digest)
+                if block is None:
+                    block = self._blocks[digest] = _Block()
+                else:
+                    self._blocks.move_to_end(digest)
+                block.holders[variant] = self._tick
+                if parent is not None and len(parent.children) < COMMON:
+                    parent.children.add(digest)
+                parent = block
+            while len(self._blocks) > self.max_blocks:
+                self._blocks.popitem(last=False)
+            if prompt.session:
+                self._ids[prompt.session] = variant
+                self._ids.move_to_end(prompt.session)
+                if len(self._ids) > MAX_IDS:
+                    self._ids.popitem(last=False)
+
+    def forget(self, variant: str) -> None:
+        """``variant``'s instance lost its cache (it was stopped or restarted)."""
+        with self._lock:
+            for block in self._blocks.values():
+                block.holders.pop(variant, None)
+            for key in [k for k, v in self._ids.items() if v == variant]:
+                del self._ids[key]
