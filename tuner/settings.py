@@ -73,7 +73,11 @@ class Settings(BaseSettings):
         description="extra flags for every speculative preset only, shell-quoted "
         "(draft offload, benchmarking switches such as --spec-synth-len)",
     )
-    ctx_size: int = Field(4096, ge=256, description="llama-server context size")
+    ctx_size: int = Field(
+        0,
+        description="llama-server context size; 0: the largest the model and memory allow "
+        "(up to 32768) without fewer instances loaded",
+    )
     threads: int | None = Field(None, ge=1, description="llama-server threads; default: its own")
     startup_timeout_s: float = Field(600.0, gt=0, description="wait this long for /health")
     request_timeout_s: float = Field(600.0, gt=0, description="upstream read timeout")
@@ -140,6 +144,13 @@ class Settings(BaseSettings):
 
     _split_server_args = field_validator("server_args", "spec_args", mode="before")(_split_args)
     _split_api_keys = field_validator("api_keys", mode="before")(_split_keys)
+
+    @field_validator("ctx_size")
+    @classmethod
+    def _context(cls, value: int) -> int:
+        if value != 0 and value < 256:
+            raise ValueError("ctx_size is 0 (sized for the model) or at least 256")
+        return value
 
     @field_validator("storage_url")
     @classmethod

@@ -94,3 +94,15 @@ def test_a_located_instance_held_every_matched_block(servers: list[str]) -> None
     assert held is not None and held.variant == servers[-1]
     assert held.chars(servers[-1]) == len(final.blocks) * BLOCK_CHARS
     assert all(n <= final.chars for n in held.cached.values())
+
+
+def test_a_new_conversation_sharing_only_the_system_prompt_is_new() -> None:
+    """The second agent session shares the first one's system prompt but none of its
+    history: it is new (free to take a trial), though the instance holds the shared part."""
+    index = PrefixIndex()
+    index.remember(prompt_of(_chat("the first session's file " * 40)), "none")
+    second = index.locate(prompt_of(_chat("the second session's file " * 40)))
+    assert second is not None and not second.continuing
+    assert second.chars("none") >= 2 * BLOCK_CHARS
+    first_again = index.locate(prompt_of(_chat("the first session's file " * 40, "next")))
+    assert first_again is not None and first_again.continuing

@@ -50,7 +50,7 @@ from tuner.bench.rows import PEER_BASELINE, is_peer, parse_rows
 from tuner.bench.schedule import CHALLENGER, TUNER, Step, schedule
 from tuner.classify import classify, load_definitions
 from tuner.daemon.capacity import instances_that_fit
-from tuner.daemon.plan import draft_kind, tuning_config, write_presets
+from tuner.daemon.plan import draft_kind, sized, tuning_config, write_presets
 from tuner.errors import ConfigError, UpstreamError
 from tuner.model.gguf_facts import read_facts
 from tuner.model.profile import hardware_fingerprint
@@ -175,6 +175,7 @@ async def _run_bench(
     out = options.out
     out.mkdir(parents=True, exist_ok=True)
     prepared = prepare(settings, progress)
+    settings = sized(settings, prepared)  # every arm and daemon on the same context
     variants = matrix_variants(options.matrix, prepared)
     arms = [BASELINE.name, *(v.name for v in variants)]
     if options.peer is not None:

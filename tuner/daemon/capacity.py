@@ -14,10 +14,14 @@ import psutil
 
 from tuner.model.gguf_facts import ModelFacts
 
-__all__ = ["Capacity", "instances_that_fit"]
+__all__ = ["Capacity", "context_size", "instances_that_fit"]
 
 COMPUTE_BUFFER = 256 * 2**20  # per instance, measured order of magnitude for small models
 HEADROOM = 0.75  # leave a quarter of what is free to everything else
+# contexts an unset ``ctx_size`` chooses from, largest first: agents' turns carry 10-30k
+# tokens of system prompt, repository map and files
+AUTO_CONTEXTS = (32768, 16384, 8192, 4096)
+WANT_INSTANCES = 4  # a larger context is not worth fewer variants loaded than this
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,3 +78,31 @@ def instances_that_fit(
         where = "ram"
     n = int(max(free, 0) * HEADROOM // each) if each else limit
     return Capacity(max(1, min(limit, n)), each, max(free, 0), where)
+
+
+def context_size(
+    facts: ModelFacts,
+    requested: int,
+    *,
+    gpu: bool,
+    limit: int,
+    available_ram: int | None = None,
+    free_gpu: int | None = None,
+) -> int:
+    """``requested`` when set (not 0); else the largest of ``AUTO_CONTEXTS``, at most the
+    model's trained context, at which as many instances fit as at the smallest (and never
+    more than ``WANT_INSTANCES`` are asked for)."""
+    if requested:
+        return requested
+    trained = facts.context_length or AUTO_CONTEXTS[-1]
+    choices = [c for c in AUTO_CONTEXTS if c <= trained] or [trained]
+    want = min(limit, WANT_INSTANCES)
+
+    def fits(ctx: int) -> int:
+        found = instances_that_fit(
+            facts, ctx, gpu=gpu, limit=want, available_ram=available_ram, free_gpu=free_gpu
+        )
+        return found.instances
+
+    floor = fits(choices[-1])
+    return next(c for c in choices if fits(c) >= floor)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tuner.atomic import write_atomic
 from tuner.classify.classes import load_definitions
-from tuner.daemon.capacity import instances_that_fit
+from tuner.daemon.capacity import context_size, instances_that_fit
 from tuner.fleet.ledger import Ledger, redact
 from tuner.fleet.sync import FleetSync
 from tuner.logs import get_logger
@@ -83,6 +83,17 @@ class TuningPlan:
     def single(self) -> bool:
         """Only one variant fits at a time: one serves all traffic (``tuning.runtime.single``)."""
         return self.mode == "router" and self.capacity == 1
+
+
+def sized(settings: Settings, prepared: Prepared) -> Settings:
+    """The settings with ``ctx_size`` resolved for this model and machine where it is 0
+    (``capacity.context_size``)."""
+    if settings.ctx_size:
+        return settings
+    facts = read_facts(prepared.model)
+    ctx = context_size(facts, 0, gpu=prepared.gpu, limit=settings.max_instances)
+    log.info("context_size", ctx_size=ctx, trained=facts.context_length)
+    return settings.model_copy(update={"ctx_size": ctx})
 
 
 def shared_flags(settings: Settings, caps: Capabilities, model: Path) -> list[str]:

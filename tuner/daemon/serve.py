@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector
 from starlette.applications import Starlette
 
 from tuner.classify import classify, load_definitions
-from tuner.daemon.plan import TuningPlan, plan_tuning, tuning_config
+from tuner.daemon.plan import TuningPlan, plan_tuning, sized, tuning_config
 from tuner.errors import ConfigError
 from tuner.fleet.collector import FleetCollector
 from tuner.logs import configure_logging, get_logger
@@ -89,6 +89,7 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
         # a bad tuning file stops the start before llama-server is built or started
         config = tuning_config(settings) if settings.tune else None
         prepared = prepare(settings, progress or _progress)
+        settings = sized(settings, prepared)
         caps, model = prepared.capabilities, prepared.model
         port = free_port(avoid={settings.port})  # the proxy binds its own port later
         alias = served = model_alias(settings, model)

@@ -1,10 +1,12 @@
 """Which instance holds which prompt prefix: the blocks each variant's instance was last
 sent, so a conversation's next turn can go where its history is cached.
 
-A block continued differently by ``COMMON`` or more prompts (a system prompt or a tool list
-every conversation shares) gives no credit: matching it does not make a turn a
-continuation, since every instance that served any of those prompts holds it. The index
-is bounded (least recently used blocks forgotten first) and thread-safe.
+A turn continues a conversation when it holds the whole of an earlier prompt: its matched
+blocks reach one where an earlier prompt ended. A new conversation that shares only a
+system prompt or a tool list with earlier ones diverges inside them, and is new. A block
+continued differently by ``COMMON`` or more prompts gives no credit either (every instance
+that served any of them holds it). The index is bounded (least recently used blocks
+forgotten first) and thread-safe.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ MAX_IDS = 10_000
 class _Block:
     holders: dict[str, int] = field(default_factory=dict)  # variant -> last use (a tick)
     children: set[bytes] = field(default_factory=set)  # up to COMMON distinct next blocks
+    ends: bool = False  # the last full block of a prompt sent
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +37,7 @@ class Held:
 
     variant: str
     cached: dict[str, int]
-    continuing: bool  # beyond blocks common to many prompts, or the session id was seen
+    continuing: bool  # holds an earlier prompt whole, or the session id was seen
 
     def chars(self, variant: str) -> int:
         return self.cached.get(variant, 0)
@@ -56,7 +59,7 @@ class PrefixIndex:
         with self._lock:
             depth: dict[str, int] = {}  # leading blocks each variant holds
             last: dict[str, int] = {}
-            common = 0
+            common = ended = 0
             for i, digest in enumerate(prompt.blocks):
                 block = self._blocks.get(digest)
                 if block is None:
@@ -66,14 +69,15 @@ class PrefixIndex:
                         depth[variant], last[variant] = i + 1, tick
                 if len(block.children) >= COMMON:
                     common = i + 1
+                if block.ends:
+                    ended = i + 1
             by_id = self._ids.get(prompt.session) if prompt.session else None
         if not depth and by_id is None:
             return None
         cached = {v: n * BLOCK_CHARS for v, n in depth.items()}
-        deepest = max(depth.values(), default=0)
         # the session's last instance, else the longest match (of equals, the latest)
         variant = by_id or max(depth, key=lambda v: (depth[v], last[v]))
-        return Held(variant, cached, deepest > common or by_id is not None)
+        return Held(variant, cached, ended > common or by_id is not None)
 
     def remember(self, prompt: Prompt, variant: str) -> None:
         """``variant``'s instance was sent this prompt: it holds its blocks now."""
@@ -90,6 +94,8 @@ class PrefixIndex:
                 if parent is not None and len(parent.children) < COMMON:
                     parent.children.add(digest)
                 parent = block
+            if parent is not None:
+                parent.ends = True
             while len(self._blocks) > self.max_blocks:
                 self._blocks.popitem(last=False)
             if prompt.session:

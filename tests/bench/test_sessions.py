@@ -1,0 +1,91 @@
+"""The conversations bench (``benchmarks/sessions.py``) and its workload: identical history
+for every arm, growing contexts, and the sums it reports."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from benchmarks.sessions import TUNER, looping, messages_for, summarise
+from tuner.classify import classify, load_definitions
+from tuner.settings import Settings
+
+SESSIONS = Path(__file__).resolve().parents[2] / "benchmarks/workloads/sessions.jsonl"
+
+
+def _sessions() -> list[dict[str, Any]]:
+    return [json.loads(line) for line in SESSIONS.read_text().splitlines()]
+
+
+def test_the_workload_is_agents_and_chats_whose_contexts_grow_past_6k_tokens() -> None:
+    sessions = _sessions()
+    kinds = {s["kind"] for s in sessions}
+    assert kinds == {"agent", "chat"}
+    agents = [s for s in sessions if s["kind"] == "agent"]
+    assert len({s["system"] for s in agents}) == 1  # one system prompt all agents share
+    for session in sessions:
+        assert len(session["turns"]) >= 6
+        final = json.dumps(messages_for(session, len(session["turns"]) - 1))
+        assert len(final) >= 20_000  # about 6k tokens and more at 3-4 characters a token
+
+
+def test_every_turn_re_sends_the_previous_turns_history() -> None:
+    for session in _sessions():
+        for turn in range(1, len(session["turns"])):
+            before, now = messages_for(session, turn - 1), messages_for(session, turn)
+            assert now[: len(before)] == before
+            assert now[len(before)]["content"] == session["turns"][turn - 1]["assistant"]
+
+
+def test_a_sessions_turns_change_class() -> None:
+    """Edits, explanations and JSON lists: what moves a conversation between classes."""
+    definitions = load_definitions(Settings().classes_file)
+    for session in _sessions():
+        keys = {
+            classify({"messages": messages_for(session, t), "temperature": 0}, definitions).key
+            for t in range(len(session["turns"]))
+        }
+        assert len(keys) >= 2, session["id"]
+
+
+def test_an_answer_that_loops_is_flagged() -> None:
+    assert looping("The end. " + "def f(x): return x\n" * 6)
+    assert not looping("A plain answer that says one thing once and stops there.")
+    assert not looping("ab" * 3)
+
+
+def _row(arm: str, session: str, turn: int, **values: Any) -> dict[str, Any]:
+    base = {
+        "arm": arm,
+        "clients": 1,
+        "session": session,
+        "turn": turn,
+        "variant": arm,
+        "cache_n": 0,
+        "prompt_n": 1000,
+        "prompt_ms": 2500.0,
+        "predicted_n": 100,
+        "predicted_ms": 2000.0,
+        "wall_s": 4.6,
+        "ttft_s": 2.6,
+        "looping": False,
+    }
+    return base | values
+
+
+def test_the_summary_counts_history_processed_again_and_compares_the_tuner() -> None:
+    rows = []
+    for arm, speed in (("none", 2000.0), ("ngram-mod", 1000.0), (TUNER, 1100.0)):
+        rows.append(_row(arm, "s", 0, predicted_ms=speed))
+        cached = 0 if arm == TUNER else 990  # the tuner moved its second turn
+        rows.append(_row(arm, "s", 1, cache_n=cached, prompt_n=1010 - cached, predicted_ms=speed))
+    walls = {(arm, 1): 10.0 for arm in ("none", "ngram-mod", TUNER)}
+    found = summarise(rows, walls, ["none", "ngram-mod", TUNER])["clients_1"]["all"]
+    assert found["best_static"] == "ngram-mod"
+    assert found["arms"]["none"]["reprocessed_share"] == round(20 / 1010, 4)
+    assert found["arms"][TUNER]["reprocessed_share"] == 1.0
+    assert found["tuner_reprocessed_above_plain_pp"] == round(100 * (1 - 20 / 1010), 2)
+    tuner, best = found["arms"][TUNER], found["arms"]["ngram-mod"]
+    assert found["tuner_vs_best_static_time"] == round(best["total_s"] / tuner["total_s"], 3)
+    assert tuner["later_prefill_s"] == 2.5 and best["decode_s"] == 2.0
