@@ -23,6 +23,7 @@ import itertools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -38,7 +39,7 @@ from tuner.bench.daemons import Quiet
 from tuner.settings import Settings
 from tuner.tuning.variants import parse_name
 from tuner.upstream.launch import Prepared, prepare
-from tuner.upstream.process import free_port
+from tuner.upstream.process import die_with_parent, free_port
 
 TUNER = "tuner"
 LOOP_WINDOW = 24  # an answer whose last characters occur this many times over loops
@@ -59,10 +60,15 @@ def static_server(prepared: Prepared, arm: str, ctx: int, workdir: Path) -> tupl
 
 
 @contextlib.contextmanager
-def tuner_daemon(prepared: Prepared, ctx: int, workdir: Path, seed: int) -> Iterator[str]:
+def tuner_daemon(
+    prepared: Prepared, ctx: int, workdir: Path, seed: int, warm: Path | None = None
+) -> Iterator[str]:
+    """The daemon from a fresh state dir, or from a copy of ``warm`` (an earlier run's)."""
     state = workdir / "tuner-state"
     shutil.rmtree(state, ignore_errors=True)
-    state.mkdir(parents=True)
+    if warm is not None:
+        shutil.copytree(warm, state, ignore=shutil.ignore_patterns("*.lock", "records"))
+    state.mkdir(parents=True, exist_ok=True)
     port = free_port()
     env = {
         **os.environ,
@@ -79,7 +85,11 @@ def tuner_daemon(prepared: Prepared, ctx: int, workdir: Path, seed: int) -> Iter
     env.pop("TUNER_UPSTREAM_URL", None)
     log = (workdir / "tuner-daemon.log").open("wb")
     process = subprocess.Popen(
-        [sys.executable, "-m", "tuner", "serve"], env=env, stdout=log, stderr=log
+        [sys.executable, "-m", "tuner", "serve"],
+        env=env,
+        stdout=log,
+        stderr=log,
+        preexec_fn=functools.partial(die_with_parent, signal.SIGTERM),  # killed with the bench
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -132,6 +142,8 @@ def send(
             if not line.startswith("data: {"):
                 continue
             chunk = json.loads(line[len("data: ") :])
+            if "error" in chunk:  # the server gave up mid-stream (its KV cache was full, say)
+                raise httpx.HTTPError(json.dumps(chunk["error"])[:300])
             timings = chunk.get("timings") or timings
             for choice in chunk.get("choices") or []:
                 text = (choice.get("delta") or {}).get("content")
@@ -164,14 +176,20 @@ def replay(
     rows: list[dict[str, Any]] = []
 
     def client() -> None:
-        with httpx.Client(timeout=900) as http:
+        # a new connection per request: a kept-alive one the server has just closed fails
+        # the next request before it is sent ("disconnected without sending a response")
+        fresh = httpx.Limits(max_keepalive_connections=0)
+        with httpx.Client(timeout=900, limits=fresh) as http:
             while True:
                 with lock:
                     if not queue:
                         return
                     session = queue.pop()
                 for turn in range(len(session["turns"])):
-                    found = send(http, url, messages_for(session, turn), max_tokens)
+                    try:
+                        found = send(http, url, messages_for(session, turn), max_tokens)
+                    except httpx.HTTPError as exc:  # counted, never dropped
+                        found = {"error": repr(exc)[:300]}
                     with lock:
                         rows.append({"session": session["id"], "turn": turn, **found})
                     if clients == 1:
@@ -194,6 +212,8 @@ def _p95(values: list[float]) -> float | None:
 def totals(mine: list[dict[str, Any]], wall: float) -> dict[str, Any]:
     """One arm at one number of clients: prompt tokens processed again, prefill and decode
     seconds (the servers' own), the whole time, throughput and time to first token."""
+    errors = sum("error" in r for r in mine)
+    mine = [r for r in mine if "error" not in r]
     later = [r for r in mine if r["turn"] > 0]
     held = sum(r["cache_n"] + r["prompt_n"] for r in later)
     prefill = sum(r["prompt_ms"] for r in mine) / 1000
@@ -206,6 +226,7 @@ def totals(mine: list[dict[str, Any]], wall: float) -> dict[str, Any]:
     )
     return {
         "turns": len(mine),
+        "errors": errors,
         "reprocessed_share": round(sum(r["prompt_n"] for r in later) / held, 4) if held else None,
         "prefill_s": round(prefill, 2),
         "later_prefill_s": round(sum(r["prompt_ms"] for r in later) / 1000, 2),
@@ -228,7 +249,7 @@ def summarise(
     out: dict[str, Any] = {}
     for clients in sorted({r["clients"] for r in rows}):
         level = [r for r in rows if r["clients"] == clients]
-        loops = {(r["session"], r["turn"]) for r in level if r["looping"]}
+        loops = {(r["session"], r["turn"]) for r in level if r.get("looping")}
         sections: dict[str, set[tuple[str, int]]] = {"all": set()}
         if clients == 1 and loops:
             sections["no_loops"] = loops
@@ -262,6 +283,17 @@ def summarise(
                     extra = mine["reprocessed_share"] - plain
                     section["tuner_reprocessed_above_plain_pp"] = round(100 * extra, 2)
             found[label] = section
+        sessions: dict[str, dict[str, Any]] = {}
+        for r in level:
+            if "error" in r:
+                continue
+            mine = sessions.setdefault(r["session"], {})
+            mine[r["arm"]] = round(
+                mine.get(r["arm"], 0.0) + (r["prompt_ms"] + r["predicted_ms"]) / 1000, 2
+            )
+            if r["arm"] == TUNER and r["turn"] == 0:
+                mine["tuner_first_variant"] = r["variant"]
+        found["sessions_total_s"] = sessions
         out[f"clients_{clients}"] = found
     return out
 
@@ -276,6 +308,7 @@ def main() -> None:
     parser.add_argument("--ctx-size", type=int, default=16384)
     parser.add_argument("--seed", type=int, default=67)
     parser.add_argument("--no-tuner", action="store_true")
+    parser.add_argument("--warm", type=Path, help="start the daemon from a copy of this state")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     sessions = [json.loads(line) for line in args.workload.read_text().splitlines() if line]
@@ -293,12 +326,14 @@ def main() -> None:
         after = functools.partial(quiet.wait, arm) if arm == TUNER else lambda: None
         found, wall = replay(urls[arm], group, clients, args.max_tokens, after)
         rows.extend({"arm": arm, "clients": clients, **r} for r in found)
+        if clients == 1:  # one request at a time: its own times, not the replays' waits
+            wall = sum(r.get("wall_s", 0.0) for r in found)
         walls[(arm, clients)] = walls.get((arm, clients), 0.0) + wall
 
     with contextlib.ExitStack() as stack:
         if not args.no_tuner:
             urls[TUNER] = stack.enter_context(
-                tuner_daemon(prepared, args.ctx_size, args.out, args.seed)
+                tuner_daemon(prepared, args.ctx_size, args.out, args.seed, args.warm)
             )
         quiet = _SyncQuiet(urls)
         for level, clients in enumerate(int(c) for c in args.clients.split(",")):
@@ -318,6 +353,7 @@ def main() -> None:
         "workload": str(args.workload),
         "max_tokens": args.max_tokens,
         "ctx_size": args.ctx_size,
+        "tuner": f"warm from {args.warm}" if args.warm else "fresh state",
         **summarise(rows, walls, arms),
     }
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -106,3 +106,15 @@ def test_a_new_conversation_sharing_only_the_system_prompt_is_new() -> None:
     assert second.chars("none") >= 2 * BLOCK_CHARS
     first_again = index.locate(prompt_of(_chat("the first session's file " * 40, "next")))
     assert first_again is not None and first_again.continuing
+
+
+def test_the_same_prompt_sent_again_is_a_request_of_its_own() -> None:
+    """A retry or a batch job re-sends a prompt unchanged: it is no later turn (it may be
+    explored), though the instance that served it still holds it."""
+    index = PrefixIndex()
+    prompt = prompt_of({"prompt": "Rewrite this function. " * 40})
+    index.remember(prompt, "none")
+    again = index.locate(prompt)
+    assert again is not None and not again.continuing and again.chars("none") > 0
+    longer = index.locate(prompt_of({"prompt": "Rewrite this function. " * 40 + "Now rename."}))
+    assert longer is not None and longer.continuing

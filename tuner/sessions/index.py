@@ -1,8 +1,9 @@
 """Which instance holds which prompt prefix: the blocks each variant's instance was last
 sent, so a conversation's next turn can go where its history is cached.
 
-A turn continues a conversation when it holds the whole of an earlier prompt: its matched
-blocks reach one where an earlier prompt ended. A new conversation that shares only a
+A turn continues a conversation when it holds the whole of an earlier prompt and is longer:
+its matched blocks reach one where an earlier, shorter prompt ended (the same prompt sent
+again, a retry or a batch job, is a request of its own). A new conversation that shares only a
 system prompt or a tool list with earlier ones diverges inside them, and is new. A block
 continued differently by ``COMMON`` or more prompts gives no credit either (every instance
 that served any of them holds it). The index is bounded (least recently used blocks
@@ -27,7 +28,7 @@ MAX_IDS = 10_000
 class _Block:
     holders: dict[str, int] = field(default_factory=dict)  # variant -> last use (a tick)
     children: set[bytes] = field(default_factory=set)  # up to COMMON distinct next blocks
-    ends: bool = False  # the last full block of a prompt sent
+    ends: int = 0  # the longest prompt sent whose last full block this is (characters)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +60,7 @@ class PrefixIndex:
         with self._lock:
             depth: dict[str, int] = {}  # leading blocks each variant holds
             last: dict[str, int] = {}
-            common = ended = 0
+            common = ended = ended_chars = 0
             for i, digest in enumerate(prompt.blocks):
                 block = self._blocks.get(digest)
                 if block is None:
@@ -70,14 +71,15 @@ class PrefixIndex:
                 if len(block.children) >= COMMON:
                     common = i + 1
                 if block.ends:
-                    ended = i + 1
+                    ended, ended_chars = i + 1, block.ends
             by_id = self._ids.get(prompt.session) if prompt.session else None
         if not depth and by_id is None:
             return None
         cached = {v: n * BLOCK_CHARS for v, n in depth.items()}
         # the session's last instance, else the longest match (of equals, the latest)
         variant = by_id or max(depth, key=lambda v: (depth[v], last[v]))
-        return Held(variant, cached, ended > common or by_id is not None)
+        grew = ended > common and prompt.chars > ended_chars
+        return Held(variant, cached, grew or by_id is not None)
 
     def remember(self, prompt: Prompt, variant: str) -> None:
         """``variant``'s instance was sent this prompt: it holds its blocks now."""
@@ -95,7 +97,7 @@ class PrefixIndex:
                     parent.children.add(digest)
                 parent = block
             if parent is not None:
-                parent.ends = True
+                parent.ends = max(parent.ends, prompt.chars)
             while len(self._blocks) > self.max_blocks:
                 self._blocks.popitem(last=False)
             if prompt.session:
