@@ -21,7 +21,6 @@ import contextlib
 import functools
 import itertools
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -35,7 +34,7 @@ from typing import Any
 import httpx
 
 from benchmarks.common import start_llama_server
-from tuner.bench.daemons import Quiet
+from tuner.bench.daemons import BenchOptions, Quiet, daemon_env
 from tuner.settings import Settings
 from tuner.tuning.variants import parse_name
 from tuner.upstream.launch import Prepared, prepare
@@ -70,19 +69,8 @@ def tuner_daemon(
         shutil.copytree(warm, state, ignore=shutil.ignore_patterns("*.lock", "records"))
     state.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    env = {
-        **os.environ,
-        "TUNER_STATE_DIR": str(state),
-        "TUNER_PORT": str(port),
-        "TUNER_HOST": "127.0.0.1",
-        "TUNER_SEED": str(seed),
-        "TUNER_API_KEYS": "",
-        "TUNER_LOG_FORMAT": "json",
-        "TUNER_LLAMA_SERVER": str(prepared.binary),
-        "TUNER_MODEL": str(prepared.model),
-        "TUNER_CTX_SIZE": str(ctx),
-    }
-    env.pop("TUNER_UPSTREAM_URL", None)
+    settings = Settings(ctx_size=ctx)
+    env = daemon_env(settings, prepared, state, port, BenchOptions(out=workdir, seed=seed))
     log = (workdir / "tuner-daemon.log").open("wb")
     process = subprocess.Popen(
         [sys.executable, "-m", "tuner", "serve"],

@@ -24,7 +24,14 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from tuner.logs import get_logger
 
-__all__ = ["RecordSource", "RecordStore", "RequestRecord", "Timings", "read_records"]
+__all__ = [
+    "RecordSource",
+    "RecordStore",
+    "RequestRecord",
+    "Timings",
+    "read_records",
+    "requested_tokens",
+]
 
 log = get_logger(__name__)
 
@@ -43,6 +50,17 @@ class Timings(BaseModel):
     predicted_per_second: float | None = None
     draft_n: int | None = None
     draft_n_accepted: int | None = None
+
+
+def requested_tokens(body: dict[str, Any]) -> int | None:
+    """The answer's length limit a request body sets: OpenAI's ``max_tokens`` or
+    ``max_completion_tokens``, llama.cpp's ``n_predict`` (-1: none); None when unset.
+
+    >>> requested_tokens({"max_completion_tokens": 9}), requested_tokens({"n_predict": "x"})
+    (9, None)
+    """
+    value = body.get("max_tokens", body.get("max_completion_tokens", body.get("n_predict")))
+    return value if isinstance(value, int) else None
 
 
 class RequestRecord(BaseModel):

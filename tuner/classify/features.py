@@ -25,6 +25,7 @@ from typing import Any
 from tuner.classify import lexicon as lx
 from tuner.classify.bytestats import byte_entropy, repeat_ratio
 from tuner.classify.prompt import PromptView
+from tuner.records import requested_tokens
 
 __all__ = ["Features", "byte_entropy", "extract", "repeat_ratio"]
 
@@ -386,7 +387,7 @@ def extract(
     temperature = body.get("temperature")
     temp = float(temperature) if isinstance(temperature, int | float) else None
     greedy = (temp is not None and temp <= greedy_max_temperature) or body.get("top_k") == 1
-    max_tokens = body.get("max_tokens", body.get("max_completion_tokens", body.get("n_predict")))
+    max_tokens = requested_tokens(body)
     return Features(
         content_type=content,
         subtype=subtype,

@@ -16,7 +16,7 @@ from typing import Any
 
 from tuner.logs import get_logger
 from tuner.proxy.sse import answer_text, extract_timings
-from tuner.records import RecordStore, RequestRecord, Timings
+from tuner.records import RecordStore, RequestRecord, Timings, requested_tokens
 
 __all__ = ["Keep", "Trace"]
 
@@ -60,8 +60,7 @@ class Trace:
         self.stream = body.get("stream") is True
         model, temp = body.get("model"), body.get("temperature")
         self.model = model if isinstance(model, str) else None
-        tokens = body.get("max_tokens", body.get("max_completion_tokens", body.get("n_predict")))
-        self.max_tokens = tokens if isinstance(tokens, int) else None
+        self.max_tokens = requested_tokens(body)
         self.temperature = float(temp) if isinstance(temp, int | float) else None
 
     def finish(

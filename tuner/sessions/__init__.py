@@ -1,6 +1,6 @@
 """Conversations: a prompt's leading blocks, which instance holds them, and whether moving a
 turn to another instance pays for processing its history again. Pure but for the index's
-memory; knows nothing of the tuner."""
+memory; it knows nothing of tuning."""
 
 from tuner.sessions.index import Held, PrefixIndex
 from tuner.sessions.moves import Turn, move_pays

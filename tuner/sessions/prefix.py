@@ -13,6 +13,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from tuner.records import requested_tokens
+
 __all__ = ["BLOCK_CHARS", "MAX_BLOCKS", "Prompt", "prompt_of", "prompt_text"]
 
 BLOCK_CHARS = 256  # about 64-80 tokens: a turn of a few lines still adds a block
@@ -76,6 +78,6 @@ def prompt_of(body: dict[str, Any], session_header: str | None = None) -> Prompt
     session = session_header or next(
         (v for f in _SESSION_FIELDS if isinstance(v := body.get(f), str) and v), None
     )
-    tokens = body.get("max_tokens", body.get("max_completion_tokens", body.get("n_predict")))
-    limit = tokens if isinstance(tokens, int) and tokens > 0 else None
+    tokens = requested_tokens(body)
+    limit = tokens if tokens is not None and tokens > 0 else None
     return Prompt(_digests(text), len(text), session[:200] if session else None, limit)

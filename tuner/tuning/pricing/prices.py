@@ -6,6 +6,8 @@ decode steps, is calibrated per variant on every class's requests against one pl
 step's time fitted on all traffic (``Calibration.step_time``), and in a class priced by
 that class's own requests of the variant, shrunk toward all traffic's cost. Before any
 served draft prices it, ``c`` is the cost model's extra verify time per drafted token.
+What a conversation's move costs and saves is priced here too: the prefill speed and a
+class's answer length.
 """
 
 from __future__ import annotations
@@ -26,6 +28,11 @@ from tuner.tuning.variants import BASELINE, Variant
 __all__ = ["MAX_COST", "Pricing", "paired_speedup", "prior_cost"]
 
 MAX_COST = 3.0  # most one exploring request is charged, in requests at the policy's speed
+# Before prompts are timed, prefill is taken as this many plain decode steps' tokens a
+# second (a CPU processes a prompt about 9x faster than it decodes; a GPU far more)
+PREFILL_STEPS = 8.0
+PREFILL_MIN = 512  # prompt tokens processed before their speed is trusted
+DEFAULT_ANSWER = 256  # tokens, before a class has answered anything
 
 
 def prior_cost(cost: CostModel, draft_step: float) -> tuple[float, float]:
@@ -141,6 +148,27 @@ class Pricing:
         if base is None or min(base.samples) <= 0:
             return None
         return len(base.samples) / math.fsum(1.0 / x for x in base.samples)
+
+    def prefill_speed(self, plain: float) -> float:
+        """Prompt tokens processed per second over all traffic; before ``PREFILL_MIN`` of
+        them, ``PREFILL_STEPS`` times the plain decode speed ``plain``."""
+        tokens = sum(s.prompt_processed for s in self.classes.values())
+        seconds = sum(s.prompt_s for s in self.classes.values())
+        if tokens >= PREFILL_MIN and seconds > 0:
+            return tokens / seconds
+        return PREFILL_STEPS * plain
+
+    def answer_tokens(self, key: str, limit: int | None) -> float:
+        """The answer a request of this class is expected to decode: its nearest level's
+        mean, at most the request's limit."""
+        for level in levels(key):
+            state = self.classes.get(level)
+            arms = state.arms.values() if state is not None else ()
+            requests = sum(arm.requests for arm in arms)
+            if requests:
+                mean = sum(arm.tokens for arm in arms) / requests
+                return min(mean, limit) if limit else mean
+        return float(limit or DEFAULT_ANSWER)
 
     def explore_cost(self, key: str, tok_s: float, gain: float) -> float | None:
         """What one exploring request of this class that decoded at ``tok_s`` cost, in

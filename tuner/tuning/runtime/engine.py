@@ -59,12 +59,6 @@ log = get_logger(__name__)
 
 IO = Callable[[Callable[[], None]], None]
 
-# Before prompts are timed, prefill is taken as this many plain decode steps' tokens a
-# second (a CPU processes a prompt about 9x faster than it decodes; a GPU far more)
-PREFILL_STEPS = 8.0
-PREFILL_MIN = 512  # prompt tokens processed before their speed is trusted
-DEFAULT_ANSWER = 256  # tokens, before a class has answered anything
-
 
 def _inline(job: Callable[[], None]) -> None:
     job()
@@ -133,8 +127,11 @@ class Engine:
         key = class_key or ROOT
         with self._lock:
             decision = self._decide(key, explore=turn is None)
-            moving = turn is not None and decision.variant != turn.held
-            if moving and turn is not None and self._stays(key, decision, turn):
+            if (
+                turn is not None
+                and decision.variant != turn.held
+                and self._stays(key, decision, turn)
+            ):
                 decision = Decision(turn.held, "exploit", policy_class=decision.policy_class)
             if decision.variant == BASELINE.name and decision.role != "pinned":
                 self._plain_routed += 1
@@ -197,32 +194,12 @@ class Engine:
         speeds = self.rules.class_speedups([key])[key]
         return not move_pays(
             turn.extra(wanted.variant),
-            self.prefill_speed() or PREFILL_STEPS * plain,
-            self._answer_tokens(key, turn.max_tokens),
+            self.pricing.prefill_speed(plain),
+            self.pricing.answer_tokens(key, turn.max_tokens),
             1.0 / plain,
             speeds.get(held, 1.0),
             speeds.get(wanted.variant, 1.0),
         )
-
-    def prefill_speed(self) -> float | None:
-        """Prompt tokens processed per second over all traffic; None before ``PREFILL_MIN``
-        of them."""
-        with self._lock:
-            tokens = sum(s.prompt_processed for s in self.classes.values())
-            seconds = sum(s.prompt_s for s in self.classes.values())
-        return tokens / seconds if tokens >= PREFILL_MIN and seconds > 0 else None
-
-    def _answer_tokens(self, key: str, limit: int | None) -> float:
-        """The answer a request of this class is expected to decode: its nearest level's
-        mean, at most the request's limit."""
-        for level in levels(key):
-            state = self.classes.get(level)
-            arms = state.arms.values() if state is not None else ()
-            requests = sum(arm.requests for arm in arms)
-            if requests:
-                mean = sum(arm.tokens for arm in arms) / requests
-                return min(mean, limit) if limit else mean
-        return float(limit or DEFAULT_ANSWER)
 
     def _explore(self, key: str, state: ClassState, gain: float) -> Decision | None:
         """A trial or control request, or None when there is nothing to explore right now

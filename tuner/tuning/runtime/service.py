@@ -164,10 +164,11 @@ class TuningService:
         return Turn(held.variant, cached, prompt.max_tokens)
 
     def _outcome(self, class_key: str | None, decision: Decision, turn: Turn | None) -> str:
-        """How a turn was routed: ``new`` (no history cached beyond what every conversation
-        shares), ``stayed``, or ``moved:<reason>``: ``pays`` (the class's variant, or its
-        pin, saves more than the history costs again) or ``unavailable`` (quarantined,
-        reloading or forbidden to its class)."""
+        """How a turn was routed: ``new`` (not a later turn of a conversation seen),
+        ``stayed``, or ``moved:<reason>``: ``pays`` (the class's variant, or its pin, saves
+        more than the history costs again), ``unavailable`` (the instance holding it is
+        quarantined, reloading or forbidden to its class) or ``fallback`` (the variant it
+        moved to is)."""
         if turn is None:
             return "new"
         if decision.variant == turn.held:
