@@ -17,8 +17,10 @@ $(STAMP): pyproject.toml
 serve: $(STAMP)
 	$(BIN)/tuner serve
 
+# both engines: mainline llama.cpp (the default) and ik_llama.cpp (~7 and ~7 min, once)
 provision: $(STAMP)
 	$(BIN)/tuner provision
+	$(BIN)/tuner provision --engine ik_llama.cpp
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from tuner.logs import get_logger
 
@@ -50,6 +50,22 @@ class Timings(BaseModel):
     predicted_per_second: float | None = None
     draft_n: int | None = None
     draft_n_accepted: int | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _cached_from_n_past(cls, data: Any) -> Any:
+        """ik_llama.cpp gives no ``cache_n``, but ``n_past`` (the slot's tokens after the
+        answer): the prompt's cached part is what the prompt and answer do not account for.
+
+        >>> Timings.model_validate({"prompt_n": 1, "predicted_n": 64, "n_past": 1064}).cache_n
+        999
+        """
+        if not isinstance(data, dict) or data.get("cache_n") is not None:
+            return data
+        past, prompt, predicted = (data.get(k) for k in ("n_past", "prompt_n", "predicted_n"))
+        if isinstance(past, int) and isinstance(prompt, int) and isinstance(predicted, int):
+            return {**data, "cache_n": max(0, past - prompt - predicted)}
+        return data
 
 
 def requested_tokens(body: dict[str, Any]) -> int | None:

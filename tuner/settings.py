@@ -23,6 +23,7 @@ from pydantic_settings import (
 )
 
 from tuner.errors import ConfigError
+from tuner.upstream.sources import EngineName
 
 __all__ = ["Settings", "load_settings"]
 
@@ -58,6 +59,11 @@ class Settings(BaseSettings):
     )
     llama_server: Path | None = Field(
         None, description="llama-server binary; default: PATH, then a cached build"
+    )
+    engine: EngineName = Field(
+        "llama.cpp",
+        description="the llama-server engine to build and run when no binary is named: "
+        "llama.cpp (mainline) or ik_llama.cpp",
     )
     llama_cuda: Literal["auto", "on", "off"] = Field(
         "auto", description="build llama-server for CUDA: auto = nvcc and a GPU present"

@@ -98,8 +98,8 @@ def test_older_build_gets_old_draft_flags_and_per_request_fields() -> None:
     ]
     with pytest.raises(ValueError, match="no spec type"):
         Variant.of("ngram-simple").flags(caps)
-    assert request_fields(variant) == {"speculative": {"n_max": 8, "p_min": 0.75}}
-    assert request_fields(Variant("none")) == {"speculative": {"n_max": 0}}
+    assert request_fields(variant) == {"speculative.n_max": 8, "speculative.p_min": 0.75}
+    assert request_fields(Variant("none")) == {"speculative.n_max": 0}
 
 
 def test_presets_file() -> None:
@@ -227,3 +227,32 @@ def test_prior_ranks_ngram_copies_by_what_they_copy() -> None:
     assert lengths == sorted(lengths, reverse=True)
     assert ranked.ranked[-1][0].spec_type == "ngram-cache"
     assert ranked.pays
+
+
+def test_ik_llama_cpp_takes_its_own_flags_and_the_draft_settings_per_request() -> None:
+    """One n-gram size flag for every n-gram type (ngram-mod's match length too); the draft
+    length goes with each request where the engine honours it, else on the command line.
+    An n-gram type's copied run is cut by n_max there (default 16), so it is sent too."""
+    caps = caps_of("ik-55d3c05")
+    simple = parse_name("ngram-simple.n3.m48")
+    assert simple.flags(caps, per_request=True) == [
+        "--spec-type",
+        "ngram-simple",
+        "--spec-ngram-size-n",
+        "3",
+        "--spec-ngram-size-m",
+        "48",
+    ]
+    assert request_fields(simple) == {"speculative.n_max": 48}
+    mod = parse_name("ngram-mod.match24.max16")
+    assert mod.flags(caps, per_request=True) == [
+        "--spec-type",
+        "ngram-mod",
+        "--spec-ngram-size-n",
+        "24",
+    ]
+    assert request_fields(mod) == {"speculative.n_max": 16, "speculative.n_min": 12}
+    assert mod.flags(caps)[-4:] == ["--draft-max", "16", "--draft-min", "12"]
+    for variant in grid(load_tuning().search, caps):  # every flag exists in this build
+        rendered = variant.flags(caps)
+        assert all(caps.has_flag(f) for f in rendered if f.startswith("--")), rendered

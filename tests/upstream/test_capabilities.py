@@ -1,4 +1,4 @@
-"""Capabilities are read from real help texts: this build's, and an older layout."""
+"""Capabilities are read from real help texts: mainline's, an older layout, and ik_llama.cpp's."""
 
 from __future__ import annotations
 
@@ -56,3 +56,28 @@ def test_a_build_without_git_reports_its_version_but_no_commit() -> None:
     caps = parse_capabilities(help_text, "version: 0.5.0-dev (build 0, commit unknown)\n")
     assert caps.version == "0.5.0-dev" and caps.build == 0 and caps.commit is None
     assert caps.router and "ngram-mod" in caps.spec_types
+
+
+def test_ik_llama_cpp_is_told_from_its_help_with_its_own_spec_type_list() -> None:
+    """ik_llama.cpp 55d3c05 as built by ``tuner provision --engine ik_llama.cpp``: its
+    version line has no build number words, its spec types are spelled ``ngram - mod``."""
+    caps = load("ik-55d3c05")
+    assert caps.engine == "ik_llama.cpp"
+    assert caps.commit == "55d3c05" and caps.build == 0
+    assert caps.spec_types == {
+        "none",
+        "ngram-cache",
+        "ngram-simple",
+        "ngram-map-k",
+        "ngram-map-k4v",
+        "ngram-mod",
+    }
+    assert caps.old_draft_flags and not caps.new_spec_flags
+    assert not caps.router and caps.autotune and caps.metrics
+    assert caps.has_flag("--spec-ngram-size-n") and caps.has_flag("-mtp")
+
+
+def test_mainline_builds_are_not_taken_for_ik_llama_cpp() -> None:
+    for name in ("0c1e570", "old-2025"):
+        caps = load(name)
+        assert caps.engine == "llama.cpp" and not caps.autotune

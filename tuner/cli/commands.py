@@ -26,6 +26,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "model": getattr(args, "model", None),
         "draft_model": getattr(args, "draft", None),
         "llama_server": getattr(args, "llama_server", None),
+        "engine": getattr(args, "engine", None),
         "upstream_url": getattr(args, "upstream_url", None),
         "state_dir": getattr(args, "state_dir", None),
     }
@@ -47,6 +48,7 @@ def cmd_provision(args: argparse.Namespace) -> int:
     prepared = prepare(settings_from_args(args))
     caps, model, draft = prepared.capabilities, prepared.model, prepared.draft
     info = {
+        "engine": caps.engine,
         "llama_server": str(prepared.binary),
         "build": caps.build,
         "commit": caps.commit,
@@ -54,6 +56,7 @@ def cmd_provision(args: argparse.Namespace) -> int:
         "new_spec_flags": caps.new_spec_flags,
         "old_draft_flags": caps.old_draft_flags,
         "router": caps.router,
+        "autotune": caps.autotune,
         "model": str(model),
         "draft_model": str(draft) if draft else None,
     }

@@ -28,6 +28,7 @@ from tuner.cli.measure import cmd_measure
 from tuner.cli.model_commands import add_model_commands
 from tuner.errors import TunerError
 from tuner.logs import configure_logging
+from tuner.upstream.sources import ENGINES
 
 __all__ = ["main"]
 
@@ -80,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     provision = sub.add_parser("provision", help="find or build llama-server and the model")
     provision.add_argument("--model")
     provision.add_argument("--llama-server", dest="llama_server")
+    provision.add_argument(
+        "--engine", choices=ENGINES, help="the engine to build when no binary is named"
+    )
     provision.set_defaults(func=cmd_provision)
 
     predict = sub.add_parser("predict", help="predicted speedup for acceptance, length, cost")

@@ -3,9 +3,11 @@
 A variant is a spec type with one value per parameter. Its ``name`` is stable and
 readable (``ngram-simple.n3.m16``); it names the router preset, the records, the
 report rows and the metrics labels. ``flags`` renders it for the installed
-build: the ``--spec-*`` flags of current builds, or ``--draft-max`` and friends
-on builds from before ``--spec-type`` (where only draft-model speculation
-exists).
+build: the ``--spec-*`` flags of current mainline builds; ik_llama.cpp's dialect
+(``--spec-ngram-size-n`` shared by the n-gram types, ``--draft-max`` and friends);
+or ``--draft-max`` and friends on mainline builds from before ``--spec-type``
+(where only draft-model speculation exists). ``request_fields`` gives the draft
+settings an engine that honours them takes with each request instead.
 """
 
 from __future__ import annotations
@@ -58,6 +60,15 @@ PARAMS: dict[str, dict[str, tuple[str, str]]] = {
     },
 }
 _OLD_DRAFT_FLAGS = {"n_max": "--draft-max", "n_min": "--draft-min", "p_min": "--draft-p-min"}
+# ik_llama.cpp 55d3c05: one n-gram size for every n-gram type (ngram-mod's match length too),
+# and its draft length n_max also cuts an n-gram type's copied run (default 16)
+_IK_NGRAM_FLAGS = {
+    "size_n": "--spec-ngram-size-n",
+    "size_m": "--spec-ngram-size-m",
+    "min_hits": "--spec-ngram-min-hits",
+    "n_match": "--spec-ngram-size-n",
+}
+PER_REQUEST = ("n_max", "n_min", "p_min")
 # Defaults of the current build, used for the nominal draft length of a variant.
 _DEFAULT_DRAFT = {"ngram-mod": 64, "ngram-cache": 8, "draft": 3, "ngram": 48}
 NEEDS_DRAFT_MODEL = frozenset({"draft-simple", "draft-eagle3", "draft-dflash"})
@@ -133,8 +144,11 @@ class Variant:
             return int(self.param("n_max", _DEFAULT_DRAFT[self.spec_type]) or 0)
         return int(self.param("n_max", _DEFAULT_DRAFT["draft"]) or 0)
 
-    def flags(self, caps: Capabilities, draft_model: Path | None = None) -> list[str]:
-        """Command-line flags for this variant on the given build.
+    def flags(
+        self, caps: Capabilities, draft_model: Path | None = None, *, per_request: bool = False
+    ) -> list[str]:
+        """Command-line flags for this variant on the given build; with ``per_request``
+        (an engine that takes them with each request) without the ``request_fields``.
 
         Raises ``ValueError`` when the build cannot run it (unknown spec type, or a
         draft-model type without a draft model).
@@ -144,6 +158,8 @@ class Variant:
         if not caps.supports_spec_type(self.spec_type):
             raise ValueError(f"this llama-server build has no spec type {self.spec_type!r}")
         draft = ["-md", str(draft_model)] if self.needs_draft_model and draft_model else []
+        if caps.engine == "ik_llama.cpp":
+            return self._ik_flags(per_request) + draft
         if caps.has_flag("--spec-type"):
             out = ["--spec-type", self.spec_type]
             for param, value in self.params:
@@ -157,8 +173,29 @@ class Variant:
             out += [_OLD_DRAFT_FLAGS[param], str(value)]
         return out
 
+    def _ik_flags(self, per_request: bool) -> list[str]:
+        out = ["--spec-type", self.spec_type]
+        for param, value in self.params:
+            if param in _IK_NGRAM_FLAGS:
+                out += [_IK_NGRAM_FLAGS[param], str(value)]
+        if not per_request:
+            for param, value in _draft_settings(self).items():
+                out += [_OLD_DRAFT_FLAGS[param], str(value)]
+        return out
+
 
 BASELINE = Variant("none")
+
+
+def _draft_settings(variant: Variant) -> dict[str, ParamValue]:
+    """n_max / n_min / p_min as an engine that reads them per slot takes them: an n-gram
+    type's copied run (``size_m``) is its draft length there."""
+    if not variant.speculative:
+        return {"n_max": 0}
+    settings = {k: v for k, v in variant.params if k in PER_REQUEST}
+    if variant.copies and "n_max" not in settings:
+        settings["n_max"] = variant.draft_length
+    return settings
 
 
 def parse_name(name: str) -> Variant:
@@ -295,8 +332,6 @@ def _long(flags: Sequence[str]) -> list[str]:
 
 
 def request_fields(variant: Variant) -> dict[str, object]:
-    """Per-request ``speculative`` fields, for older builds that honour them."""
-    if not variant.speculative:
-        return {"speculative": {"n_max": 0}}
-    fields = {k: v for k, v in variant.params if k in ("n_max", "n_min", "p_min")}
-    return {"speculative": fields}
+    """Per-request draft settings, as flat ``speculative.*`` keys: the way both engines'
+    servers read them (a nested ``{"speculative": {...}}`` is ignored silently)."""
+    return {f"speculative.{k}": v for k, v in _draft_settings(variant).items()}

@@ -1,7 +1,10 @@
-"""What an installed llama-server supports, read from ``--version`` and ``--help``.
+"""What an installed llama-server is and supports, read from ``--version`` and ``--help``.
 
-``parse_capabilities`` is pure (text in, value out) so it is tested on saved
-help texts of old and new builds; ``probe_capabilities`` runs the binary.
+The engine (mainline llama.cpp or ik_llama.cpp) is read from the help, never from the
+binary's path: ik_llama.cpp lists flags of its own kernels (``--run-time-repack``,
+``--fused-moe``) and prints its spec types in its own format. ``parse_capabilities`` is
+pure (text in, value out) so it is tested on saved help texts of old and new builds of
+both; ``probe_capabilities`` runs the binary.
 """
 
 from __future__ import annotations
@@ -13,10 +16,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tuner.errors import ProvisionError
+from tuner.upstream.sources import EngineName
 
-__all__ = ["Capabilities", "parse_capabilities", "probe_capabilities"]
+__all__ = ["Capabilities", "engine_of", "parse_capabilities", "probe_capabilities"]
 
 _SPEC_TYPE = re.compile(r"--spec-type\s+\[?([a-z0-9,|\-]+)\]?")
+# ik_llama.cpp 55d3c05: "--spec-type Name [none | ngram - cache | ngram - simple | ...]"
+_IK_SPEC_TYPE = re.compile(r"--spec-type\s+Name\s+\[([a-z0-9 |\-]+)\]")
+# flags only ik_llama.cpp has: its repacking and fused MoE kernels
+_IK_FLAGS = frozenset({"--run-time-repack", "--fused-moe", "--no-fused-moe"})
 # "version: 0.5.0-dev (build 1, commit 0c1e570)" (2026) or "version: 4567 (abc1234)" (older);
 # a build from a source tree without git says "(build 0, commit unknown)"
 _VERSION = re.compile(
@@ -31,6 +39,7 @@ _HINT = re.compile(r"^[A-Z0-9_<>\[\]|{}.,:=-]+$|^[a-z0-9-]+(?:[,|][a-z0-9-]+)+$"
 class Capabilities:
     """One typed view of a llama-server build's features."""
 
+    engine: EngineName
     version: str | None
     build: int | None
     commit: str | None
@@ -39,6 +48,7 @@ class Capabilities:
     old_draft_flags: bool  # --draft-max, --draft-min, --draft-p-min still work
     router: bool  # --models-preset
     metrics: bool  # --metrics
+    autotune: bool  # --spec-autotune: the engine tunes draft settings per step itself
     flags: frozenset[str]
 
     def supports_spec_type(self, name: str) -> bool:
@@ -75,13 +85,23 @@ def _flags_with_descriptions(help_text: str) -> dict[str, str]:
     return found
 
 
+def _engine(flags: dict[str, str]) -> EngineName:
+    return "ik_llama.cpp" if _IK_FLAGS & flags.keys() else "llama.cpp"
+
+
+def _spec_types(help_text: str) -> frozenset[str] | None:
+    """The ``--spec-type`` values the help lists, in either engine's format."""
+    ik = _IK_SPEC_TYPE.search(help_text)
+    if ik:
+        return frozenset(t.replace(" ", "") for t in ik.group(1).split("|") if t.strip())
+    match = _SPEC_TYPE.search(help_text)
+    return frozenset(t for t in re.split(r"[,|]", match.group(1)) if t) if match else None
+
+
 def parse_capabilities(help_text: str, version_text: str = "") -> Capabilities:
     """Read a build's capabilities from its ``--help`` and ``--version`` output."""
     flags = _flags_with_descriptions(help_text)
-    spec_match = _SPEC_TYPE.search(help_text)
-    spec_types = (
-        frozenset(t for t in re.split(r"[,|]", spec_match.group(1)) if t) if spec_match else None
-    )
+    spec_types = _spec_types(help_text)
     new_flags = "--spec-draft-n-max" in flags
     old_flags = "--draft-max" in flags and "removed" not in flags["--draft-max"]
     if spec_types is None:
@@ -92,6 +112,7 @@ def parse_capabilities(help_text: str, version_text: str = "") -> Capabilities:
     version = _VERSION.search(version_text + "\n" + help_text)
     commit = version.group("commit") if version else None
     return Capabilities(
+        engine=_engine(flags),
         version=version.group("version") if version else None,
         build=int(version.group("build") or version.group("version"))
         if version and (version.group("build") or version.group("version").isdigit())
@@ -102,22 +123,33 @@ def parse_capabilities(help_text: str, version_text: str = "") -> Capabilities:
         old_draft_flags=old_flags,
         router="--models-preset" in flags,
         metrics="--metrics" in flags,
+        autotune="--spec-autotune" in flags,
         flags=frozenset(flags),
     )
 
 
+def _output(binary: Path, arg: str, timeout_s: float) -> str:
+    try:
+        result = subprocess.run(
+            [str(binary), arg], capture_output=True, text=True, timeout=timeout_s, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ProvisionError(f"could not run {binary} {arg}: {exc}") from exc
+    return result.stdout + result.stderr
+
+
+def engine_of(binary: Path, timeout_s: float = 60.0) -> EngineName | None:
+    """The engine a llama-server binary is, from its help (None when it will not run)."""
+    try:
+        return _engine(_flags_with_descriptions(_output(binary, "--help", timeout_s)))
+    except ProvisionError:
+        return None
+
+
 def probe_capabilities(binary: Path, timeout_s: float = 60.0) -> Capabilities:
     """Run ``binary --version`` and ``--help`` and parse them."""
-    outputs: list[str] = []
-    for arg in ("--version", "--help"):
-        try:
-            result = subprocess.run(
-                [str(binary), arg], capture_output=True, text=True, timeout=timeout_s, check=False
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise ProvisionError(f"could not run {binary} {arg}: {exc}") from exc
-        outputs.append(result.stdout + result.stderr)
-    caps = parse_capabilities(outputs[1], outputs[0])
+    version, help_text = (_output(binary, arg, timeout_s) for arg in ("--version", "--help"))
+    caps = parse_capabilities(help_text, version)
     if not caps.flags:
         raise ProvisionError(f"{binary} --help printed no flags; is it a llama-server?")
     if caps.commit is None:  # built from a tarball: the provisioned build knows its commit

@@ -128,7 +128,11 @@ class Prepared:
 def prepare(settings: Settings, progress: Progress = stderr_progress) -> Prepared:
     """Locate (or build) llama-server, read what it supports, and resolve the model files."""
     binary = locate_llama_server(
-        settings.llama_server, settings.cache_dir, cuda=settings.llama_cuda, progress=progress
+        settings.llama_server,
+        settings.cache_dir,
+        engine=settings.engine,
+        cuda=settings.llama_cuda,
+        progress=progress,
     )
     caps = probe_capabilities(binary)
     for name in ("server_args", "spec_args"):

@@ -1,18 +1,18 @@
-"""Locate a llama-server binary, or build the pinned one once and cache it.
+"""Locate a llama-server binary, or build the pinned one of an engine once and cache it.
 
-Order: the binary the user names, one on PATH, a cached build, a fresh build.
-The build downloads the PyPI sdist ``llama-cpp-python==0.3.36`` (its
-``vendor/llama.cpp`` is llama.cpp commit 0c1e570), builds only the
-``llama-server`` target with CMake (CUDA when ``nvcc`` exists; ggml-cpu's AMX
-kernels left out, see ``amx_off_flags``) as one static binary, and stores it
-under ``<cache>/llama-server/<key>/``. A file lock keeps two processes from
-building at once.
+Order: the binary the user names, one on PATH of the engine asked for, a cached build, a
+fresh build. The build downloads the engine's pinned PyPI sdist (``sources``), checks its
+hash, builds only the ``llama-server`` target with CMake (CUDA when ``nvcc`` exists;
+ggml-cpu's AMX kernels left out, see ``amx_off_flags``) as one static binary, and stores
+it under ``<cache>/llama-server/<key>/``. A file lock keeps two processes from building at
+once.
 """
 
 from __future__ import annotations
 
 import fcntl
 import functools
+import hashlib
 import json
 import os
 import platform
@@ -29,12 +29,11 @@ from pathlib import Path
 from typing import Literal
 
 from tuner.errors import ProvisionError
-from tuner.upstream.capabilities import BUILD_INFO
+from tuner.upstream.capabilities import BUILD_INFO, engine_of
+from tuner.upstream.sources import LLAMA_CPP, EngineName, Source, source_for
 
 __all__ = [
-    "LLAMA_CPP_COMMIT",
     "NO_AMX",
-    "SDIST_VERSION",
     "amx_off_flags",
     "build_key",
     "build_llama_server",
@@ -45,11 +44,6 @@ __all__ = [
     "stderr_progress",
     "want_cuda",
 ]
-
-SDIST_NAME = "llama-cpp-python"
-SDIST_VERSION = "0.3.36"
-LLAMA_CPP_COMMIT = "0c1e570"
-VENDOR_DIR = "vendor/llama.cpp"
 
 Progress = Callable[[str], None]
 CudaMode = Literal["auto", "on", "off"]
@@ -120,17 +114,17 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
-def build_key(cuda: bool | None = None) -> str:
-    """Cache key: sdist version, backend and machine architecture (and ``noamx`` where AMX
-    is left out, so that a build made before that was is not reused)."""
+def build_key(cuda: bool | None = None, source: Source = LLAMA_CPP) -> str:
+    """Cache key: engine, sdist version, backend and machine architecture (and ``noamx``
+    where AMX is left out, so that a build made before that was is not reused)."""
     if cuda is None:
         cuda = want_cuda()
-    key = f"{SDIST_VERSION}-{'cuda' if cuda else 'cpu'}-{platform.machine()}"
+    key = f"{source.key_prefix}{source.version}-{'cuda' if cuda else 'cpu'}-{platform.machine()}"
     return key + "-noamx" if amx_off_flags() else key
 
 
-def cached_binary(cache_dir: Path, cuda: bool) -> Path:
-    return cache_dir / "llama-server" / build_key(cuda) / "llama-server"
+def cached_binary(cache_dir: Path, cuda: bool, source: Source = LLAMA_CPP) -> Path:
+    return cache_dir / "llama-server" / build_key(cuda, source) / "llama-server"
 
 
 def _check_executable(path: Path, what: str) -> Path:
@@ -145,26 +139,30 @@ def locate_llama_server(
     explicit: Path | None,
     cache_dir: Path,
     *,
+    engine: EngineName = "llama.cpp",
     build: bool = True,
     cuda: CudaMode = "auto",
     progress: Progress = stderr_progress,
 ) -> Path:
-    """Return a usable llama-server binary, building it when nothing else is there."""
+    """Return a usable llama-server binary, building the engine's when nothing else is
+    there. A binary the user names is used whatever its engine."""
     if explicit is not None:
         return _check_executable(explicit.expanduser(), "llama-server")
     on_path = shutil.which("llama-server")
-    if on_path:
+    if on_path and engine_of(Path(on_path)) == engine:
         return Path(on_path)
+    source = source_for(engine)
     use_cuda = want_cuda(cuda)
-    cached = cached_binary(cache_dir, use_cuda)
+    cached = cached_binary(cache_dir, use_cuda, source)
     if cached.is_file():
         return cached
     if not build:
+        flag = "" if engine == "llama.cpp" else f" --engine {engine}"
         raise ProvisionError(
             "no llama-server found: set TUNER_LLAMA_SERVER, put one on PATH, "
-            "or run `tuner provision` to build it"
+            f"or run `tuner provision{flag}` to build it"
         )
-    return build_llama_server(cache_dir, cuda=use_cuda, progress=progress)
+    return build_llama_server(cache_dir, cuda=use_cuda, source=source, progress=progress)
 
 
 @contextmanager
@@ -179,19 +177,24 @@ def _file_lock(path: Path) -> Iterator[None]:
 
 
 def build_llama_server(
-    cache_dir: Path, *, cuda: bool = False, progress: Progress = stderr_progress
+    cache_dir: Path,
+    *,
+    cuda: bool = False,
+    source: Source = LLAMA_CPP,
+    progress: Progress = stderr_progress,
 ) -> Path:
-    """Download the pinned sdist and build llama-server into the cache (once)."""
-    target = cached_binary(cache_dir, cuda)
+    """Download the engine's pinned sdist and build llama-server into the cache (once)."""
+    target = cached_binary(cache_dir, cuda, source)
     with _file_lock(cache_dir / "llama-server" / ".build.lock"):
         if target.is_file():  # another process built it while we waited
             return target
-        sdist = _download_sdist(cache_dir / "downloads", progress)
+        sdist = _download_sdist(cache_dir / "downloads", source, progress)
         work = Path(tempfile.mkdtemp(prefix="build-", dir=cache_dir))
         try:
-            source = _extract_vendor(sdist, work, progress)
-            binary = _cmake_build(source, work / "build", cuda, progress)
-            _install(binary, target, cuda)
+            tree = _extract_vendor(sdist, source, work, progress)
+            write_build_info(tree, source)
+            binary = _cmake_build(tree, work / "build", cuda, progress, source)
+            _install(binary, target, cuda, source)
         finally:
             shutil.rmtree(work, ignore_errors=True)
     progress(f"llama-server ready: {target}")
@@ -200,15 +203,36 @@ def build_llama_server(
 
 def llama_cpp_sources(cache_dir: Path, progress: Progress = stderr_progress) -> Path:
     """The pinned llama-cpp-python sdist (llama.cpp sources), downloaded once into the cache."""
-    return _download_sdist(cache_dir / "downloads", progress)
+    return _download_sdist(cache_dir / "downloads", LLAMA_CPP, progress)
 
 
-def _download_sdist(dest: Path, progress: Progress) -> Path:
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _download_sdist(dest: Path, source: Source, progress: Progress) -> Path:
+    """The engine's sdist, downloaded once and checked against its pinned hash (a file
+    that does not match is deleted, never built)."""
     dest.mkdir(parents=True, exist_ok=True)
-    name = f"llama_cpp_python-{SDIST_VERSION}.tar.gz"
-    if (dest / name).is_file():
-        return dest / name
-    progress(f"downloading {SDIST_NAME}=={SDIST_VERSION} sources (77 MB, once)")
+    path = dest / source.archive
+    if not path.is_file():
+        _pip_download(dest, source, progress)
+    if _sha256(path) != source.sha256:
+        path.unlink()
+        raise ProvisionError(
+            f"{source.archive} does not match its pinned SHA-256 {source.sha256}: deleted; "
+            "run again to download it anew"
+        )
+    return path
+
+
+def _pip_download(dest: Path, source: Source, progress: Progress) -> None:
+    pinned = f"{source.sdist}=={source.version}"
+    progress(f"downloading {pinned} ({source.engine} sources, {source.size_mb} MB, once)")
     cmd = [
         sys.executable,
         "-m",
@@ -220,53 +244,75 @@ def _download_sdist(dest: Path, progress: Progress) -> Path:
         "--quiet",
         "-d",
         str(dest),
-        f"{SDIST_NAME}=={SDIST_VERSION}",
+        pinned,
     ]
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if result.returncode != 0 or not (dest / name).is_file():
-        raise ProvisionError(f"could not download {SDIST_NAME}=={SDIST_VERSION}: {result.stderr}")
-    return dest / name
+    if result.returncode != 0 or not (dest / source.archive).is_file():
+        raise ProvisionError(f"could not download {pinned}: {result.stderr}")
 
 
-def _extract_vendor(sdist: Path, work: Path, progress: Progress) -> Path:
-    progress("unpacking llama.cpp sources")
-    prefix = f"llama_cpp_python-{SDIST_VERSION}/{VENDOR_DIR}/"
+def _extract_vendor(sdist: Path, source: Source, work: Path, progress: Progress) -> Path:
+    progress(f"unpacking {source.engine} sources")
+    prefix = f"{source.archive.removesuffix('.tar.gz')}/{source.vendor}/"
     with tarfile.open(sdist) as archive:
         members = [m for m in archive.getmembers() if m.name.startswith(prefix)]
         if not members:
-            raise ProvisionError(f"{sdist.name} has no {VENDOR_DIR}")
+            raise ProvisionError(f"{sdist.name} has no {source.vendor}")
         archive.extractall(work / "src", members=members, filter="data")
     return work / "src" / prefix
+
+
+def write_build_info(tree: Path, source: Source) -> None:
+    """``common/build-info.cpp`` from its template where the tree ships the template
+    without the script that fills it (ik_llama.cpp's sdist): the build then finds the
+    file made and the server's ``--version`` names the pinned commit."""
+    template, target = tree / "common" / "build-info.cpp.in", tree / "common" / "build-info.cpp"
+    if target.exists() or not template.is_file():
+        return
+    if (tree / "common" / "cmake" / "build-info-gen-cpp.cmake").is_file():
+        return  # the build writes it itself
+    values = {
+        "BUILD_NUMBER": "0",
+        "BUILD_COMMIT": source.commit,
+        "BUILD_COMPILER": "cc",
+        "BUILD_TARGET": platform.machine(),
+    }
+    text = template.read_text()
+    for name, value in values.items():
+        text = text.replace(f"@{name}@", value)
+    target.write_text(text)
 
 
 _PERCENT = re.compile(rb"^\[\s*(\d+)%\]")
 
 
-def _cmake_build(source: Path, build_dir: Path, cuda: bool, progress: Progress) -> Path:
+def _cmake_build(
+    tree: Path, build_dir: Path, cuda: bool, progress: Progress, source: Source = LLAMA_CPP
+) -> Path:
     configure = [
         "cmake",
         "-S",
-        str(source),
+        str(tree),
         "-B",
         str(build_dir),
         "-DCMAKE_BUILD_TYPE=Release",
         "-DLLAMA_CURL=OFF",
-        "-DLLAMA_OPENSSL=OFF",
         "-DLLAMA_BUILD_TESTS=OFF",
-        "-DLLAMA_BUILD_EXAMPLES=OFF",
         "-DLLAMA_BUILD_SERVER=ON",
         "-DBUILD_SHARED_LIBS=OFF",
         f"-DGGML_CUDA={'ON' if cuda else 'OFF'}",
+        *source.cmake,
     ]
     if amx_off_flags():  # before -march=native on the command line, so that they hold
         flags = " ".join(amx_off_flags())
         configure += [f"-DCMAKE_C_FLAGS={flags}", f"-DCMAKE_CXX_FLAGS={flags}"]
     if shutil.which("cmake") is None:
         raise ProvisionError("cmake is needed to build llama-server (apt-get install cmake g++)")
-    progress(f"configuring llama.cpp {LLAMA_CPP_COMMIT} ({'CUDA' if cuda else 'CPU'})")
+    progress(f"configuring {source.engine} {source.commit} ({'CUDA' if cuda else 'CPU'})")
     _run_logged(configure, build_dir.parent / "configure.log", progress=None)
     jobs = str(os.cpu_count() or 2)
-    progress(f"building llama-server with {jobs} jobs (about 7 min on 2 cores, once)")
+    about = f"about {source.minutes} min on 2 cores, once"
+    progress(f"building {source.engine} llama-server with {jobs} jobs ({about})")
     build = ["cmake", "--build", str(build_dir), "--target", "llama-server", "-j", jobs]
     _run_logged(build, build_dir.parent / "build.log", progress=progress)
     binary = build_dir / "bin" / "llama-server"
@@ -293,13 +339,18 @@ def _run_logged(cmd: list[str], log: Path, progress: Progress | None) -> None:
         raise ProvisionError(f"{cmd[0]} failed (exit {code}); log {log}:\n{tail}")
 
 
-def _install(binary: Path, target: Path, cuda: bool) -> None:
+def _install(binary: Path, target: Path, cuda: bool, source: Source = LLAMA_CPP) -> None:
     """Copy the binary into place atomically, with a note of what it is."""
     staging = target.parent.with_name(target.parent.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     shutil.copy2(binary, staging / "llama-server")
-    info = {"sdist": f"{SDIST_NAME}=={SDIST_VERSION}", "commit": LLAMA_CPP_COMMIT, "cuda": cuda}
+    info = {
+        "engine": source.engine,
+        "sdist": f"{source.sdist}=={source.version}",
+        "commit": source.commit,
+        "cuda": cuda,
+    }
     (staging / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
     shutil.rmtree(target.parent, ignore_errors=True)
     os.replace(staging, target.parent)
