@@ -117,3 +117,23 @@ def test_a_run_without_the_peers_baseline_has_no_peer_ratios() -> None:
     rows = static_rows() + [r for r in peer_rows() if r["arm"] != "peer:none"]
     summary = summarize(rows, CLASSES)
     assert summary["overall"]["peers"] == {} and "## Peer" not in markdown(summary)
+
+
+def test_the_engines_own_autotune_arms_are_summed_up_beside_the_tuner() -> None:
+    """ik_llama.cpp's --spec-autotune runs as ``peer:autotune-<type>`` arms of its own
+    binary: the summary names the engine, each autotune arm's ratio, the tuner over the best
+    of them and the tuner's decode speed."""
+    rows = static_rows() + peer_rows() + [tuner_row(i % 4, "fast-code") for i in range(8)]
+    for row in rows:
+        if row["arm"] == "peer:auto":
+            row["arm"] = "peer:autotune-ngram-mod"
+    summary = summarize(rows, CLASSES, meta={"engine": "ik_llama.cpp"})
+    overall = summary["overall"]
+    assert overall["engine"] == "ik_llama.cpp"
+    assert overall["autotune"] == {"ngram-mod": pytest.approx(4 / 3, abs=1e-3)}
+    tuner = overall["tuner_ratio"]
+    assert overall["tuner_vs_best_autotune"] == pytest.approx(tuner / (4 / 3), abs=1e-3)
+    assert overall["tuner_tok_s"] == pytest.approx(tuner * overall["baseline_tok_s"], abs=0.01)
+    assert_documented(summary)
+    text = markdown(summary)
+    assert "engine ik_llama.cpp" in text and "Tuner / the engine's best autotune arm" in text

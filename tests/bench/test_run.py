@@ -170,3 +170,19 @@ def test_a_busy_machine_is_reported_at_the_end(other: float, steal: float, warne
     _report_machine(said.append, {"other_share": other, "steal_share": steal})
     assert bool(said) == warned
     assert not said or f"other processes used {other:.0%} of the machine's CPU" in said[0]
+
+
+def test_an_engine_with_its_own_autotune_gets_it_as_arms() -> None:
+    from tuner.bench.run import autotune_arms
+    from tuner.upstream.capabilities import parse_capabilities
+    from tuner.upstream.launch import Prepared
+
+    data = Path(__file__).parents[1] / "upstream" / "data"
+    ik = parse_capabilities((data / "help-ik-55d3c05.txt").read_text())
+    arms = dict(autotune_arms(Prepared(Path("/ik/llama-server"), ik, Path("/m.gguf"), None)))
+    assert arms == {
+        "peer:autotune-ngram-mod": ("--spec-type", "ngram-mod", "--spec-autotune"),
+        "peer:autotune-ngram-simple": ("--spec-type", "ngram-simple", "--spec-autotune"),
+    }
+    mainline = parse_capabilities((data / "help-0c1e570.txt").read_text())
+    assert autotune_arms(Prepared(Path("/l/llama-server"), mainline, Path("/m.gguf"), None)) == ()

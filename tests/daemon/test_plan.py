@@ -79,3 +79,46 @@ def test_tuner_refuses_an_override_for_no_class(tmp_path: Path, command: str) ->
     )
     assert done.returncode != 0
     assert "prose" in done.stderr
+
+
+IK_HELP = Path(__file__).parents[1] / "upstream" / "data" / "help-ik-55d3c05.txt"
+
+
+@pytest.mark.parametrize("honoured", [True, False])
+def test_pool_members_share_an_instance_where_the_engine_takes_settings_per_request(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, honoured: bool
+) -> None:
+    """ik_llama.cpp: variants that differ only in n_max / n_min share one process when the
+    probe found the fields honoured; otherwise each runs with its own --draft-max."""
+    from tuner.daemon import plan
+    from tuner.tuning.variants import parse_name
+    from tuner.upstream.capabilities import parse_capabilities
+    from tuner.upstream.launch import Prepared
+
+    asked: list[list[str]] = []
+
+    def probe(argv: object, binary: Path, cache_dir: Path) -> bool:
+        assert callable(argv)
+        asked.append(argv(1234))
+        return honoured
+
+    monkeypatch.setattr(plan, "honours_request_fields", probe)
+    caps = parse_capabilities(IK_HELP.read_text())
+    prepared = Prepared(Path("/bin/llama-server"), caps, tmp_path / "m.gguf", None)
+    names = ["none", "ngram-mod.match12.max16", "ngram-mod.match12.max64", "ngram-simple.n3.m16"]
+    settings = Settings(state_dir=tmp_path, ctx_size=4096, spec_args=["--threads-draft", "1"])
+    members = {
+        m.name: m for m in plan.pool_members([parse_name(n) for n in names], settings, prepared)
+    }
+    (command,) = asked  # the probe: an n-gram instance of this model, on a small context
+    assert command[:3] == ["/bin/llama-server", "-m", str(tmp_path / "m.gguf")]
+    assert "ngram-simple" in command and command[command.index("--ctx-size") + 1] == "1024"
+    small, large = members["ngram-mod.match12.max16"], members["ngram-mod.match12.max64"]
+    assert (small.flags == large.flags) is honoured
+    assert "--threads-draft" in small.flags and "--threads-draft" not in members["none"].flags
+    if honoured:
+        assert small.fields == {"speculative.n_max": 16, "speculative.n_min": 12}
+        assert members["ngram-simple.n3.m16"].fields == {"speculative.n_max": 16}
+    else:
+        assert not small.fields and "--draft-max" in large.flags
+    assert not members["none"].fields

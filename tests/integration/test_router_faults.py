@@ -1,4 +1,5 @@
-"""Router mode when one instance fails while the router lives (the real llama-server)."""
+"""When one instance fails while the router lives: llama-server's router (mainline) and the
+daemon's own pool (ik_llama.cpp, which has no router) on the real engines."""
 
 from __future__ import annotations
 
@@ -33,18 +34,32 @@ pin = "{PINNED}"
 PROMPT = "Write a long story about a lighthouse keeper and the sea, in many chapters.\n\n"
 
 
-def _pinned(tmp_path: Path, **env: str) -> RunningDaemon:
-    """A daemon whose every class is pinned to ``PINNED``, with these settings."""
+ENGINES = pytest.mark.parametrize("engine", ["llama.cpp", "ik_llama.cpp"])
+# a value each engine's parser rejects when an instance starts (not at the daemon's start)
+BAD_VALUE = {
+    "llama.cpp": "--spec-draft-p-min notanumber",
+    "ik_llama.cpp": "--draft-p-min notanumber",
+}
+
+
+def _pinned(tmp_path: Path, engine: str = "llama.cpp", **env: str) -> RunningDaemon:
+    """A daemon on ``engine`` whose every class is pinned to ``PINNED``, with these settings."""
     tuning = tmp_path / "tuning.toml"
     tuning.write_text(TUNING)
     state = tmp_path / "state"
     state.mkdir()
-    full = {"TUNER_TUNING_FILE": str(tuning), "TUNER_THREADS": "2", **env}
+    full = {
+        "TUNER_TUNING_FILE": str(tuning),
+        "TUNER_THREADS": "2",
+        "TUNER_ENGINE": engine,
+        **env,
+    }
     return start_daemon(state, env=full)
 
 
 def _instance(running: RunningDaemon, variant: str) -> psutil.Process:
-    """The router's instance serving ``variant`` (its argv names the preset's spec type)."""
+    """The instance serving ``variant`` (its argv names the variant's spec type), the
+    router's or the pool's."""
     spec_type = variant.split(".")[0]
     for child in psutil.Process(running.process.pid).children(recursive=True):
         argv = " ".join(child.cmdline())
@@ -71,7 +86,8 @@ def _when_busy(process: psutil.Process, fault: Callable[[], None]) -> threading.
                 slots = httpx.get(f"http://127.0.0.1:{port}/slots", timeout=2).json()
             except httpx.HTTPError:
                 slots = []
-            if any(slot.get("is_processing") for slot in slots):
+            # mainline says is_processing, ik_llama.cpp state 1
+            if any(slot.get("is_processing") or slot.get("state") == 1 for slot in slots):
                 fault()
                 return
             time.sleep(0.02)
@@ -81,8 +97,9 @@ def _when_busy(process: psutil.Process, fault: Callable[[], None]) -> threading.
     return thread
 
 
+@ENGINES
 def test_an_instance_killed_mid_stream_or_mid_request_is_an_error_the_sdk_sees(
-    tmp_path: Path,
+    tmp_path: Path, engine: str
 ) -> None:
     """kill -9 of the instance that is answering: a streamed answer ends with an
     ``upstream_disconnected`` event that the ``openai`` SDK raises; a whole answer, nothing
@@ -90,7 +107,7 @@ def test_an_instance_killed_mid_stream_or_mid_request_is_an_error_the_sdk_sees(
     are recorded. Two failures in a row quarantine the variant at once (the second counted
     as the request falls back), so the next request goes without speculation and is
     answered in full."""
-    running = _pinned(tmp_path)
+    running = _pinned(tmp_path, engine)
     client = openai.OpenAI(api_key="unused", base_url=running.v1, max_retries=0, timeout=120)
     warm = client.completions.create(model="x", prompt=PROMPT, max_tokens=8)
     assert warm.choices[0].text is not None  # the pinned instance is loaded
@@ -133,14 +150,15 @@ def _instance_when_back(running: RunningDaemon, client: openai.OpenAI) -> psutil
     return _instance(running, PINNED)
 
 
+@ENGINES
 def test_a_stopped_instance_is_cut_off_reloaded_and_the_next_request_answered(
-    tmp_path: Path,
+    tmp_path: Path, engine: str
 ) -> None:
     """SIGSTOP of the instance that is streaming: the stream ends with ``upstream_stalled``
     after the stall bound (the openai SDK raises it), ``/ready`` and ``/metrics`` show the
     stall, the next request is answered at once without speculation while the router kills
     the stopped instance and reloads it."""
-    running = _pinned(tmp_path, TUNER_STALL_TIMEOUT_S="3")
+    running = _pinned(tmp_path, engine, TUNER_STALL_TIMEOUT_S="3")
     client = openai.OpenAI(api_key="unused", base_url=running.v1, max_retries=0, timeout=120)
     client.completions.create(model="x", prompt=PROMPT, max_tokens=8)
     instance = _instance(running, PINNED)
@@ -179,14 +197,15 @@ def test_a_stopped_instance_is_cut_off_reloaded_and_the_next_request_answered(
     assert [r["status"] for r in failed] == [504]
 
 
+@ENGINES
 def test_a_preset_that_cannot_load_is_quarantined_and_every_request_answered(
-    tmp_path: Path,
+    tmp_path: Path, engine: str
 ) -> None:
     """Every speculative preset gets a flag value this build rejects when the instance
     starts (``--spec-draft-p-min notanumber``): each request is still answered, without
     speculation, and after two failures the variant is quarantined (``/metrics``,
     ``tuner report``) so later requests do not try it at all."""
-    running = _pinned(tmp_path, TUNER_SPEC_ARGS="--spec-draft-p-min notanumber")
+    running = _pinned(tmp_path, engine, TUNER_SPEC_ARGS=BAD_VALUE[engine])
     state = running.state_dir
     client = openai.OpenAI(api_key="unused", base_url=running.v1, max_retries=0, timeout=120)
     timings = []
@@ -255,14 +274,15 @@ def test_a_draft_of_another_vocabulary_stops_the_daemon_before_anything_runs(
     assert "model family" in result.stderr  # the fix
 
 
+@ENGINES
 def test_a_whole_answer_from_a_stopped_instance_is_cut_after_a_failed_probe(
-    tmp_path: Path,
+    tmp_path: Path, engine: str
 ) -> None:
     """SIGSTOP of the instance working on a non-streaming request: a whole answer sends
     nothing until it is done, so after the stall bound the daemon probes the instance; it
     does not answer, so the request ends with a 504 ``upstream_stalled`` (the SDK raises
     it) well before the request timeout, and the next request is answered."""
-    running = _pinned(tmp_path, TUNER_STALL_TIMEOUT_S="3")
+    running = _pinned(tmp_path, engine, TUNER_STALL_TIMEOUT_S="3")
     client = openai.OpenAI(api_key="unused", base_url=running.v1, max_retries=0, timeout=120)
     client.completions.create(model="x", prompt=PROMPT, max_tokens=8)
     instance = _instance(running, PINNED)

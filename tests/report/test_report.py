@@ -107,7 +107,7 @@ def test_json_schema_and_values_follow_the_engine(learned: Path) -> None:
 
 def test_table_shows_decisions_reasons_and_header(learned: Path) -> None:
     text = as_table(load_report(learned))
-    assert "model: sim-model  build: 0c1e570" in text
+    assert "model: sim-model  engine: llama.cpp  build: 0c1e570" in text
     assert "Sim CPU, 2 cores, 24 GiB RAM, no GPU" in text
     assert "expected speedup of the current policies" in text
     # the interval the engine stores with a policy's acceptance: Wilson's, at 95 %

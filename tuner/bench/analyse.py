@@ -45,7 +45,13 @@ from typing import Any
 
 import numpy as np
 
-from tuner.bench.compare import peer_summary, same_work, side_by_side, vs_static_by_counts
+from tuner.bench.compare import (
+    engine_figures,
+    peer_summary,
+    same_work,
+    side_by_side,
+    vs_static_by_counts,
+)
 from tuner.bench.rows import (
     BASELINE_ARM,
     Measured,
@@ -197,6 +203,7 @@ def summarize(
         for i in occurrences
     ]
     overall: dict[str, Any] = {
+        "engine": (meta or {}).get("engine", "llama.cpp"),
         "prompts": len(set(occurrences)),
         "occurrences": len(occurrences),
         "baseline_tok_s": round(tok_s_of(base_all), 2),
@@ -243,6 +250,7 @@ def summarize(
             overall["challenger_vs_best_static_by_counts"] = vs_static_by_counts(
                 challenger, means, best_static
             )
+    overall.update(engine_figures(overall))
     return {
         "schema": SCHEMA,
         **dict(meta or {}),

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from tuner.bench.rows import (
+    AUTOTUNE_PREFIX,
     BASELINE_ARM,
     PEER_BASELINE,
     Measured,
@@ -207,3 +208,27 @@ def peer_summary(
     """``peer_ratios`` over the whole run's occurrences, and over each class's."""
     overall = peer_ratios(means, peers, occurrences, rng)
     return overall, {key: peer_ratios(means, peers, items, rng) for key, items in by_class.items()}
+
+
+def engine_figures(overall: Mapping[str, Any]) -> dict[str, Any]:
+    """Figures for comparing engines: the tuners' tokens per second (their ratio over this
+    run's no-speculation speed), and the engine's own autotune arms (each over the same
+    binary without speculation) with the tuner against the best of them."""
+    base = overall["baseline_tok_s"]
+    found: dict[str, Any] = {}
+    for who in ("tuner", "challenger"):
+        if overall.get(f"{who}_ratio") is not None:
+            found[f"{who}_tok_s"] = round(overall[f"{who}_ratio"] * base, 2)
+    arms = (overall.get("peers") or {}).get("arms", {})
+    autotune = {
+        arm.removeprefix(AUTOTUNE_PREFIX): entry["ratio"]
+        for arm, entry in arms.items()
+        if arm.startswith(AUTOTUNE_PREFIX)
+    }
+    if autotune:
+        found["autotune"] = autotune
+        if overall.get("tuner_ratio") is not None:
+            found["tuner_vs_best_autotune"] = round(
+                overall["tuner_ratio"] / max(autotune.values()), 4
+            )
+    return found

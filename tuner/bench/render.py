@@ -182,6 +182,22 @@ def _peer_rows(summary: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _engine_rows(overall: Mapping[str, Any]) -> list[str]:
+    """The tuners in tokens per second (engines compare so), and the tuner against the
+    engine's own autotune."""
+    speeds = [
+        f"{who} {overall[f'{who}_tok_s']:.1f} tok/s"
+        for who in (TUNER, CHALLENGER)
+        if overall.get(f"{who}_tok_s") is not None
+    ]
+    lines = ["", f"Decode speed on this run's prompts: {'; '.join(speeds)}."] if speeds else []
+    if overall.get("tuner_vs_best_autotune") is not None:
+        lines.append(
+            f"Tuner / the engine's best autotune arm: {_x(overall['tuner_vs_best_autotune'])}."
+        )
+    return lines
+
+
 def markdown(summary: Mapping[str, Any]) -> str:
     """The summary as markdown: run facts, targets, overall arms, per-class table."""
     overall = summary["overall"]
@@ -189,7 +205,8 @@ def markdown(summary: Mapping[str, Any]) -> str:
     lines = [
         "# spec-tuner bench",
         "",
-        f"- model: {summary.get('model', '?')}, build {summary.get('build', '?')}",
+        f"- model: {summary.get('model', '?')}, engine {overall.get('engine', 'llama.cpp')}, "
+        f"build {summary.get('build', '?')}",
         f"- machine: {hardware.get('cpu', '?')}, {hardware.get('cores', '?')} cores"
         + "".join(f", {gpu.get('name', 'a GPU')}" for gpu in hardware.get("gpus") or []),
         f"- workload: {summary.get('workload')} prompts; {summary['requests']} requests "
@@ -201,9 +218,10 @@ def markdown(summary: Mapping[str, Any]) -> str:
     ]
     lines += _targets_table(summary)
     lines += ["## Overall (ratio to no speculation, 90 % interval)", ""]
-    lines += ["| arm | ratio | alpha |", "|---|---|---|"]
+    lines += ["| arm | ratio | tok/s | alpha |", "|---|---|---|---|"]
     for arm, entry in sorted(overall["arms"].items(), key=lambda kv: -kv[1]["ratio"]):
-        lines.append(f"| {arm} | {_x(entry['ratio'])}{_interval(entry)} | {_x(entry['alpha'])} |")
+        ratio = f"{_x(entry['ratio'])}{_interval(entry)}"
+        lines.append(f"| {arm} | {ratio} | {entry['tok_s']:.1f} | {_x(entry['alpha'])} |")
     if overall.get("best_static"):
         lines += [
             f"| **per-class oracle** | {_x(overall['oracle_ratio'])} | |",
@@ -229,6 +247,7 @@ def markdown(summary: Mapping[str, Any]) -> str:
                 f"{_by_counts(overall, CHALLENGER)}.",
             ]
     lines += _peer_rows(summary)
+    lines += _engine_rows(overall)
     lines += ["", "## Per class", ""]
     header = "| class | prompts | baseline tok/s | oracle | best static here |"
     rule = "|---|---|---|---|---|"

@@ -23,6 +23,8 @@ BASELINE_ARM = BASELINE.name  # the bench arm without speculation
 # a peer build's arms (``tuner bench --peer``), each read against the peer's own baseline
 PEER_PREFIX = "peer:"
 PEER_BASELINE = PEER_PREFIX + BASELINE_ARM
+# the engine's own per-step tuning of one spec type, run as a peer arm of its own binary
+AUTOTUNE_PREFIX = PEER_PREFIX + "autotune-"
 
 
 def is_peer(arm: str) -> bool:

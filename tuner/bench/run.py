@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import math
 import shlex
@@ -27,6 +28,7 @@ import signal
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -46,18 +48,19 @@ from tuner.bench.daemons import (
     tuner_daemon,
 )
 from tuner.bench.peers import peer_servers
-from tuner.bench.rows import PEER_BASELINE, is_peer, parse_rows
+from tuner.bench.rows import AUTOTUNE_PREFIX, PEER_BASELINE, is_peer, parse_rows
 from tuner.bench.schedule import CHALLENGER, TUNER, Step, schedule
 from tuner.classify import classify, load_definitions
 from tuner.daemon.capacity import instances_that_fit
-from tuner.daemon.plan import draft_kind, sized, tuning_config, write_presets
+from tuner.daemon.plan import draft_kind, pool_members, sized, tuning_config, write_presets
 from tuner.errors import ConfigError, UpstreamError
 from tuner.model.gguf_facts import read_facts
 from tuner.model.profile import hardware_fingerprint
 from tuner.settings import Settings
 from tuner.tuning.variants import BASELINE, Variant, parse_name, unavailable
 from tuner.upstream.client import UpstreamClient
-from tuner.upstream.launch import Prepared, prepare, router_argv
+from tuner.upstream.launch import Prepared, instance_argv, prepare, router_argv
+from tuner.upstream.pool import POOL_URL, Pool
 from tuner.upstream.process import ManagedServer, free_port
 from tuner.upstream.provision import Progress, stderr_progress
 from tuner.workload import WorkloadItem
@@ -115,12 +118,26 @@ async def _send(
 @asynccontextmanager
 async def _matrix_server(
     settings: Settings, prepared: Prepared, variants: Sequence[Variant], workdir: Path
-) -> AsyncIterator[str]:
-    presets = workdir / "matrix-presets.ini"
+) -> AsyncIterator[tuple[str, httpx.AsyncBaseTransport | None]]:
+    """The static arms' server: llama-server's router, or where the engine has none the
+    daemon's pool (its address is then a transport the bench's client mounts). Each arm's
+    settings are on its command line, as a user would start a static server."""
     arms = [BASELINE, *variants]
-    write_presets(presets, arms, settings, prepared)
     facts = read_facts(prepared.model)
     capacity = instances_that_fit(facts, settings.ctx_size, gpu=prepared.gpu, limit=len(arms))
+    if not prepared.capabilities.router:
+        members = pool_members(arms, settings, prepared, per_request=False)
+        launch = functools.partial(instance_argv, prepared, settings)
+        pool = Pool(members, launch, capacity=capacity.instances, log_dir=workdir / "matrix-pool")
+        await pool.start()
+        try:
+            await pool.wait_ready(settings.startup_timeout_s)
+            yield POOL_URL, pool
+        finally:
+            await pool.stop()
+        return
+    presets = workdir / "matrix-presets.ini"
+    write_presets(presets, arms, settings, prepared)
     port = free_port()
     client = UpstreamClient(f"http://127.0.0.1:{port}", read_timeout_s=settings.request_timeout_s)
     argv = router_argv(
@@ -130,10 +147,23 @@ async def _matrix_server(
     await server.start()
     try:
         await server.wait_ready(settings.startup_timeout_s)
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", None
     finally:
         await server.stop()
         await client.aclose()
+
+
+def autotune_arms(prepared: Prepared) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The engine's own per-step tuning (ik_llama.cpp's ``--spec-autotune``) on each n-gram
+    type it tunes, as peer arms of the engine's own binary (none where it has no autotune)."""
+    caps = prepared.capabilities
+    if not caps.autotune:
+        return ()
+    return tuple(
+        (f"{AUTOTUNE_PREFIX}{kind}", ("--spec-type", kind, "--spec-autotune"))
+        for kind in ("ngram-mod", "ngram-simple")
+        if caps.supports_spec_type(kind)
+    )
 
 
 @contextlib.contextmanager
@@ -176,6 +206,8 @@ async def _run_bench(
     out.mkdir(parents=True, exist_ok=True)
     prepared = prepare(settings, progress)
     settings = sized(settings, prepared)  # every arm and daemon on the same context
+    if options.peer is None and autotune_arms(prepared):  # the engine's own tuning, beside
+        options = replace(options, peer=prepared.binary, peer_arms=autotune_arms(prepared))
     variants = matrix_variants(options.matrix, prepared)
     arms = [BASELINE.name, *(v.name for v in variants)]
     if options.peer is not None:
@@ -202,6 +234,7 @@ async def _run_bench(
     meta = {
         "workload": len(items),
         "model": prepared.model.name,
+        "engine": prepared.capabilities.engine,
         "build": prepared.capabilities.commit,
         "hardware": hardware,
         "seed": options.seed,
@@ -223,8 +256,9 @@ async def _run_bench(
     rows_path = out / "requests.jsonl"
     rows: list[dict[str, Any]] = []
     async with contextlib.AsyncExitStack() as stack:
-        progress("starting the static-matrix llama-server (router mode)")
-        matrix_url = await stack.enter_async_context(
+        how = "router mode" if prepared.capabilities.router else "a pool, one server per arm"
+        progress(f"starting the static matrix ({prepared.capabilities.engine}, {how})")
+        matrix_url, matrix_transport = await stack.enter_async_context(
             _matrix_server(settings, prepared, variants, out)
         )
         urls = {"matrix": matrix_url}
@@ -246,7 +280,8 @@ async def _run_bench(
                 tuner_daemon(settings, prepared, options, out, CHALLENGER, challenger)
             )
         timeout = settings.request_timeout_s
-        http = await stack.enter_async_context(httpx.AsyncClient(timeout=timeout))
+        mounts = {matrix_url: matrix_transport} if matrix_transport else None
+        http = await stack.enter_async_context(httpx.AsyncClient(timeout=timeout, mounts=mounts))
         quiet = Quiet(http, urls)
         samples = [machine.sample()]
         with rows_path.open("w") as sink:

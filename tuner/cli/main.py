@@ -186,6 +186,12 @@ def build_parser() -> argparse.ArgumentParser:
         "'mod+autotune=--spec-type ngram-mod --spec-autotune'; needs --peer",
     )
     bench.add_argument("--model", help="target GGUF (default: the configured model)")
+    bench.add_argument(
+        "--engine",
+        choices=ENGINES,
+        help="the llama-server engine of the matrix and the tuner (TUNER_ENGINE); with "
+        "ik_llama.cpp its own --spec-autotune arms run beside them",
+    )
     bench.set_defaults(func=cmd_bench)
 
     add_model_commands(sub, _positive)

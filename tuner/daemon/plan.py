@@ -1,11 +1,12 @@
 """Decide how the daemon tunes on this build and machine, and build the engine for it.
 
-- Router mode (current builds): one preset per variant of the search space in a
+- Router mode (mainline builds): one preset per variant of the search space in a
   generated presets file; llama-server loads a preset on first use and keeps at
   most ``models_max`` loaded (least recently used goes), sized from free memory.
-- Per-request mode (builds from before ``--spec-type`` that honour the
-  ``speculative`` request fields): one instance with the draft model, draft
-  parameters sent with each request.
+- Pool mode (engines without a router: ik_llama.cpp, mainline builds from before
+  ``--spec-type`` with a draft model): the daemon's own pool runs one instance per
+  set of launch flags, as many at once as the router would; where the engine honours
+  per-request draft settings (probed), variants that differ only in them share one.
 - Otherwise tuning is off and the daemon proxies a single instance (logged).
 """
 
@@ -16,6 +17,7 @@ import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal
 
 from tuner.atomic import write_atomic
 from tuner.classify.classes import load_definitions
@@ -39,11 +41,13 @@ from tuner.tuning.config import TuningConfig, check_overrides, load_tuning
 from tuner.tuning.pricing.prices import prior_cost
 from tuner.tuning.runtime.engine import Engine
 from tuner.tuning.runtime.policy_file import PolicyMeta
-from tuner.tuning.runtime.service import EngineFactory, Mode
+from tuner.tuning.runtime.service import EngineFactory
 from tuner.tuning.search.studies import StudyBook
-from tuner.tuning.variants import Variant, grid, parse_name, presets_ini
+from tuner.tuning.variants import Variant, grid, parse_name, presets_ini, request_fields
 from tuner.upstream.capabilities import Capabilities
-from tuner.upstream.launch import Prepared, model_alias
+from tuner.upstream.launch import Prepared, instance_argv, model_alias
+from tuner.upstream.pool import Member
+from tuner.upstream.probe import honours_request_fields
 
 __all__ = [
     "TuningPlan",
@@ -51,6 +55,7 @@ __all__ = [
     "draft_kind",
     "machine_profile",
     "plan_tuning",
+    "pool_members",
     "search_variants",
     "shared_flags",
     "tuning_config",
@@ -68,6 +73,9 @@ RELOAD_FIXED_S = 1.0
 DEFAULT_VERIFY_SLOPE = 0.1
 
 
+Mode = Literal["router", "pool"]
+
+
 @dataclass(frozen=True, slots=True)
 class TuningPlan:
     mode: Mode
@@ -78,11 +86,12 @@ class TuningPlan:
     gpu: bool  # a CUDA build: instances share a GPU, not the CPU cores
     reload_guess_s: float  # loading the model again, until a reload is measured
     fleet: FleetSync | None = None  # evidence shared on the fleet's database
+    members: tuple[Member, ...] = ()  # pool mode: what each variant runs on
 
     @property
     def single(self) -> bool:
         """Only one variant fits at a time: one serves all traffic (``tuning.runtime.single``)."""
-        return self.mode == "router" and self.capacity == 1
+        return self.capacity == 1
 
 
 def sized(settings: Settings, prepared: Prepared) -> Settings:
@@ -188,18 +197,14 @@ def plan_tuning(settings: Settings, prepared: Prepared, config: TuningConfig) ->
     if caps.router and caps.has_flag("--spec-type"):
         mode: Mode = "router"
         variants = search_variants(config, caps, kind, facts.nextn_layers)
-    elif caps.old_draft_flags and draft is not None:
-        mode = "per-request"
-        variants = [
-            v
-            for v in search_variants(config, caps, kind, 0)
-            if v.spec_type in ("none", "draft-simple")
-        ]
+    elif caps.has_flag("--spec-type") or (caps.old_draft_flags and draft is not None):
+        mode = "pool"
+        variants = search_variants(config, caps, kind, facts.nextn_layers)
     else:
         log.warning(
             "tuning_off",
-            reason="this llama-server has neither router mode with "
-            "--spec-type nor per-request draft settings",
+            reason="this llama-server has no --spec-type, and no draft model is configured "
+            "for its draft flags",
         )
         return None
     fingerprint = hardware_fingerprint()  # NVML and /proc: read once for the profile and meta
@@ -209,6 +214,7 @@ def plan_tuning(settings: Settings, prepared: Prepared, config: TuningConfig) ->
     meta: PolicyMeta = {
         "model": model_alias(settings, model),
         "model_key": model_key(model),
+        "engine": caps.engine,
         "build": caps.commit,
         "hardware": fingerprint,
         "hardware_key": hardware_key,
@@ -219,6 +225,7 @@ def plan_tuning(settings: Settings, prepared: Prepared, config: TuningConfig) ->
     presets = settings.state_dir / "router" / "presets.ini"
     if mode == "router":
         write_presets(presets, variants, settings, prepared)
+    members = pool_members(variants, settings, prepared) if mode == "pool" else ()
     scope = f"{meta['model_key']}@{meta['hardware_key']}"
     url = settings.storage_url
     fleet = None
@@ -246,9 +253,47 @@ def plan_tuning(settings: Settings, prepared: Prepared, config: TuningConfig) ->
         variants=len(variants),
         loaded_at_once=capacity.instances,
         capacity=capacity.explain(),
-        one_variant_at_a_time=mode == "router" and capacity.instances == 1,
+        one_variant_at_a_time=capacity.instances == 1,
+        pool_instances=len({m.flags for m in members}) if members else None,
         drafted_cost_prior=round(drafted_cost, 3),
         drafted_cost_prior_se=drafted_cost_se,
     )
     reload_guess = RELOAD_FIXED_S + facts.total_bytes / RELOAD_BYTES_PER_S
-    return TuningPlan(mode, build, meta, presets, capacity.instances, gpu, reload_guess, fleet)
+    return TuningPlan(
+        mode, build, meta, presets, capacity.instances, gpu, reload_guess, fleet, members
+    )
+
+
+def pool_members(
+    variants: Sequence[Variant],
+    settings: Settings,
+    prepared: Prepared,
+    *,
+    per_request: bool | None = None,
+) -> tuple[Member, ...]:
+    """What each variant runs on in the pool: its instance's launch flags and, where the
+    engine honours them (``honours_request_fields``, asked when ``per_request`` is None),
+    the draft settings each request adds, so that variants differing only in those share
+    one instance (and its prompt cache)."""
+    caps, draft = prepared.capabilities, prepared.draft
+    if per_request is None:
+        per_request = caps.has_flag("--spec-type") and _probe_fields(settings, prepared)
+    members = []
+    for variant in variants:
+        flags = variant.flags(caps, draft, per_request=per_request)
+        if variant.speculative:
+            flags += settings.spec_args
+        fields = request_fields(variant) if per_request and variant.speculative else {}
+        members.append(Member(variant.name, tuple(flags), fields))
+    return tuple(members)
+
+
+def _probe_fields(settings: Settings, prepared: Prepared) -> bool:
+    """Ask the binary (once per binary, kept in the state folder) with an n-gram instance."""
+    caps = prepared.capabilities
+    if not caps.supports_spec_type("ngram-simple"):
+        return False
+    probe = Variant.of("ngram-simple", {"size_n": 2, "size_m": 8})
+    small = settings.model_copy(update={"ctx_size": 1024})
+    argv = functools.partial(instance_argv, prepared, small, probe.flags(caps, per_request=True))
+    return honours_request_fields(argv, prepared.binary, settings.state_dir)

@@ -36,15 +36,19 @@ from tuner.systemd import Notifier, notify
 from tuner.tuning.replay.worker import Replayer
 from tuner.tuning.runtime.collectors import ReplayCollector, TuningCollector
 from tuner.tuning.runtime.service import TuningService
+from tuner.tuning.variants import BASELINE
 from tuner.upstream.capabilities import Capabilities
 from tuner.upstream.client import UpstreamClient
-from tuner.upstream.launch import model_alias, prepare, router_argv, server_argv
+from tuner.upstream.launch import instance_argv, model_alias, prepare, router_argv, server_argv
+from tuner.upstream.pool import POOL_URL, AnyInstance, Pool
 from tuner.upstream.process import ExternalMonitor, ManagedServer, free_port
 from tuner.upstream.provision import Progress, stderr_progress
 
 __all__ = ["Daemon", "build_daemon", "reload", "serve"]
 
 log = get_logger(__name__)
+
+POOL_HEALTH_S = 1.0  # how often the pool's readiness is read
 
 # Settings a SIGHUP applies; any other change is logged as needing a restart.
 RELOADABLE = frozenset({"api_keys", "classes_file", "tuning_file", "explore_share", "log_level"})
@@ -55,7 +59,7 @@ class Daemon:
     settings: Settings
     app: Starlette
     upstream: UpstreamClient
-    supervisor: ManagedServer | ExternalMonitor
+    supervisor: ManagedServer | ExternalMonitor  # pool mode: the pool's readiness
     records: RecordStore
     capabilities: Capabilities | None
     notifier: Notifier
@@ -73,6 +77,8 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
     records = RecordStore(settings.records_dir)
     caps: Capabilities | None = None
     supervisor: ManagedServer | ExternalMonitor
+    services: list[Service] = []
+    pool: Pool | None = None
     tuning: TuningService | None = None
     public_models: list[str] = []
     gate: VariantGate | None = None
@@ -94,38 +100,58 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
         port = free_port(avoid={settings.port})  # the proxy binds its own port later
         alias = served = model_alias(settings, model)
         plan = plan_tuning(settings, prepared, config) if config is not None else None
-        client = UpstreamClient(
-            f"http://127.0.0.1:{port}",
+        upstream = partial(
+            UpstreamClient,
             read_timeout_s=settings.request_timeout_s,
             stall_timeout_s=settings.stall_timeout_s,
-            default_model=None if plan and plan.mode == "router" else alias,
         )
-        if plan is not None and plan.mode == "router":
-            argv = router_argv(prepared.binary, settings, caps, plan.presets, plan.capacity, port)
-            public_models = [alias]
-            if settings.exclusive_variants == "on" or (
-                settings.exclusive_variants == "auto" and not plan.gpu
-            ):
-                gate = VariantGate()
-        else:
-            argv = server_argv(
-                prepared.binary, settings, caps, model=model, draft=prepared.draft, port=port
+        if plan is not None and plan.mode == "pool":
+            pool = Pool(
+                plan.members,
+                partial(instance_argv, prepared, settings),
+                capacity=plan.capacity,
+                log_dir=settings.state_dir / "logs" / "pool",
+                startup_timeout_s=settings.startup_timeout_s,
+                warm=BASELINE.name,
             )
-        supervisor = ManagedServer(
-            argv,
-            client,
-            log_path=settings.state_dir / "logs" / "llama-server.log",
-            startup_timeout_s=settings.startup_timeout_s,
-        )
+            client = upstream(POOL_URL, transport=pool)
+            supervisor = ExternalMonitor(client, interval_s=POOL_HEALTH_S)
+            services.append(pool)
+            public_models = [alias]
+        else:
+            client = upstream(
+                f"http://127.0.0.1:{port}",
+                default_model=None if plan and plan.mode == "router" else alias,
+            )
+            if plan is not None and plan.mode == "router":
+                argv = router_argv(
+                    prepared.binary, settings, caps, plan.presets, plan.capacity, port
+                )
+                public_models = [alias]
+            else:
+                argv = server_argv(
+                    prepared.binary, settings, caps, model=model, draft=prepared.draft, port=port
+                )
+            supervisor = ManagedServer(
+                argv,
+                client,
+                log_path=settings.state_dir / "logs" / "llama-server.log",
+                startup_timeout_s=settings.startup_timeout_s,
+            )
+        if plan is not None and (
+            settings.exclusive_variants == "on"
+            or (settings.exclusive_variants == "auto" and not plan.gpu)
+        ):
+            gate = VariantGate()
         if plan is not None:
             tuning = TuningService(
                 plan.build_engine,
                 settings.state_dir,
                 plan.meta,
-                mode=plan.mode,
                 flush=records.flush,
                 single_reload_s=plan.reload_guess_s if plan.single else None,
                 unavailable=client.is_recovering,
+                instances={m.name: repr(m.flags) for m in plan.members},
                 fleet=plan.fleet,
             )
             records.observers.append(tuning.observe)
@@ -134,10 +160,12 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
         f"{served} on http://{settings.host}:{settings.port}",
         restarts=lambda: client.restarts,
     )
-    services: list[Service] = [supervisor] + ([tuning] if tuning else []) + [notifier]
+    services.append(supervisor)  # after the pool, where there is one: it polls the pool
+    services += ([tuning] if tuning else []) + [notifier]
     replayer: Replayer | None = None
     if tuning is not None and tuning.single is None and plan is not None:
-        replayer = Replayer(tuning.engine, client.base_url, router=plan.mode == "router")
+        tokenize = AnyInstance(pool) if pool is not None else None
+        replayer = Replayer(tuning.engine, client.base_url, transport=tokenize)
         services.append(replayer)
     definitions = load_definitions(settings.classes_file)
     collectors: list[Collector] = (
@@ -160,6 +188,7 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
         gate=gate,
         keep=replayer.submit if replayer else None,
         fallback=tuning.fallback if tuning else None,
+        engine=caps.engine if caps else None,
     )
     return Daemon(settings, app, client, supervisor, records, caps, notifier, tuning)
 

@@ -69,8 +69,6 @@ class Routing(Protocol):
     @property
     def model(self) -> str | None: ...
     @property
-    def fields(self) -> dict[str, Any] | None: ...
-    @property
     def session(self) -> str | None: ...
 
 
@@ -122,7 +120,9 @@ class _Handlers:
         gate: VariantGate | None = None,
         keep: Keep | None = None,
         fallback: Fallback | None = None,
+        engine: str | None = None,
     ):
+        self.engine = engine  # the llama-server engine beneath (None: one the user runs)
         self.router = router
         self.gate = gate
         self.public_models = tuple(public_models)
@@ -264,12 +264,9 @@ class _Handlers:
         when it changed."""
         trace.variant, trace.role, trace.trial = routed.variant, routed.role, routed.trial
         trace.session = routed.session
-        if routed.model is not None:
-            body["model"] = routed.model
-        if routed.fields:
-            body.update(routed.fields)
-        if routed.model is None and not routed.fields:
+        if routed.model is None:
             return None
+        body["model"] = routed.model
         return json.dumps(body, ensure_ascii=False).encode()
 
     def _shown_model(self) -> str | None:
@@ -301,7 +298,9 @@ class _Handlers:
 
     async def ready(self, request: Request) -> Response:
         if self.upstream.ready:
-            found = {"status": "ready", "models": list(self.upstream.model_ids)}
+            found: dict[str, object] = {"status": "ready", "models": list(self.upstream.model_ids)}
+            if self.engine is not None:
+                found["engine"] = self.engine
             if recovering := self.upstream.recovering_now():  # reloaded after a stall
                 found["recovering"] = recovering
             return JSONResponse(found)
@@ -339,6 +338,7 @@ def create_app(
     gate: VariantGate | None = None,
     keep: Keep | None = None,
     fallback: Fallback | None = None,
+    engine: str | None = None,
 ) -> Starlette:
     """Build the proxy app around one upstream client and one record store.
 
@@ -357,6 +357,7 @@ def create_app(
         gate,
         keep,
         fallback,
+        engine,
     )
     metrics = metrics or Metrics(upstream, records)
     records.observers.append(metrics.observe)

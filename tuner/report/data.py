@@ -99,6 +99,7 @@ class Report:
     found: bool  # a readable policy file was there
     unreadable: bool = False  # a policy file was there but could not be read (logged)
     model: str | None = None
+    engine: str | None = None  # the llama-server engine the policies were learned on
     build: str | None = None
     hardware: dict[str, Any] | None = None
     saved: float | None = None
@@ -140,6 +141,7 @@ class Report:
             "found": self.found,
             "unreadable": self.unreadable,
             "model": self.model,
+            "engine": self.engine,
             "build": self.build,
             "hardware": self.hardware,
             "saved": self.saved,
@@ -256,6 +258,7 @@ def build_report(document: Mapping[str, Any] | None, state_dir: str = "") -> Rep
         state_dir=state_dir,
         found=True,
         model=document.get("model"),
+        engine=document.get("engine"),
         build=document.get("build"),
         hardware=document.get("hardware"),
         saved=_float(document.get("saved")),

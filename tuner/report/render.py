@@ -135,7 +135,7 @@ def _header(report: Report) -> list[str]:
         *one,
         *held,
         *shared,
-        f"model: {report.model}  build: {report.build}",
+        f"model: {report.model}  engine: {report.engine or 'llama.cpp'}  build: {report.build}",
         f"hardware: {_hardware(report.hardware)}",
         f"state: {report.state_dir}  saved: {when(report.saved) or '-'} UTC",
         f"traffic: {report.requests} requests in {traffic} classes; expected speedup of the "

@@ -106,7 +106,8 @@ class UpstreamClient:
         self.stalls = 0  # streams cut for silence
         # router presets reloaded after a stall (when), until one of their answers completes
         self.recovering: dict[str, float] = {}
-        self._fake = transport  # set: every call goes through this httpx transport
+        # set: every call goes through this httpx transport (a test's fake, or the pool)
+        self._given = transport
         limits = httpx.Limits(max_connections=64, max_keepalive_connections=8)
         self._transport = transport or httpx.AsyncHTTPTransport(limits=limits)
         self._timeout = httpx.Timeout(
@@ -191,7 +192,7 @@ class UpstreamClient:
         if content is not None:
             headers["content-type"] = "application/json"
         outgoing = _Outgoing(method, self.base_url + path, content, params, headers)
-        if self._fake is not None:
+        if self._given is not None:
             return await self._open_httpx(outgoing)
         return await self._open_aiohttp(outgoing)
 

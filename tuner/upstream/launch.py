@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from tuner.upstream.provision import Progress, locate_llama_server, stderr_progr
 __all__ = [
     "Prepared",
     "default_model_path",
+    "instance_argv",
     "prepare",
     "resolve_model",
     "router_argv",
@@ -88,6 +90,16 @@ def server_argv(
     if draft is not None:
         argv += ["-md", str(draft)]
     return argv + list(settings.server_args)
+
+
+def instance_argv(
+    prepared: Prepared, settings: Settings, flags: Sequence[str], port: int
+) -> list[str]:
+    """One instance of the pool (or of a probe): the model's command line, then the
+    instance's own flags (a draft model among them where its variant has one)."""
+    caps = prepared.capabilities
+    argv = server_argv(prepared.binary, settings, caps, model=prepared.model, draft=None, port=port)
+    return argv + list(flags)
 
 
 def router_argv(

@@ -91,6 +91,25 @@ def test_the_service_routes_by_conversation_and_says_how(tmp_path: Path) -> None
     assert service.route(PROSE).session is None  # no prompt: a plain request
 
 
+def test_variants_sharing_an_instance_share_a_conversations_cache(tmp_path: Path) -> None:
+    """In the pool, variants that differ only in per-request settings run on one instance:
+    a turn whose class runs the other one goes there, for free, and counts as kept."""
+    short, long = "ngram-simple.n3.m16", "ngram-simple.n3.m48"
+    caps = parse_capabilities(HELP.read_text())
+    cfg = config().model_copy(
+        update={"overrides": {"code": Override(pin=short), "prose": Override(pin=long)}}
+    )
+    shared = {short: "one", long: "one"}
+    service = TuningService(
+        partial(make, tmp_path, cfg, caps), tmp_path, {"model_key": "m"}, instances=shared
+    )
+    first = prompt_of(_chat("Rename x in this code:\n" + "x = x + 1\n" * 60))
+    assert service.route(CODE, first).variant == short
+    second = prompt_of(_chat("Rename x in this code:\n" + "x = x + 1\n" * 60, "Explain it."))
+    routed = service.route(PROSE, second)
+    assert (routed.variant, routed.session) == (long, "stayed")
+
+
 def test_a_quarantined_instance_gives_its_conversations_up(tmp_path: Path) -> None:
     pin = "ngram-simple.n3.m16"
     service = _service(tmp_path, **{"code": Override(pin=pin)})

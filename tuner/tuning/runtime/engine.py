@@ -188,6 +188,8 @@ class Engine:
         held = turn.held
         if held not in self.variants or self.excluded(held) or self.rules.forbidden(key, held):
             return False
+        if turn.extra(wanted.variant) <= 0:
+            return False  # its instance holds the history too: nothing to process again
         plain = self.pricing.baseline_speed(key)
         if plain is None:
             return True  # nothing measured yet to pay for a move

@@ -27,7 +27,7 @@ log = get_logger(__name__)
 POLICY_FILE = "policies.json"
 VERSION = 2  # 2: a request's counts stored as [tokens, drafted, accepted]
 
-PolicyMeta = dict[str, Any]  # model, model_key, build, hardware, hardware_key
+PolicyMeta = dict[str, Any]  # model, model_key, engine, build, hardware, hardware_key
 
 
 def save_policies(

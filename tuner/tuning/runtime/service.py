@@ -1,7 +1,7 @@
 """The tuning engine as a daemon service: routing, background IO, persistence, scheduled jobs.
 
-- ``route(class_key)`` gives the proxy what to send: the router preset (``model``)
-  or, on older builds that honour them, per-request ``speculative`` fields.
+- ``route(class_key)`` gives the proxy what to send: the variant's model id, which the
+  router (llama-server's, or the daemon's own pool where the engine has none) serves.
 - Optuna and policy-file writes run on one background thread, never on the
   request path; a change is written at most every ``save_every_s``.
 - apscheduler jobs: drift check and re-evaluation (``reevaluate_s``), policy
@@ -17,11 +17,11 @@ import contextlib
 import shutil
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
@@ -40,13 +40,11 @@ from tuner.tuning.runtime.policy_file import (
 )
 from tuner.tuning.runtime.quarantine import Quarantine
 from tuner.tuning.runtime.single import SingleVariant
-from tuner.tuning.variants import BASELINE, request_fields
+from tuner.tuning.variants import BASELINE
 
 __all__ = ["Fleet", "Routed", "TuningService"]
 
 log = get_logger(__name__)
-
-Mode = Literal["router", "per-request"]
 
 CHARS_PER_TOKEN = 4.0  # until prompts' token counts are seen
 CHARS_WEIGHT = 0.05  # of each new prompt in the moving mean
@@ -55,14 +53,13 @@ CHARS_MIN_TOKENS = 32
 
 @dataclass(frozen=True, slots=True)
 class Routed:
-    """What the proxy does to one request: the model to ask for, or fields to add."""
+    """What the proxy does to one request: the model (the variant's) to ask for."""
 
     variant: str
     role: str
     trial: int | None
     model: str | None = None
-    fields: dict[str, Any] | None = None
-    session: str | None = None  # new, stayed or moved:<reason> (router mode, a prompt seen)
+    session: str | None = None  # new, stayed or moved:<reason> (a prompt seen)
 
 
 EngineFactory = Callable[..., Engine]  # called with io= and on_change=
@@ -88,7 +85,6 @@ class TuningService:
         state_dir: Path,
         meta: PolicyMeta,
         *,
-        mode: Mode = "router",
         reevaluate_s: float = 60.0,
         snapshot_s: float = 900.0,
         keep_snapshots: int = 24,
@@ -96,6 +92,7 @@ class TuningService:
         flush: Callable[[], Awaitable[None]] | None = None,
         single_reload_s: float | None = None,
         unavailable: Callable[[str], bool] = lambda _: False,
+        instances: Mapping[str, str] | None = None,
         fleet: Fleet | None = None,
         sync_s: float = 2.0,
         stop_s: float = 15.0,
@@ -107,7 +104,6 @@ class TuningService:
         self.state_dir = state_dir
         self.path = state_dir / POLICY_FILE
         self.meta = meta
-        self.mode = mode
         self.reevaluate_s = reevaluate_s
         self.snapshot_s = snapshot_s
         self.keep_snapshots = keep_snapshots
@@ -120,6 +116,8 @@ class TuningService:
         # variants that fail on the server side, out of routing and search for a while
         self.quarantine = Quarantine()
         self.unavailable = unavailable  # presets the router is reloading after a stall
+        # the instance each variant runs on, where several share one (default: its own)
+        self.instances = dict(instances or {})
         self.engine = engine = build(
             io=self._submit, on_change=lambda _: self._mark_dirty(), excluded=self.quarantine.blocks
         )
@@ -128,8 +126,7 @@ class TuningService:
             SingleVariant(engine, reload_s=single_reload_s) if single_reload_s is not None else None
         )
         # which instance holds which conversation: only where variants are instances
-        routes_turns = mode == "router" and self.single is None
-        self.sessions: PrefixIndex | None = PrefixIndex() if routes_turns else None
+        self.sessions: PrefixIndex | None = PrefixIndex() if self.single is None else None
         self.chars_per_token = CHARS_PER_TOKEN
 
     # -- request path -----------------------------------------------------------------
@@ -159,9 +156,22 @@ class TuningService:
         return self.quarantine.blocks(variant) or self.unavailable(variant)
 
     def _turn(self, held: Held, prompt: Prompt) -> Turn:
+        """The turn in tokens, each variant credited with what its instance holds: variants
+        that share one (the pool's, differing only in per-request settings) share its cache."""
         per_token = self.chars_per_token
-        cached = {variant: chars / per_token for variant, chars in held.cached.items()}
+        held_by: dict[str, float] = {}
+        for variant, chars in held.cached.items():
+            instance = self.instance_of(variant)
+            held_by[instance] = max(held_by.get(instance, 0.0), chars)
+        cached = {
+            variant: held_by[self.instance_of(variant)] / per_token
+            for variant in self.engine.variants
+            if self.instance_of(variant) in held_by
+        }
         return Turn(held.variant, cached, prompt.max_tokens)
+
+    def instance_of(self, variant: str) -> str:
+        return self.instances.get(variant, variant)
 
     def _outcome(self, class_key: str | None, decision: Decision, turn: Turn | None) -> str:
         """How a turn was routed: ``new`` (not a later turn of a conversation seen),
@@ -171,8 +181,8 @@ class TuningService:
         moved to is)."""
         if turn is None:
             return "new"
-        if decision.variant == turn.held:
-            return "stayed"
+        if self.instance_of(decision.variant) == self.instance_of(turn.held):
+            return "stayed"  # on its instance, with other per-request settings perhaps
         held = turn.held
         if self._blocked(held) or self.engine.forbidden(class_key or ROOT, held):
             return "moved:unavailable"
@@ -188,17 +198,10 @@ class TuningService:
         return self.routed(Decision(BASELINE.name, "fallback"))
 
     def routed(self, decision: Decision, session: str | None = None) -> Routed:
-        """How the proxy applies a decision: the router preset, or per-request fields."""
-        if self.mode == "router":
-            return Routed(
-                decision.variant,
-                decision.role,
-                decision.trial,
-                model=decision.variant,
-                session=session,
-            )
-        fields = request_fields(self.engine.variants[decision.variant])
-        return Routed(decision.variant, decision.role, decision.trial, fields=fields)
+        """How the proxy applies a decision: the variant's model id."""
+        return Routed(
+            decision.variant, decision.role, decision.trial, model=decision.variant, session=session
+        )
 
     def observe(self, record: RequestRecord) -> None:
         variant = record.variant

@@ -1,0 +1,160 @@
+"""The pool against real child processes (``pool_child.py``): instances per launch flags,
+fields per member, room made by the least recently used, failures answered, not hung."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tuner.upstream.client import UpstreamClient
+from tuner.upstream.pool import AnyInstance, Member, Pool
+
+CHILD = str(Path(__file__).with_name("pool_child.py"))
+
+MEMBERS = (
+    Member("none", ("--spec-type", "none")),
+    Member("mod.max16", ("--spec-type", "ngram-mod"), {"speculative.n_max": 16}),
+    Member("mod.max64", ("--spec-type", "ngram-mod"), {"speculative.n_max": 64}),
+    Member("broken", ("--fail",), {"speculative.n_max": 8}),
+)
+
+
+def argv(flags: Sequence[str], port: int) -> list[str]:
+    return [sys.executable, CHILD, *flags, "--port", str(port)]
+
+
+@pytest.fixture
+async def pool(tmp_path: Path) -> AsyncIterator[Pool]:
+    made = Pool(MEMBERS, argv, capacity=2, log_dir=tmp_path, startup_timeout_s=20)
+    await made.start()
+    await made.wait_ready(20)
+    yield made
+    await made.stop()
+
+
+def client_of(pool: Pool) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=pool, base_url="http://pool.invalid", timeout=20)
+
+
+async def ask(pool: Pool, model: str, **body: object) -> httpx.Response:
+    async with client_of(pool) as client:
+        return await client.post("/v1/completions", json={"model": model, **body})
+
+
+async def test_members_with_the_same_flags_share_an_instance_and_add_their_fields(
+    pool: Pool,
+) -> None:
+    small = (await ask(pool, "mod.max16", prompt="x")).json()
+    large = (await ask(pool, "mod.max64", prompt="x", temperature=0)).json()
+    assert small["pid"] == large["pid"]  # one process for both
+    assert small["argv"][:2] == ["--spec-type", "ngram-mod"]
+    assert small["body"]["speculative.n_max"] == 16 and small["body"]["prompt"] == "x"
+    assert large["body"]["speculative.n_max"] == 64 and large["body"]["temperature"] == 0
+    plain = (await ask(pool, "none", prompt="x")).json()
+    assert plain["pid"] != small["pid"] and "speculative.n_max" not in plain["body"]
+
+
+async def test_it_answers_as_a_router_does(pool: Pool) -> None:
+    async with client_of(pool) as client:
+        assert (await client.get("/health")).status_code == 200
+        models = (await client.get("/v1/models")).json()["data"]
+        assert [m["id"] for m in models] == [m.name for m in MEMBERS]
+        assert (await client.get("/props")).json() == {"role": "router"}
+        forwarded = (await client.get("/props", params={"model": "mod.max16"})).json()
+        assert forwarded["path"] == "/props"  # the instance's own, without the model
+    upstream = UpstreamClient("http://pool.invalid", transport=pool)
+    await upstream.refresh_models()
+    assert upstream.resolve_model("mod.max64") == "mod.max64"
+    assert upstream.resolve_model("gpt-4") == "none"  # an id not served: the first
+    await upstream.aclose()
+
+
+async def test_an_instance_that_cannot_start_answers_500_and_the_others_go_on(
+    pool: Pool,
+) -> None:
+    failed = await ask(pool, "broken", prompt="x")
+    assert failed.status_code == 500
+    assert failed.json()["error"]["type"] == "server_error"
+    assert "broken failed to load" in failed.json()["error"]["message"]
+    assert (await ask(pool, "mod.max16", prompt="x")).status_code == 200
+    assert (await ask(pool, "nobody", prompt="x")).status_code == 400
+
+
+async def test_room_is_made_by_stopping_the_least_recently_used(tmp_path: Path) -> None:
+    """Capacity 2: a third instance stops the idle one used longest ago."""
+    members = [Member(name, (f"--{name}",)) for name in ("none", "b", "c")]
+    pool = Pool(members, argv, capacity=2, log_dir=tmp_path, startup_timeout_s=20)
+    await pool.start()
+    try:
+        b = (await ask(pool, "b")).json()["pid"]
+        plain = (await ask(pool, "none")).json()["pid"]  # none is now the newest
+        await ask(pool, "c")
+        assert not _alive(b) and _alive(plain)
+        assert pool.describe()["starts"] == 3
+    finally:
+        await pool.stop()
+    assert not _alive(plain)
+
+
+async def test_a_killed_instance_is_started_again_by_the_next_request(pool: Pool) -> None:
+    first = (await ask(pool, "mod.max16", prompt="x")).json()["pid"]
+    os.kill(first, signal.SIGKILL)
+    for _ in range(100):  # its end is seen as it happens
+        if not pool._instance_of("mod.max16").ready.is_set():
+            break
+        await asyncio.sleep(0.02)
+    again = await ask(pool, "mod.max16", prompt="x")
+    assert again.status_code == 200 and again.json()["pid"] != first
+
+
+async def test_an_instance_that_dies_on_a_request_answers_it_with_a_502(pool: Pool) -> None:
+    """As a router does: the proxy sends such a request again without speculation and the
+    quarantine counts the failure; the next request starts the instance anew."""
+    first = (await ask(pool, "mod.max16", prompt="x")).json()["pid"]
+    died = await ask(pool, "mod.max16", prompt="x", die=True)
+    assert died.status_code == 502 and "stopped before answering" in died.text
+    assert not _alive(first)
+    assert (await ask(pool, "mod.max16", prompt="x")).status_code == 200
+
+
+async def test_an_instance_killed_mid_stream_cuts_the_stream_with_an_error(pool: Pool) -> None:
+    async with client_of(pool) as client:
+        request = {"model": "mod.max16", "stream": True}
+        async with client.stream("POST", "/v1/completions", json=request) as response:
+            lines = response.aiter_lines()
+            first = json.loads((await anext(lines)).removeprefix("data: "))
+            os.kill(first["pid"], signal.SIGKILL)
+            with pytest.raises(httpx.TransportError):
+                async for _ in lines:
+                    pass
+    assert (await ask(pool, "mod.max16", prompt="x")).status_code == 200
+
+
+async def test_unload_stops_the_instance_at_once(pool: Pool) -> None:
+    pid = (await ask(pool, "mod.max64", prompt="x")).json()["pid"]
+    async with client_of(pool) as client:
+        done = await client.post("/models/unload", json={"model": "mod.max16"})
+    assert done.status_code == 200 and not _alive(pid)
+
+
+async def test_blocking_calls_go_to_a_running_instance(pool: Pool) -> None:
+    with httpx.Client(transport=AnyInstance(pool), base_url="http://pool.invalid") as client:
+        answer = client.post("/tokenize", json={"content": "x", "model": "mod.max16"}).json()
+    assert answer["path"] == "/tokenize" and answer["body"]["content"] == "x"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as handle:
+        return handle.read().split()[2] != "Z"
