@@ -158,3 +158,20 @@ def _alive(pid: int) -> bool:
         return False
     with open(f"/proc/{pid}/stat") as handle:
         return handle.read().split()[2] != "Z"
+
+
+async def test_the_warm_instance_is_started_again_by_the_readiness_poll(pool: Pool) -> None:
+    """The daemon refuses requests while the pool is not ready, so no request would start
+    the warm instance again: the ``/health`` poll does."""
+    async with client_of(pool) as client:
+        pid = (await client.post("/v1/completions", json={"model": "none"})).json()["pid"]
+        os.kill(pid, signal.SIGKILL)
+        warm = pool._instance_of("none")
+        for _ in range(200):  # only the poll: no request is sent
+            health = await client.get("/health")
+            process = warm.process
+            if health.status_code == 200 and process is not None and process.pid != pid:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the warm instance was not started again")

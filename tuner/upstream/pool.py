@@ -143,7 +143,12 @@ class Pool(httpx.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
         if path == "/health":
-            ready = self._instance_of(self.warm).ready.is_set()
+            # the readiness poll starts the warm instance again where it died: requests are
+            # refused while the pool is not ready, so none of them would
+            warm = self._instance_of(self.warm)
+            with contextlib.suppress(RuntimeError):  # stopping
+                await self._ensure(warm, wait=False)
+            ready = warm.ready.is_set()
             body = {"status": "ok"} if ready else {"error": {"code": 503, "message": "loading"}}
             return _json(200 if ready else 503, body)
         if path in ("/v1/models", "/models"):
