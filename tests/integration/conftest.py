@@ -6,6 +6,7 @@ and are marked ``llama``; ``make test`` runs them, ``make unit`` leaves them out
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -121,3 +123,16 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]:
     running = start_daemon(tmp_path_factory.mktemp("daemon"), owned=False)
     yield running
     running.stop()
+
+
+def report_json(state: Path) -> dict[str, Any]:
+    """``tuner report --format json`` of a state dir, as a user runs it."""
+    report = subprocess.run(
+        [sys.executable, "-m", "tuner", "report", "--state-dir", str(state), "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    document: dict[str, Any] = json.loads(report.stdout)
+    return document

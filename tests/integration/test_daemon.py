@@ -13,7 +13,7 @@ import openai
 import psutil
 import pytest
 
-from tests.integration.conftest import RunningDaemon, start_daemon
+from tests.integration.conftest import RunningDaemon, report_json, start_daemon
 from tuner.records import RequestRecord, read_records
 
 pytestmark = pytest.mark.llama
@@ -424,8 +424,6 @@ def test_a_conversation_keeps_its_prompt_cache_through_the_daemon(tmp_path: Path
     the first holds it, so the server processes only what is new (its own timings); the
     daemon counts the cached tokens per class in /metrics and the report. (All classes pinned
     to one variant: which instance a conversation should stay on is routing's question.)"""
-    import subprocess
-    import sys
 
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -460,13 +458,6 @@ def test_a_conversation_keeps_its_prompt_cache_through_the_daemon(tmp_path: Path
         assert cached >= second.cache_n
     finally:
         assert running.stop() == 0
-    report = subprocess.run(
-        [sys.executable, "-m", "tuner", "report", "--state-dir", str(state), "--format", "json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    rows = {row["class"]: row for row in json.loads(report.stdout)["classes"]}
+    rows = {row["class"]: row for row in report_json(state)["classes"]}
     assert rows[key]["prompt_cached"] >= second.cache_n
     assert rows[key]["prompt_tok_s"] > 0

@@ -4,9 +4,6 @@ daemon on it end to end. Its faults are in ``test_router_faults`` beside the rou
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -14,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.conftest import start_daemon
+from tests.integration.conftest import report_json, start_daemon
 from tuner.daemon.plan import pool_members
 from tuner.settings import Settings
 from tuner.tuning.variants import parse_name
@@ -103,11 +100,5 @@ def test_the_daemon_on_ik_llama_cpp_names_its_engine_and_tunes(tmp_path: Path) -
     client.close()
     assert served <= set(ready["models"]) and served != {"none"}  # trials of the others ran
     assert running.stop() == 0
-    report = subprocess.run(
-        [sys.executable, "-m", "tuner", "report", "--state-dir", str(state), "--format", "json"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    document = json.loads(report.stdout)
+    document = report_json(state)
     assert document["engine"] == "ik_llama.cpp" and document["build"] == "55d3c05"

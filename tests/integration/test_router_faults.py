@@ -18,7 +18,7 @@ import openai
 import psutil
 import pytest
 
-from tests.integration.conftest import RunningDaemon, start_daemon
+from tests.integration.conftest import RunningDaemon, report_json, start_daemon
 
 pytestmark = pytest.mark.llama
 
@@ -225,13 +225,7 @@ def test_a_preset_that_cannot_load_is_quarantined_and_every_request_answered(
     metrics = httpx.get(running.url + "/metrics", timeout=5).text
     assert 'tuner_variant_quarantined{reason="' in metrics and PINNED in metrics
     assert running.stop() == 0
-    report = subprocess.run(
-        [sys.executable, "-m", "tuner", "report", "--state-dir", str(state), "--format", "json"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert "failed to load" in json.loads(report.stdout)["quarantine"][PINNED]["reason"]
+    assert "failed to load" in report_json(state)["quarantine"][PINNED]["reason"]
 
 
 def test_a_flag_the_build_does_not_know_stops_the_daemon_with_a_clear_error(

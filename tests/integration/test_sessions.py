@@ -35,18 +35,20 @@ EDIT = "Rewrite the function below with the variable total renamed to acc. Keep 
 EXPLAIN = "Thanks. In one plain English sentence, explain why someone would write this."
 
 
+@pytest.mark.parametrize("engine", ["llama.cpp", "ik_llama.cpp"])
 def test_a_conversation_that_changes_class_stays_where_its_history_is_cached(
-    tmp_path: Path,
+    tmp_path: Path, engine: str
 ) -> None:
     """Turn 1, a code edit, runs on the code class's pin; turn 2 asks for an explanation (a
     text class pinned to no speculation) and stays on turn 1's instance, whose cache holds the
     history (the server's own ``cache_n``); a new conversation of that text class goes to its
-    pin. /metrics and the records say how each turn went."""
+    pin. /metrics and the records say how each turn went. On both engines: router presets on
+    mainline, the pool's instances on ik_llama.cpp (whose ``cache_n`` comes from ``n_past``)."""
     tuning = tmp_path / "tuning.toml"
     tuning.write_text(TUNING)
     state = tmp_path / "state"
     state.mkdir()
-    running = start_daemon(state, env={"TUNER_TUNING_FILE": str(tuning)})
+    running = start_daemon(state, env={"TUNER_TUNING_FILE": str(tuning), "TUNER_ENGINE": engine})
     try:
         client = openai.OpenAI(base_url=running.v1, api_key="unused", max_retries=0)
         messages: list[dict[str, str]] = [

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.upstream.test_process import alive
 from tuner.upstream.client import UpstreamClient
 from tuner.upstream.pool import AnyInstance, Member, Pool
 
@@ -97,11 +98,11 @@ async def test_room_is_made_by_stopping_the_least_recently_used(tmp_path: Path) 
         b = (await ask(pool, "b")).json()["pid"]
         plain = (await ask(pool, "none")).json()["pid"]  # none is now the newest
         await ask(pool, "c")
-        assert not _alive(b) and _alive(plain)
+        assert not alive(b) and alive(plain)
         assert pool.describe()["starts"] == 3
     finally:
         await pool.stop()
-    assert not _alive(plain)
+    assert not alive(plain)
 
 
 async def test_a_killed_instance_is_started_again_by_the_next_request(pool: Pool) -> None:
@@ -121,7 +122,7 @@ async def test_an_instance_that_dies_on_a_request_answers_it_with_a_502(pool: Po
     first = (await ask(pool, "mod.max16", prompt="x")).json()["pid"]
     died = await ask(pool, "mod.max16", prompt="x", die=True)
     assert died.status_code == 502 and "stopped before answering" in died.text
-    assert not _alive(first)
+    assert not alive(first)
     assert (await ask(pool, "mod.max16", prompt="x")).status_code == 200
 
 
@@ -142,22 +143,13 @@ async def test_unload_stops_the_instance_at_once(pool: Pool) -> None:
     pid = (await ask(pool, "mod.max64", prompt="x")).json()["pid"]
     async with client_of(pool) as client:
         done = await client.post("/models/unload", json={"model": "mod.max16"})
-    assert done.status_code == 200 and not _alive(pid)
+    assert done.status_code == 200 and not alive(pid)
 
 
 async def test_blocking_calls_go_to_a_running_instance(pool: Pool) -> None:
     with httpx.Client(transport=AnyInstance(pool), base_url="http://pool.invalid") as client:
         answer = client.post("/tokenize", json={"content": "x", "model": "mod.max16"}).json()
     assert answer["path"] == "/tokenize" and answer["body"]["content"] == "x"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as handle:
-        return handle.read().split()[2] != "Z"
 
 
 async def test_the_warm_instance_is_started_again_by_the_readiness_poll(pool: Pool) -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import signal
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -28,7 +27,7 @@ from pathlib import Path
 import httpx
 
 from tuner.logs import get_logger
-from tuner.upstream.process import die_with_parent, free_port
+from tuner.upstream.process import die_with_parent, free_port, signal_group
 
 __all__ = ["POOL_URL", "AnyInstance", "Member", "Pool"]
 
@@ -170,10 +169,8 @@ class Pool(httpx.AsyncBaseTransport):
         if member is None:
             return _error(400, f"model {name!r} is not served here", "invalid_request_error")
         instance = self._instances[member.flags]
-        try:
-            await self._ensure(instance)
-        except (RuntimeError, TimeoutError) as exc:
-            return _error(500, f"{member.name} failed to load: {exc}", "server_error")
+        if (failed := await self._load(member, instance)) is not None:
+            return failed
         if body is not None and member.fields:
             content = json.dumps({**body, **member.fields}, ensure_ascii=False).encode()
         params = request.url.params.remove("model")
@@ -187,10 +184,8 @@ class Pool(httpx.AsyncBaseTransport):
         except httpx.ConnectError:
             # it died after its last answer: once more, on an instance started anew
             await self._stop(instance, 0.0)
-            try:
-                await self._ensure(instance)
-            except (RuntimeError, TimeoutError) as exc:
-                return _error(500, f"{member.name} failed to load: {exc}", "server_error")
+            if (failed := await self._load(member, instance)) is not None:
+                return failed
             outgoing.url = outgoing.url.copy_with(port=instance.port)
             response = await self._send(instance, outgoing)
         except _UNANSWERED as exc:
@@ -206,6 +201,15 @@ class Pool(httpx.AsyncBaseTransport):
             stream=_Tracked(response, instance),
             extensions=response.extensions,
         )
+
+    async def _load(self, member: Member, instance: _Instance) -> httpx.Response | None:
+        """The instance running (started where it is not); the error answer where it could
+        not be."""
+        try:
+            await self._ensure(instance)
+        except (RuntimeError, TimeoutError) as exc:
+            return _error(500, f"{member.name} failed to load: {exc}", "server_error")
+        return None
 
     async def _answers(self, instance: _Instance) -> bool:
         if not instance.running:
@@ -331,11 +335,11 @@ class Pool(httpx.AsyncBaseTransport):
         process = instance.process
         if process is None or process.returncode is not None:
             return
-        _signal_group(process.pid, signal.SIGTERM if grace_s > 0 else signal.SIGKILL)
+        signal_group(process.pid, signal.SIGTERM if grace_s > 0 else signal.SIGKILL)
         try:
             await asyncio.wait_for(process.wait(), grace_s or 5.0)
         except TimeoutError:
-            _signal_group(process.pid, signal.SIGKILL)
+            signal_group(process.pid, signal.SIGKILL)
             await process.wait()
         log.info("pool_stopped", instance=instance.index, code=process.returncode)
 
@@ -386,11 +390,6 @@ class _Tracked(httpx.AsyncByteStream):
             self.instance.inflight -= 1
             self.instance.last_used = time.monotonic()
         await self.response.aclose()
-
-
-def _signal_group(pid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)
 
 
 def _json_body(content: bytes) -> dict[str, object] | None:

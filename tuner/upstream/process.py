@@ -27,7 +27,14 @@ from tuner.errors import ProvisionError, UpstreamError
 from tuner.logs import get_logger
 from tuner.upstream.client import UpstreamClient
 
-__all__ = ["Backoff", "ExternalMonitor", "ManagedServer", "die_with_parent", "free_port"]
+__all__ = [
+    "Backoff",
+    "ExternalMonitor",
+    "ManagedServer",
+    "die_with_parent",
+    "free_port",
+    "signal_group",
+]
 
 log = get_logger(__name__)
 
@@ -53,6 +60,13 @@ def die_with_parent(sig: signal.Signals = signal.SIGKILL) -> None:
 
 
 _PR_SET_PDEATHSIG = 1
+
+
+def signal_group(pid: int, sig: signal.Signals) -> None:
+    """Signal a child's whole process group (it was started in a session of its own);
+    one already gone is not an error."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
 
 
 def free_port(host: str = "127.0.0.1", avoid: Container[int] = ()) -> int:
@@ -204,10 +218,8 @@ class ManagedServer:
         return False
 
     def _signal_group(self, sig: signal.Signals) -> None:
-        if self.process is None or self.process.returncode is not None:
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.process.pid, sig)
+        if self.process is not None and self.process.returncode is None:
+            signal_group(self.process.pid, sig)
 
     async def stop(self, grace_s: float = 10.0) -> None:
         """Terminate the process group, kill it after ``grace_s``, end supervision."""
