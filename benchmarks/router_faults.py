@@ -6,8 +6,10 @@ Every class is pinned to one n-gram variant; each round starts a fresh daemon. T
 instance is killed with -9 two seconds into a 400-token stream, or stopped with SIGSTOP
 (``TUNER_STALL_TIMEOUT_S=5``): the seconds from the fault to the client's error, and the
 next request's latency and variant (a 16-token completion; the same request on a healthy
-instance is the reference). Last, a daemon whose speculative preset cannot load: each
-request's latency, answered without speculation.
+instance is the reference). Then SIGSTOP two seconds into a whole (non-streaming) 400-token
+answer at the default stall bound: the seconds from the fault to its answer, and the
+variant that gave it. Last, a daemon whose speculative preset cannot load: each request's
+latency, answered without speculation. ``--engine ik_llama.cpp``: the same on the pool.
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ from tuner.upstream.process import free_port
 
 PINNED = "ngram-simple.n3.m16"
 TUNING = f'[search.ngram-simple]\nsize_n = [3]\nsize_m = [16]\n[overrides.all]\npin = "{PINNED}"\n'
+BAD_VALUE = {
+    "llama.cpp": "--spec-draft-p-min notanumber",
+    "ik_llama.cpp": "--draft-p-min notanumber",
+}
 PROMPT = "Write a long story about a lighthouse keeper and the sea, in many chapters.\n\n"
 
 
@@ -84,9 +90,9 @@ def _fault(sig: int) -> dict[str, Any]:
             proc.wait(60)
 
 
-def _faulted(client: openai.OpenAI, proc: subprocess.Popen[bytes], sig: int) -> dict[str, Any]:
-    client.completions.create(model="x", prompt="Hello", max_tokens=2)  # loaded
-    instance, at = _instance(proc), [0.0]
+def _in_two_seconds(instance: psutil.Process, sig: int) -> list[float]:
+    """Send ``sig`` to the instance two seconds from now; the time it went, once it has."""
+    at = [0.0]
 
     def fault() -> None:
         time.sleep(2.0)
@@ -94,6 +100,40 @@ def _faulted(client: openai.OpenAI, proc: subprocess.Popen[bytes], sig: int) -> 
         instance.send_signal(sig)
 
     threading.Thread(target=fault, daemon=True).start()
+    return at
+
+
+def _stopped_whole() -> dict[str, Any]:
+    """A fresh daemon at the default stall bound whose pinned instance is stopped 2 s into
+    a whole answer: seconds from the fault to the answer, and the variant that gave it."""
+    with TemporaryDirectory() as tmp:
+        proc, url = _daemon(Path(tmp))
+        client = openai.OpenAI(api_key="-", base_url=url + "/v1", max_retries=0, timeout=300)
+        try:
+            client.completions.create(model="x", prompt="Hello", max_tokens=2)  # loaded
+            instance = _instance(proc)
+            at = _in_two_seconds(instance, signal.SIGSTOP)
+            raw = client.completions.with_raw_response.create(
+                model="x", prompt=PROMPT, max_tokens=400
+            )
+            raw.parse()
+            if instance.is_running() and instance.status() == psutil.STATUS_STOPPED:
+                instance.kill()
+            return {
+                "to_answer_s": round(time.monotonic() - at[0], 2),
+                "variant": raw.headers.get("x-spec-variant", ""),
+                "role": raw.headers.get("x-spec-role", ""),
+            }
+        finally:
+            client.close()
+            proc.terminate()
+            proc.wait(60)
+
+
+def _faulted(client: openai.OpenAI, proc: subprocess.Popen[bytes], sig: int) -> dict[str, Any]:
+    client.completions.create(model="x", prompt="Hello", max_tokens=2)  # loaded
+    instance = _instance(proc)
+    at = _in_two_seconds(instance, sig)
     try:
         for _ in client.completions.create(model="x", prompt=PROMPT, max_tokens=400, stream=True):
             pass
@@ -113,9 +153,11 @@ def _faulted(client: openai.OpenAI, proc: subprocess.Popen[bytes], sig: int) -> 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--engine", default="llama.cpp", choices=["llama.cpp", "ik_llama.cpp"])
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    result: dict[str, Any] = {"rounds": args.rounds}
+    os.environ["TUNER_ENGINE"] = args.engine  # every daemon below runs on it
+    result: dict[str, Any] = {"rounds": args.rounds, "engine": args.engine}
     with TemporaryDirectory() as tmp:
         proc, url = _daemon(Path(tmp))
         client = openai.OpenAI(api_key="-", base_url=url + "/v1", max_retries=0, timeout=300)
@@ -127,8 +169,9 @@ def main() -> None:
         proc.wait(60)
     for name, sig in (("kill_9", signal.SIGKILL), ("sigstop", signal.SIGSTOP)):
         result[name] = [_fault(sig) for _ in range(args.rounds)]
+    result["sigstop_whole_answer"] = [_stopped_whole() for _ in range(args.rounds)]
     with TemporaryDirectory() as tmp:
-        proc, url = _daemon(Path(tmp), TUNER_SPEC_ARGS="--spec-draft-p-min notanumber")
+        proc, url = _daemon(Path(tmp), TUNER_SPEC_ARGS=BAD_VALUE[args.engine])
         client = openai.OpenAI(api_key="-", base_url=url + "/v1", max_retries=0, timeout=300)
         shorts = [_short(client) for _ in range(6)]
         result["preset_cannot_load"] = [{"s": round(s, 2), "variant": v} for s, v in shorts]

@@ -57,8 +57,8 @@ class _StateCollector(Collector):
         )
         yield CounterMetricFamily(
             "tuner_upstream_stalls",
-            "Streaming answers cut because the model server went "
-            "silent (their instance is reloaded)",
+            "Requests cut because their instance stopped answering (it is reloaded; "
+            "those with nothing back yet are sent again without speculation)",
             value=self.upstream.stalls,
         )
         yield GaugeMetricFamily(

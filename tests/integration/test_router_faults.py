@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -269,31 +270,53 @@ def test_a_draft_of_another_vocabulary_stops_the_daemon_before_anything_runs(
 
 
 @ENGINES
-def test_a_whole_answer_from_a_stopped_instance_is_cut_after_a_failed_probe(
+def test_requests_on_a_stopped_instance_are_answered_again_without_speculation(
     tmp_path: Path, engine: str
 ) -> None:
-    """SIGSTOP of the instance working on a non-streaming request: a whole answer sends
-    nothing until it is done, so after the stall bound the daemon probes the instance; it
-    does not answer, so the request ends with a 504 ``upstream_stalled`` (the SDK raises
-    it) well before the request timeout, and the next request is answered."""
-    running = _pinned(tmp_path, engine, TUNER_STALL_TIMEOUT_S="3")
+    """SIGSTOP of the instance working on a whole answer, with a second request waiting on
+    it: neither has had a byte back, so once the instance fails its probe (seconds, not the
+    90 s stall bound) both are sent again without speculation and answered; the stopped
+    instance is killed, and the failures are recorded as stalls of the pinned variant."""
+    running = _pinned(tmp_path, engine)
     client = openai.OpenAI(api_key="unused", base_url=running.v1, max_retries=0, timeout=120)
     client.completions.create(model="x", prompt=PROMPT, max_tokens=8)
     instance = _instance(running, PINNED)
     _when_busy(instance, instance.suspend)
     started = time.monotonic()
     try:
-        with pytest.raises(openai.APIStatusError) as caught:
-            client.completions.create(model="x", prompt=PROMPT, max_tokens=400)
-        assert caught.value.status_code == 504
-        assert caught.value.body["code"] == "upstream_stalled"  # type: ignore[index]
-        assert time.monotonic() - started < 30
-        after = client.completions.create(model="x", prompt=PROMPT, max_tokens=16)
-        assert after.usage is not None and after.usage.completion_tokens == 16
+        with ThreadPoolExecutor(2) as pool:
+            asked = [
+                pool.submit(
+                    client.completions.with_raw_response.create,
+                    model="x",
+                    prompt=PROMPT,
+                    max_tokens=64,
+                )
+                for _ in range(2)
+            ]
+            answers = [future.result() for future in asked]
+        assert time.monotonic() - started < 45
+        for raw in answers:
+            assert raw.headers["x-spec-variant"] == "none", raw.headers
+            assert raw.headers["x-spec-role"] == "fallback"
+            assert raw.parse().usage.completion_tokens > 0  # type: ignore[union-attr]
+        for _ in range(60):  # unloaded: the router or the pool kills the stopped instance
+            if not instance.is_running() or instance.status() == psutil.STATUS_ZOMBIE:
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError("the stopped instance was not killed")
     finally:
         client.close()
         if instance.is_running():
             instance.kill()
+    for _ in range(50):  # records are written off the request path
+        failed = [r for r in _records(running) if r.get("error")]
+        if len(failed) >= 2:
+            break
+        time.sleep(0.1)
+    assert [(r["variant"], r["status"]) for r in failed] == [(PINNED, 504)] * 2
+    assert all("stopped answering" in str(r["error"]) for r in failed), failed
 
 
 def test_a_draft_file_gone_after_start_is_quarantined_and_requests_answered(

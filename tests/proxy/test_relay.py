@@ -227,6 +227,55 @@ async def test_a_whole_answer_that_takes_long_is_probed_and_cut_only_if_stuck(
     await upstream.aclose()
 
 
+async def test_requests_waiting_on_a_stuck_instance_go_again_without_speculation(
+    store: RecordStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An instance that stops answering (SIGSTOP) while requests wait on it, nothing back
+    yet: its probe fails within seconds, long before the stall bound; it is unloaded once
+    for all of them and each is answered without speculation."""
+    monkeypatch.setattr(relay, "PROBE_AFTER_S", 0.2)
+    monkeypatch.setattr(relay, "PROBE_TIMEOUT_S", 0.2)
+    calls: list[str] = []
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content) if request.content else {}
+        model = request.url.params.get("model") or body.get("model")
+        calls.append(f"{request.url.path} {model}")
+        if model == "ngram-mod" and request.url.path != "/models/unload":
+            await asyncio.sleep(60)  # stopped: neither its answers nor its probe come
+        return httpx.Response(200, json={"choices": [{"text": "ok"}]})
+
+    upstream = UpstreamClient("http://f", transport=httpx.MockTransport(handle), stall_timeout_s=90)
+    upstream.model_ids = ("none", "ngram-mod")
+    upstream.mark_ready(True)
+
+    def fallback(variant: str, request_id: str, reason: str) -> _Routed | None:
+        assert "stopped answering" in reason
+        return None if variant == "none" else _Routed("none", "fallback")
+
+    app = create_app(
+        upstream,
+        store,
+        router=lambda key, prompt: _Routed("ngram-mod"),
+        fallback=fallback,
+        gate=VariantGate(),
+    )
+    started = asyncio.get_running_loop().time()
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://p") as p:
+        answers = await asyncio.gather(
+            *(p.post("/v1/completions", json={"prompt": "hi"}) for _ in range(3))
+        )
+    assert asyncio.get_running_loop().time() - started < 5  # not the 90 s stall bound
+    assert [a.status_code for a in answers] == [200] * 3
+    assert {a.headers["x-spec-role"] for a in answers} == {"fallback"}
+    assert calls.count("/models/unload ngram-mod") == 1 and upstream.stalls == 3
+    assert calls.count("/props ngram-mod") == 1  # the three waited on one probe
+    await store.flush()
+    failed = [r for r in store.recent if r.variant == "ngram-mod"]
+    assert [r.status for r in failed] == [504] * 3
+    await upstream.aclose()
+
+
 async def test_a_second_try_that_fails_is_recorded_too(
     fake: FakeLlamaServer, store: RecordStore
 ) -> None:

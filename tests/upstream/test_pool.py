@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from tests.upstream.test_process import alive
+from tuner.upstream import pool as pool_module
 from tuner.upstream.client import UpstreamClient
 from tuner.upstream.pool import AnyInstance, Member, Pool
 
@@ -167,3 +168,38 @@ async def test_the_warm_instance_is_started_again_by_the_readiness_poll(pool: Po
             await asyncio.sleep(0.05)
         else:
             raise AssertionError("the warm instance was not started again")
+
+
+async def test_a_probe_never_starts_an_instance_and_one_loading_is_alive(pool: Pool) -> None:
+    """The stall probe (``autoload=false``) of an instance not running is answered at once,
+    as a router answers for one loading: alive, and not started by the probe."""
+    upstream = UpstreamClient("http://pool.invalid", transport=pool)
+    assert await upstream.responds("mod.max16", 2.0)
+    assert not pool._instance_of("mod.max16").running
+    await upstream.aclose()
+
+
+async def test_requests_past_the_admissions_wait_and_a_probe_is_still_answered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One admission: a second request waits in the pool until the first's answer is
+    read, while a probe of that busy instance is answered at once (an instance's HTTP
+    threads are never all taken by requests)."""
+    monkeypatch.setattr(pool_module, "ADMITTED", 1)
+    made = Pool(MEMBERS, argv, capacity=2, log_dir=tmp_path, startup_timeout_s=20)
+    await made.start()
+    try:
+        async with client_of(made) as client:
+            request = {"model": "mod.max16", "stream": True}
+            async with client.stream("POST", "/v1/completions", json=request) as first:
+                assert first.status_code == 200
+                second = asyncio.ensure_future(ask(made, "mod.max16", prompt="x"))
+                probe = await client.get("/props", params={"model": "mod.max16"})
+                assert probe.status_code == 200
+                await asyncio.sleep(0.5)
+                assert not second.done()  # held in the pool while the first streams
+            assert (await asyncio.wait_for(second, 10)).status_code == 200
+        argv_seen = (await ask(made, "mod.max16", prompt="x")).json()["argv"]
+        assert argv_seen[-2:] == ["--threads-http", str(pool_module.HTTP_THREADS)]
+    finally:
+        await made.stop()

@@ -22,7 +22,12 @@ from starlette.types import Receive, Scope, Send
 
 from tuner.errors import TunerError, UpstreamStalled
 from tuner.logs import get_logger
-from tuner.proxy.openai_errors import OpenAIError, sse_error_event, translate_upstream_error
+from tuner.proxy.openai_errors import (
+    OpenAIError,
+    error_for_exception,
+    sse_error_event,
+    translate_upstream_error,
+)
 from tuner.proxy.sse import ModelRename, TimingsSniffer
 from tuner.proxy.trace import Trace
 from tuner.upstream.client import UpstreamClient, UpstreamDisconnected, UpstreamResponse
@@ -55,6 +60,13 @@ class Drain:
 # it is sent again after these pauses, then the router loads the preset anew.
 NOT_CONNECTED = b"proxy error: Could not establish connection"
 RESEND_AFTER_S = (0.25, 0.5, 1.0, 2.0)
+
+# A request its instance has not started answering within this long has the instance
+# probed (every instance answers one at once, busy or not): one that is stopped or wedged is
+# taken out in seconds and the request sent again without speculation, not cut at the
+# stall bound.
+PROBE_AFTER_S = 5.0
+PROBE_TIMEOUT_S = 5.0
 
 
 async def _open(
@@ -93,7 +105,12 @@ async def forward(
     rename = ModelRename(sent, shown) if shown and isinstance(sent, str) and sent != shown else None
     trace.t_send = time.perf_counter()
     stall = _Stall.of(upstream, sent)
-    response, data = await _watched(stall, trace.endpoint, raw)
+    try:
+        response, data = await _watched(stall, trace.endpoint, raw)
+    except UpstreamStalled as exc:  # nothing went back: the proxy may send it elsewhere
+        error = error_for_exception(exc)
+        trace.finish(error.status, error=error.message)
+        return error_response(error, trace.request_id)
     trace.t_headers = time.perf_counter()
     headers = {"x-request-id": trace.request_id}
     if trace.variant is not None:
@@ -187,11 +204,7 @@ class _Stall:
 
     def stalled(self) -> OpenAIError:
         """Count the stall, reload the instance in the background, and say what happened."""
-        self.upstream.stalls += 1
-        if self.preset is not None:
-            task = asyncio.create_task(self.upstream.unload(self.preset))
-            _BACKGROUND.add(task)
-            task.add_done_callback(_BACKGROUND.discard)
+        self._reload()
         log.warning("upstream_stalled", preset=self.preset, seconds=self.seconds)
         return OpenAIError(
             504,
@@ -201,25 +214,51 @@ class _Stall:
             code="upstream_stalled",
         )
 
+    def stuck(self, waited_s: float, probe_s: float) -> OpenAIError:
+        """``stalled``, for a request that had nothing back yet when its instance failed its
+        probe."""
+        self._reload()
+        log.warning("upstream_stuck", preset=self.preset, waited_s=round(waited_s, 1))
+        return OpenAIError(
+            504,
+            f"the model server's instance for {self.preset} stopped answering (no reply to a "
+            f"probe within {probe_s:g} s, {waited_s:.0f} s into the request); "
+            "it is being restarted",
+            "server_error",
+            code="upstream_stalled",
+        )
+
+    def _reload(self) -> None:
+        self.upstream.stalls += 1
+        if self.preset is not None:
+            task = asyncio.create_task(self.upstream.unload(self.preset))
+            _BACKGROUND.add(task)
+            task.add_done_callback(_BACKGROUND.discard)
+
 
 _BACKGROUND: set[asyncio.Task[None]] = set()  # unloads in flight (kept from the collector)
 
 
 async def _watched(stall: _Stall, path: str, raw: bytes) -> tuple[UpstreamResponse, bytes | None]:
-    """``_open``, watched: a router instance that has not answered within the stall bound is
-    probed; one that does not answer the probe either is stuck (a whole answer sends no
-    byte before it is done, so silence alone proves nothing): the request is cut as
-    ``UpstreamStalled`` and the preset reloaded."""
+    """``_open``, watched: a router instance that has not started its answer within
+    ``PROBE_AFTER_S`` (or the stall bound, if shorter) is probed, and again each time that
+    passes; one that does not answer the probe is stuck (a whole answer sends no byte
+    before it is done, so silence alone proves nothing): the request, which has nothing
+    back yet, ends as ``UpstreamStalled`` and the preset is reloaded."""
     if stall.seconds is None or stall.preset is None:
         return await _open(stall.upstream, path, raw)
+    started = time.perf_counter()
+    every = min(PROBE_AFTER_S, stall.seconds)
+    probe_s = min(PROBE_TIMEOUT_S, every)
     task = asyncio.ensure_future(_open(stall.upstream, path, raw))
     try:
         while True:
-            done, _ = await asyncio.wait({task}, timeout=stall.seconds)
+            done, _ = await asyncio.wait({task}, timeout=every)
             if done:
                 return task.result()
-            if not await stall.upstream.responds(stall.preset, min(5.0, stall.seconds)):
-                raise UpstreamStalled(stall.stalled().message)
+            if not await stall.upstream.responds(stall.preset, probe_s):
+                waited_s = time.perf_counter() - started
+                raise UpstreamStalled(stall.stuck(waited_s, probe_s).message)
     finally:
         if not task.done():  # stuck, or the client left: the upstream request goes too
             task.cancel()

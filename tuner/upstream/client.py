@@ -103,7 +103,7 @@ class UpstreamClient:
         self.base_url = base_url.rstrip("/")
         self.read_timeout_s = read_timeout_s
         self.stall_timeout_s = stall_timeout_s  # a stream silent this long is stuck
-        self.stalls = 0  # streams cut for silence
+        self.stalls = 0  # requests cut because their instance stopped answering
         # router presets reloaded after a stall (when), until one of their answers completes
         self.recovering: dict[str, float] = {}
         # set: every call goes through this httpx transport (a test's fake, or the pool)
@@ -121,6 +121,9 @@ class UpstreamClient:
         # Input kinds the model accepts beyond text (from /props); None when unknown.
         self.modalities: frozenset[str] | None = None
         self.restarts = 0
+        # in flight per preset: a probe of its instance, an unload of it
+        self._probes: dict[str, asyncio.Future[bool]] = {}
+        self._unloads: dict[str, asyncio.Future[None]] = {}
 
     @property
     def ready(self) -> bool:
@@ -264,17 +267,35 @@ class UpstreamClient:
 
     async def responds(self, model: str, timeout_s: float = 5.0) -> bool:
         """Whether a router preset's instance answers at all (``/props?model=``, which the
-        router forwards to it): a stopped or wedged one does not."""
-        probe = self.http.get("/props", params={"model": model}, timeout=timeout_s)
+        router forwards to it): a stopped or wedged one does not. One still loading says so
+        at once (``autoload=false``: the probe never waits for a load) and counts as
+        answering. Requests waiting on one instance share one probe."""
+        probe = self._probes.get(model)
+        if probe is None or probe.done():
+            probe = asyncio.ensure_future(self._probe(model, timeout_s))
+            self._probes[model] = probe
+        return await asyncio.shield(probe)
+
+    async def _probe(self, model: str, timeout_s: float) -> bool:
+        params = {"model": model, "autoload": "false"}
+        probe = self.http.get("/props", params=params, timeout=timeout_s)
         try:
             response = await asyncio.wait_for(probe, timeout_s)  # whatever the transport does
         except (httpx.HTTPError, TimeoutError):
             return False
-        return response.status_code < 500
+        return response.status_code < 500 or response.status_code == 503  # 503: loading
 
     async def unload(self, model: str) -> None:
         """Ask the router to stop a preset's instance (it force-kills one that does not stop
-        within its stop timeout); the next request for it loads it anew. Never raises."""
+        within its stop timeout); the next request for it loads it anew. Requests that find
+        the instance stuck together unload it once. Never raises."""
+        unloading = self._unloads.get(model)
+        if unloading is None or unloading.done():
+            unloading = asyncio.ensure_future(self._unload(model))
+            self._unloads[model] = unloading
+        await asyncio.shield(unloading)
+
+    async def _unload(self, model: str) -> None:
         self.recovering[model] = time.time()
         try:
             response = await self.http.post("/models/unload", json={"model": model}, timeout=30.0)

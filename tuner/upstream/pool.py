@@ -41,6 +41,12 @@ HEALTH_POLL_S = 0.1
 # the connection broke before any byte of an answer came back
 _UNANSWERED = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 STOP_GRACE_S = 5.0
+# Each instance answers HTTP on this many threads (ik_llama.cpp's pool of them is fixed, at
+# its slots + 2 by default) and the pool lets two fewer of its requests in at once (the rest
+# wait here), so a probe of a busy instance always finds a thread: one that does not answer
+# is stuck, not busy.
+HTTP_THREADS = 16
+ADMITTED = HTTP_THREADS - 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +70,7 @@ class _Instance:
         self.starting: asyncio.Task[None] | None = None
         self.failure: str | None = None
         self.inflight = 0
+        self.admitted = asyncio.Semaphore(ADMITTED)  # generation requests
         self.last_used = 0.0
 
     @property
@@ -169,11 +176,13 @@ class Pool(httpx.AsyncBaseTransport):
         if member is None:
             return _error(400, f"model {name!r} is not served here", "invalid_request_error")
         instance = self._instances[member.flags]
+        if request.url.params.get("autoload") == "false" and not instance.ready.is_set():
+            return _error(503, "Loading model", "unavailable_error")  # a probe: it is alive
         if (failed := await self._load(member, instance)) is not None:
             return failed
         if body is not None and member.fields:
             content = json.dumps({**body, **member.fields}, ensure_ascii=False).encode()
-        params = request.url.params.remove("model")
+        params = request.url.params.remove("model").remove("autoload")
         url = httpx.URL(instance.url + request.url.path, params=params)
         headers = [(k, v) for k, v in request.headers.raw if k.lower() != b"content-length"]
         outgoing = httpx.Request(
@@ -198,7 +207,7 @@ class Pool(httpx.AsyncBaseTransport):
         return httpx.Response(
             response.status_code,
             headers=response.headers,
-            stream=_Tracked(response, instance),
+            stream=_Tracked(response, instance, outgoing.method == "POST"),
             extensions=response.extensions,
         )
 
@@ -221,12 +230,19 @@ class Pool(httpx.AsyncBaseTransport):
                 return False
 
     async def _send(self, instance: _Instance, request: httpx.Request) -> httpx.Response:
+        """The instance's answer (its body still to read); a generation request first waits
+        for one of the instance's admissions, which ``_Tracked`` gives back."""
+        admission = instance.admitted if request.method == "POST" else None
+        if admission is not None:
+            await admission.acquire()
         instance.inflight += 1
         instance.last_used = time.monotonic()
         try:
             return await self._forward.handle_async_request(request)
         except BaseException:
             instance.inflight -= 1
+            if admission is not None:
+                admission.release()
             raise
 
     async def _unload(self, request: httpx.Request) -> httpx.Response:
@@ -274,7 +290,7 @@ class Pool(httpx.AsyncBaseTransport):
 
     async def _launch(self, instance: _Instance) -> None:
         instance.port = free_port()
-        argv = self.argv(instance.key, instance.port)
+        argv = [*self.argv(instance.key, instance.port), "--threads-http", str(HTTP_THREADS)]
         log_path = self.log_dir / f"instance-{instance.index}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with log_path.open("ab") as sink:
@@ -373,9 +389,10 @@ class AnyInstance(httpx.BaseTransport):
 class _Tracked(httpx.AsyncByteStream):
     """An instance's answer, counted as in flight until it is read to its end or closed."""
 
-    def __init__(self, response: httpx.Response, instance: _Instance) -> None:
+    def __init__(self, response: httpx.Response, instance: _Instance, admitted: bool) -> None:
         self.response = response
         self.instance = instance
+        self._admitted = admitted  # it holds one of the instance's admissions
         self._open = True
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
@@ -389,6 +406,8 @@ class _Tracked(httpx.AsyncByteStream):
             self._open = False
             self.instance.inflight -= 1
             self.instance.last_used = time.monotonic()
+            if self._admitted:
+                self.instance.admitted.release()
         await self.response.aclose()
 
 
