@@ -1,4 +1,4 @@
-"""The conversations bench (``benchmarks/sessions.py``) and its workload: identical history
+"""The conversations bench (``tuner bench --sessions``) and its workload: identical history
 for every arm, growing contexts, and the sums it reports."""
 
 from __future__ import annotations
@@ -7,8 +7,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from benchmarks.sessions import TUNER, looping, messages_for, summarise
+import pytest
+
+from tuner.bench.schedule import TUNER
+from tuner.bench.session_summary import looping, messages_for, summarise
+from tuner.bench.sessions import load_sessions
 from tuner.classify import classify, load_definitions
+from tuner.errors import ConfigError
 from tuner.settings import Settings
 
 SESSIONS = Path(__file__).resolve().parents[2] / "benchmarks/workloads/sessions.jsonl"
@@ -89,3 +94,17 @@ def test_the_summary_counts_history_processed_again_and_compares_the_tuner() -> 
     tuner, best = found["arms"][TUNER], found["arms"]["ngram-mod"]
     assert found["tuner_vs_best_static_time"] == round(best["total_s"] / tuner["total_s"], 3)
     assert tuner["later_prefill_s"] == 2.5 and best["decode_s"] == 2.0
+
+
+def test_a_sessions_file_is_read_or_refused_with_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "s.jsonl"
+    good = {"system": "You help.", "turns": [{"user": "Hi", "assistant": "Hello."}]}
+    path.write_text(json.dumps(good) + "\n\n" + json.dumps({**good, "id": "b"}) + "\n")
+    assert [s["id"] for s in load_sessions(path)] == ["session-1", "b"]
+    for bad in ({"system": "x", "turns": []}, {"turns": [{"user": "a"}]}, [1, 2]):
+        path.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
+        with pytest.raises(ConfigError, match=r"s.jsonl:2"):
+            load_sessions(path)
+    path.write_text("")
+    with pytest.raises(ConfigError, match="no sessions"):
+        load_sessions(path)

@@ -102,6 +102,74 @@ def test_bench_replays_the_matrix_and_the_tuner_and_writes_its_summary(tmp_path:
     assert_documented(summary)
 
 
+def _sessions(path: Path) -> Path:
+    """Two short conversations of three turns: a code edit, and a chat."""
+    code = (ROOT / "tuner" / "atomic.py").read_text()[:1500]
+    sessions = [
+        {
+            "id": "agent",
+            "system": "You are a coding agent. Answer with code only.",
+            "turns": [
+                {"user": f"Here is a file:\n{code}\nRename path to target.", "assistant": code},
+                {"user": "Now add a docstring to the first function.", "assistant": code[:600]},
+                {"user": "Print the first function again.", "assistant": "Done."},
+            ],
+        },
+        {
+            "id": "chat",
+            "system": "You are a helpful assistant.",
+            "turns": [
+                {"user": "Tell me about lighthouses.", "assistant": "They guide ships. " * 20},
+                {"user": "And their keepers?", "assistant": "Keepers tended the lamps. " * 10},
+                {"user": "Summarise both answers.", "assistant": "Lighthouses guide ships."},
+            ],
+        },
+    ]
+    path.write_text("".join(json.dumps(s) + "\n" for s in sessions))
+    return path
+
+
+def test_bench_replays_conversations_through_every_arm_and_the_tuner(tmp_path: Path) -> None:
+    """``tuner bench --sessions``: each session's turns in order, the same history through
+    each static arm and the daemon, from one client and from two at once; later turns find
+    their history in the cache on every arm."""
+    out = tmp_path / "bench"
+    result = tuner(
+        "bench",
+        "--sessions",
+        str(_sessions(tmp_path / "sessions.jsonl")),
+        "--clients",
+        "1,2",
+        "--max-tokens",
+        "16",
+        "--matrix",
+        "ngram-simple.n3.m16",
+        "--out",
+        str(out),
+        state=tmp_path / "state",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    turns = [json.loads(line) for line in (out / "turns.jsonl").read_text().splitlines()]
+    # 2 sessions x 3 turns x 3 arms, at 1 and at 2 clients
+    assert len(turns) == 36 and not [t for t in turns if t.get("error")]
+    assert {t["arm"] for t in turns} == {"none", "ngram-simple.n3.m16", "tuner"}
+    assert all(t["predicted_n"] > 0 and t["prompt_n"] > 0 for t in turns)
+    # on a static arm each later turn found the earlier turns' prompt in its cache (all but
+    # the last few tokens, which the chat template renders anew)
+    static = [t for t in turns if t["clients"] == 1 and t["arm"] != "tuner"]
+    before = {(t["arm"], t["session"], t["turn"]): t for t in static}
+    for t in static:
+        if t["turn"] > 0:
+            prev = before[(t["arm"], t["session"], t["turn"] - 1)]
+            assert t["cache_n"] >= prev["cache_n"] + prev["prompt_n"] - 16, (prev, t)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["sessions"] == 2 and summary["max_tokens"] == 16
+    one, two = summary["clients_1"]["all"], summary["clients_2"]["all"]
+    assert one["arms"]["none"]["reprocessed_share"] < 0.5
+    assert "tuner_reprocessed_above_plain_pp" in one and "tuner_vs_best_static_time" in one
+    assert two["arms"]["tuner"]["throughput_tok_s"] > 0 and two["tuner_ttft_p95_vs_best_static"]
+
+
 def _gone(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

@@ -65,7 +65,15 @@ from tuner.upstream.process import ManagedServer, free_port
 from tuner.upstream.provision import Progress, stderr_progress
 from tuner.workload import WorkloadItem
 
-__all__ = ["DEFAULT_MATRIX", "BenchOptions", "finish", "matrix_variants", "run_bench"]
+__all__ = [
+    "DEFAULT_MATRIX",
+    "BenchOptions",
+    "cancelled_by_sigterm",
+    "finish",
+    "matrix_server",
+    "matrix_variants",
+    "run_bench",
+]
 
 
 BUSY_WARNING = 0.05  # a share of the machine's CPU used by others worth a warning
@@ -116,7 +124,7 @@ async def _send(
 
 
 @asynccontextmanager
-async def _matrix_server(
+async def matrix_server(
     settings: Settings, prepared: Prepared, variants: Sequence[Variant], workdir: Path
 ) -> AsyncIterator[tuple[str, httpx.AsyncBaseTransport | None]]:
     """The static arms' server: llama-server's router, or where the engine has none the
@@ -167,7 +175,7 @@ def autotune_arms(prepared: Prepared) -> tuple[tuple[str, tuple[str, ...]], ...]
 
 
 @contextlib.contextmanager
-def _cancelled_by_sigterm() -> Iterator[None]:
+def cancelled_by_sigterm() -> Iterator[None]:
     """While the bench runs, SIGTERM (``timeout``, ``kill``, systemd) cancels it as Ctrl-C
     does, so its servers and daemon are stopped on the way out: by default Python dies at
     once, and the daemon, in a session of its own, went on running with its llama-servers."""
@@ -192,7 +200,7 @@ async def run_bench(
 ) -> dict[str, Any]:
     """Run the bench; writes ``requests.jsonl``, ``summary.json``, ``summary.md``, the plot.
     SIGTERM cancels it (``asyncio.CancelledError``) after stopping what it started."""
-    with _cancelled_by_sigterm():
+    with cancelled_by_sigterm():
         return await _run_bench(settings, items, options, progress)
 
 
@@ -259,7 +267,7 @@ async def _run_bench(
         how = "router mode" if prepared.capabilities.router else "a pool, one server per arm"
         progress(f"starting the static matrix ({prepared.capabilities.engine}, {how})")
         matrix_url, matrix_transport = await stack.enter_async_context(
-            _matrix_server(settings, prepared, variants, out)
+            matrix_server(settings, prepared, variants, out)
         )
         urls = {"matrix": matrix_url}
         if options.peer is not None:

@@ -204,8 +204,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.analyse:
         print(markdown(finish(Path(args.analyse))))
         return 0
+    if args.sessions:
+        return _bench_sessions(args)
     if not args.workload:
-        raise ConfigError("bench needs --workload FILE.jsonl (or --analyse DIR)")
+        raise ConfigError("bench needs --workload FILE.jsonl (or --sessions FILE, --analyse DIR)")
     settings = settings_from_args(args)
     items = load_workload(Path(args.workload))
     if args.prompts:
@@ -233,15 +235,50 @@ def cmd_bench(args: argparse.Namespace) -> int:
         peer_arms=peer_arms,
     )
     try:
-        summary = asyncio.run(
-            run_bench(settings, items, options, lambda m: print(f"[bench] {m}", file=sys.stderr))
-        )
+        summary = asyncio.run(run_bench(settings, items, options, _bench_progress))
     except asyncio.CancelledError:  # SIGTERM: what it started is stopped
         print(f"[bench] stopped; the rows so far: {options.out}/requests.jsonl", file=sys.stderr)
         return 128 + 15
     print((options.out / "summary.md").read_text())
     print(f"wrote {options.out}/summary.json, summary.md, summary.png, requests.jsonl")
     return 0 if summary["errors"] == 0 else 1
+
+
+def _bench_progress(message: str) -> None:
+    print(f"[bench] {message}", file=sys.stderr)
+
+
+def _bench_sessions(args: argparse.Namespace) -> int:
+    """``tuner bench --sessions FILE``: conversations side by side (``tuner.bench.sessions``)."""
+    import asyncio
+
+    from tuner.bench.sessions import SessionOptions, load_sessions, run_sessions
+
+    sessions = load_sessions(Path(args.sessions))[: args.prompts]
+    defaults = SessionOptions(out=Path(args.out))
+    options = SessionOptions(
+        out=Path(args.out),
+        matrix=tuple(args.matrix.split(",")) if args.matrix else defaults.matrix,
+        clients=args.clients,
+        max_tokens=args.max_tokens or defaults.max_tokens,
+        seed=args.seed,
+        tuner=args.requests > 0,
+    )
+    settings = settings_from_args(args)
+    try:
+        summary = asyncio.run(run_sessions(settings, sessions, options, _bench_progress))
+    except asyncio.CancelledError:
+        print("[bench] stopped", file=sys.stderr)
+        return 128 + 15
+    print(json.dumps(summary, indent=2))
+    print(f"wrote {options.out}/summary.json, turns.jsonl")
+    errors = sum(
+        arm["errors"]
+        for level in summary.values()
+        if isinstance(level, dict) and "all" in level
+        for arm in level["all"]["arms"].values()
+    )
+    return 0 if errors == 0 else 1
 
 
 def cmd_classify(args: argparse.Namespace) -> int:

@@ -56,6 +56,11 @@ _positive = _ranged(int, 1)
 _count = _ranged(int, 0)
 
 
+def _client_counts(text: str) -> tuple[int, ...]:
+    """``1,2,4``: each a number of concurrent clients."""
+    return tuple(_positive(part) for part in text.split(","))
+
+
 def _tuner_env(text: str) -> tuple[str, str]:
     """``TUNER_KEY=VALUE`` -> (key, value): a daemon setting as its environment variable."""
     key, equals, value = text.partition("=")
@@ -128,6 +133,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="replay a workload: baseline, static matrix, tuner")
     bench.add_argument("--workload", help="JSONL workload (prompt or messages)")
+    bench.add_argument(
+        "--sessions",
+        metavar="FILE",
+        help="a sessions workload (JSONL: system, turns of user and assistant): replay each "
+        "conversation's turns in order, the same history through every arm and the tuner",
+    )
+    bench.add_argument(
+        "--clients",
+        type=_client_counts,
+        default=(1,),
+        help="with --sessions: numbers of concurrent clients, e.g. 1,4 (default 1)",
+    )
     bench.add_argument("--analyse", metavar="DIR", help="only summarize an earlier run's DIR")
     bench.add_argument("--out", default="bench-out", help="directory for summary.json and more")
     bench.add_argument("--requests", type=_count, default=500, help="tuner requests (0: none)")
@@ -154,7 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--max-tokens", type=_positive, dest="max_tokens", help="override every item's max_tokens"
     )
-    bench.add_argument("--prompts", type=_positive, help="use only the first N prompts")
+    bench.add_argument(
+        "--prompts", type=_positive, help="use only the first N prompts (or sessions)"
+    )
     bench.add_argument(
         "--challenger",
         metavar="TUNING_FILE",
