@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
 import openai
 import pytest
+from starlette.applications import Starlette
 
 from tests.fake_llama import FakeLlamaServer
 from tests.proxy.test_app import CHAT, next_record
@@ -152,6 +154,22 @@ class _Routed:
         return self.variant
 
 
+def _to_ngram_mod(
+    upstream: UpstreamClient,
+    store: RecordStore,
+    fallback: Callable[[str, str, str], _Routed | None],
+) -> Starlette:
+    """The proxy routing every request to ``ngram-mod`` through the variant gate, with
+    ``fallback`` for a second try."""
+    return create_app(
+        upstream,
+        store,
+        router=lambda key, prompt: _Routed("ngram-mod"),
+        fallback=fallback,
+        gate=VariantGate(),
+    )
+
+
 async def test_a_variant_that_fails_before_answering_is_tried_again_without_speculation(
     upstream: UpstreamClient, fake: FakeLlamaServer, store: RecordStore
 ) -> None:
@@ -165,13 +183,7 @@ async def test_a_variant_that_fails_before_answering_is_tried_again_without_spec
         fallen.append((variant, reason))
         return None if variant == "none" else _Routed("none", "fallback")
 
-    app = create_app(
-        upstream,
-        store,
-        router=lambda key, prompt: _Routed("ngram-mod"),
-        fallback=fallback,
-        gate=VariantGate(),
-    )
+    app = _to_ngram_mod(upstream, store, fallback)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://p") as p:
         response = await p.post("/v1/completions", json={"prompt": "hi"})
         assert response.status_code == 200 and response.headers["x-spec-variant"] == "none"
@@ -253,13 +265,7 @@ async def test_requests_waiting_on_a_stuck_instance_go_again_without_speculation
         assert "stopped answering" in reason
         return None if variant == "none" else _Routed("none", "fallback")
 
-    app = create_app(
-        upstream,
-        store,
-        router=lambda key, prompt: _Routed("ngram-mod"),
-        fallback=fallback,
-        gate=VariantGate(),
-    )
+    app = _to_ngram_mod(upstream, store, fallback)
     started = asyncio.get_running_loop().time()
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://p") as p:
         answers = await asyncio.gather(

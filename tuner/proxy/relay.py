@@ -204,36 +204,29 @@ class _Stall:
 
     def stalled(self) -> OpenAIError:
         """Count the stall, reload the instance in the background, and say what happened."""
-        self._reload()
         log.warning("upstream_stalled", preset=self.preset, seconds=self.seconds)
-        return OpenAIError(
-            504,
+        return self._reload(
             f"the model server sent nothing for {self.seconds:g} s in the middle of the answer; "
-            "its instance is being restarted",
-            "server_error",
-            code="upstream_stalled",
+            "its instance is being restarted"
         )
 
     def stuck(self, waited_s: float, probe_s: float) -> OpenAIError:
         """``stalled``, for a request that had nothing back yet when its instance failed its
         probe."""
-        self._reload()
         log.warning("upstream_stuck", preset=self.preset, waited_s=round(waited_s, 1))
-        return OpenAIError(
-            504,
+        return self._reload(
             f"the model server's instance for {self.preset} stopped answering (no reply to a "
             f"probe within {probe_s:g} s, {waited_s:.0f} s into the request); "
-            "it is being restarted",
-            "server_error",
-            code="upstream_stalled",
+            "it is being restarted"
         )
 
-    def _reload(self) -> None:
+    def _reload(self, message: str) -> OpenAIError:
         self.upstream.stalls += 1
         if self.preset is not None:
             task = asyncio.create_task(self.upstream.unload(self.preset))
             _BACKGROUND.add(task)
             task.add_done_callback(_BACKGROUND.discard)
+        return OpenAIError(504, message, "server_error", code="upstream_stalled")
 
 
 _BACKGROUND: set[asyncio.Task[None]] = set()  # unloads in flight (kept from the collector)

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from typing import Any, NamedTuple
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, NamedTuple, TypeVar
 
 import aiohttp
 import httpx
@@ -270,11 +270,7 @@ class UpstreamClient:
         router forwards to it): a stopped or wedged one does not. One still loading says so
         at once (``autoload=false``: the probe never waits for a load) and counts as
         answering. Requests waiting on one instance share one probe."""
-        probe = self._probes.get(model)
-        if probe is None or probe.done():
-            probe = asyncio.ensure_future(self._probe(model, timeout_s))
-            self._probes[model] = probe
-        return await asyncio.shield(probe)
+        return await _joined(self._probes, model, lambda: self._probe(model, timeout_s))
 
     async def _probe(self, model: str, timeout_s: float) -> bool:
         params = {"model": model, "autoload": "false"}
@@ -289,11 +285,7 @@ class UpstreamClient:
         """Ask the router to stop a preset's instance (it force-kills one that does not stop
         within its stop timeout); the next request for it loads it anew. Requests that find
         the instance stuck together unload it once. Never raises."""
-        unloading = self._unloads.get(model)
-        if unloading is None or unloading.done():
-            unloading = asyncio.ensure_future(self._unload(model))
-            self._unloads[model] = unloading
-        await asyncio.shield(unloading)
+        await _joined(self._unloads, model, lambda: self._unload(model))
 
     async def _unload(self, model: str) -> None:
         self.recovering[model] = time.time()
@@ -307,3 +299,17 @@ class UpstreamClient:
         await self.http.aclose()
         if self._session is not None:
             await self._session.close()
+
+
+_T = TypeVar("_T")
+
+
+def _joined(
+    running: dict[str, asyncio.Future[_T]], key: str, start: Callable[[], Awaitable[_T]]
+) -> asyncio.Future[_T]:
+    """The call in flight for ``key``, or ``start``'s new one: callers that come while it runs
+    share its result, and one that leaves does not cancel it for the others."""
+    call = running.get(key)
+    if call is None or call.done():
+        call = running[key] = asyncio.ensure_future(start())
+    return asyncio.shield(call)

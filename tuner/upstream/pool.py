@@ -207,7 +207,7 @@ class Pool(httpx.AsyncBaseTransport):
         return httpx.Response(
             response.status_code,
             headers=response.headers,
-            stream=_Tracked(response, instance, outgoing.method == "POST"),
+            stream=_Tracked(response, instance, _admission(instance, outgoing)),
             extensions=response.extensions,
         )
 
@@ -232,7 +232,7 @@ class Pool(httpx.AsyncBaseTransport):
     async def _send(self, instance: _Instance, request: httpx.Request) -> httpx.Response:
         """The instance's answer (its body still to read); a generation request first waits
         for one of the instance's admissions, which ``_Tracked`` gives back."""
-        admission = instance.admitted if request.method == "POST" else None
+        admission = _admission(instance, request)
         if admission is not None:
             await admission.acquire()
         instance.inflight += 1
@@ -389,10 +389,15 @@ class AnyInstance(httpx.BaseTransport):
 class _Tracked(httpx.AsyncByteStream):
     """An instance's answer, counted as in flight until it is read to its end or closed."""
 
-    def __init__(self, response: httpx.Response, instance: _Instance, admitted: bool) -> None:
+    def __init__(
+        self,
+        response: httpx.Response,
+        instance: _Instance,
+        admission: asyncio.Semaphore | None,
+    ) -> None:
         self.response = response
         self.instance = instance
-        self._admitted = admitted  # it holds one of the instance's admissions
+        self._admission = admission  # the one it holds, given back when it closes
         self._open = True
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
@@ -406,9 +411,15 @@ class _Tracked(httpx.AsyncByteStream):
             self._open = False
             self.instance.inflight -= 1
             self.instance.last_used = time.monotonic()
-            if self._admitted:
-                self.instance.admitted.release()
+            if self._admission is not None:
+                self._admission.release()
         await self.response.aclose()
+
+
+def _admission(instance: _Instance, request: httpx.Request) -> asyncio.Semaphore | None:
+    """What a request to the instance waits for: one of its admissions for a generation
+    request (a POST), nothing for a probe or another read."""
+    return instance.admitted if request.method == "POST" else None
 
 
 def _json_body(content: bytes) -> dict[str, object] | None:
