@@ -108,3 +108,5 @@ def test_a_sessions_file_is_read_or_refused_with_its_line(tmp_path: Path) -> Non
     path.write_text("")
     with pytest.raises(ConfigError, match="no sessions"):
         load_sessions(path)
+    with pytest.raises(ConfigError, match="cannot read sessions"):
+        load_sessions(tmp_path / "missing.jsonl")

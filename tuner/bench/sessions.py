@@ -56,8 +56,12 @@ class SessionOptions:
 def load_sessions(path: Path) -> list[dict[str, Any]]:
     """A sessions workload: one JSON object per line with ``id``, ``system`` and ``turns``
     (each a ``user`` message and the ``assistant`` reply the history carries on with)."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read sessions {path}: {exc}") from exc
     sessions: list[dict[str, Any]] = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
