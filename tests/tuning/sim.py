@@ -17,7 +17,7 @@ from tuner.upstream.capabilities import Capabilities
 
 BASE_TOK_S = 60.0
 HELP = Path(__file__).parents[1] / "upstream" / "data" / "help-0c1e570.txt"
-CODE, PROSE, TEXT = "code/echo/greedy", "prose/fresh/sampled", "text/echo/greedy"
+CODE, PROSE = "code/echo/greedy", "prose/fresh/sampled"
 
 
 def config(guard: Mapping[str, Any] | None = None, **budget: float) -> TuningConfig:
@@ -125,22 +125,6 @@ class SimUpstream:
             trial=decision.trial,
             role=decision.role,
         )
-
-
-def code_and_text(
-    engine: Engine, code: Mapping[str, float], default: float, cost: float, seed: int
-) -> SimUpstream:
-    """``TEXT`` runs every ngram-simple variant at 1.5x, a drafted token costing 0.45 of a
-    step; ``CODE`` runs them at ``default``x (``code`` per variant) and a drafted token
-    costs ``cost`` there; every other speculative variant runs 0.9x in both."""
-    gains: dict[str, dict[str, float]] = {CODE: {}, TEXT: {}}
-    for name, v in engine.variants.items():
-        if v.spec_type == "ngram-simple":
-            gains[CODE][name], gains[TEXT][name] = code.get(name, default), 1.5
-        elif v.speculative:
-            gains[CODE][name] = gains[TEXT][name] = 0.9
-    costs = {name: cost for name, v in engine.variants.items() if v.spec_type == "ngram-simple"}
-    return SimUpstream(gains, class_costs={CODE: costs}, seed=seed)
 
 
 def drive(engine: Engine, sim: SimUpstream, schedule: list[str]) -> list[Decision]:

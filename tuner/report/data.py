@@ -27,7 +27,6 @@ __all__ = [
     "ArmRow",
     "ClassRow",
     "Report",
-    "RivalRow",
     "build_report",
     "load_histories",
     "load_history",
@@ -49,17 +48,6 @@ class ArmRow:
     speedup_high: float | None
     predicted: float | None  # the speedup model's prior for this class
     replayed: int = 0  # requests other variants served, replayed through this one
-
-
-@dataclass(frozen=True, slots=True)
-class RivalRow:
-    """A close rival of the class's variant, still unresolved (``tuning.policy.rivals``)."""
-
-    variant: str
-    ratio: float  # its price over the held variant's
-    sd: float  # of the log ratio, with the pricing error of an unserved variant left in it
-    served: int  # its requests in the class
-    raced: int  # of those, served by the race
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,9 +84,6 @@ class ClassRow:
     turns_stayed: int = 0
     turns_moved: dict[str, int] = field(default_factory=dict)
     arms: list[ArmRow] = field(default_factory=list)
-    rivals: list[RivalRow] = field(default_factory=list)  # unresolved, closest first
-    raced: int = 0  # requests the race served to rivals of the class's variant
-    lost: list[str] = field(default_factory=list)  # rivals that served and lost by time
     daemons: int | None = None  # a fleet's report: daemons whose requests are its evidence
 
     def public(self) -> dict[str, Any]:
@@ -222,7 +207,6 @@ def _row(key: str, data: Mapping[str, Any]) -> ClassRow:
     prompt: Mapping[str, Any] = data.get("prompt") or {}
     processed, seconds = int(prompt.get("processed", 0)), _float(prompt.get("seconds"))
     turns: Mapping[str, Any] = data.get("turns") or {}
-    race: Mapping[str, Any] = data.get("race") or {}
     predicted = {
         str(name): float(p) for name, p in prior.get("ranked") or [] if _float(p) is not None
     }
@@ -256,18 +240,6 @@ def _row(key: str, data: Mapping[str, Any]) -> ClassRow:
         turns_stayed=int(turns.get("stayed", 0)),
         turns_moved={str(k): int(n) for k, n in (turns.get("moved") or {}).items()},
         arms=_arms(data.get("arms") or {}, predicted, data.get("speedups") or {}),
-        rivals=[
-            RivalRow(
-                variant=str(r["variant"]),
-                ratio=float(r["ratio"]),
-                sd=float(r["sd"]),
-                served=int(r["served"]),
-                raced=int(r["raced"]),
-            )
-            for r in data.get("rivals") or []
-        ],
-        raced=sum(int(n) for n in (race.get("raced") or {}).values()),
-        lost=sorted(str(name) for name in race.get("lost") or ()),
     )
 
 

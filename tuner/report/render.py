@@ -25,7 +25,6 @@ HEADERS = (
     "requests",
     "explored",
     "trials",
-    "rivals (raced)",
     "prompt cached",
     "uses",
     "since",
@@ -65,17 +64,6 @@ def _cached(row: ClassRow) -> str | None:
     return f"{row.prompt_cached / total:.0%}{rate}{turns}"
 
 
-def _rivals(row: ClassRow) -> str | None:
-    """The held variant's unresolved rivals (price over it, requests the race gave each),
-    how many the race served in all, and how many lost by time."""
-    parts = [f"{r.variant} {r.ratio:.2f}x ({r.raced})" for r in row.rivals]
-    if row.raced:
-        parts.append(f"{row.raced} raced")
-    if row.lost:
-        parts.append(f"{len(row.lost)} lost")
-    return "; ".join(parts) or None
-
-
 def _cells(row: ClassRow) -> list[object]:
     share = f"{row.exploration_share:.0%}" if row.exploration_share is not None else None
     if share is not None and row.exploration_cost is not None:
@@ -90,7 +78,6 @@ def _cells(row: ClassRow) -> list[object]:
         row.requests,
         share,
         row.trials,
-        _rivals(row),
         _cached(row),
         row.served_by if row.served_by not in (None, row.class_key) else None,
         when(row.since),

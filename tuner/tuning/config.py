@@ -63,7 +63,6 @@ class Guard(_Strict):
     drift_window: int = Field(24, ge=4)
     replay: bool = True  # every answer measures every ngram-simple variant exactly
     replay_mod: bool = True  # ... and, through a simulated table, every ngram-mod variant
-    race: bool = True  # a class serves close rivals of its variant (``tuning.policy.rivals``)
 
 
 class Prior(_Strict):

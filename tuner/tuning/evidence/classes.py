@@ -19,7 +19,6 @@ from tuner.stats import Interval, wilson
 from tuner.tuning.evidence.counts import Counts, parse_counts
 from tuner.tuning.policy.guard import Policy
 from tuner.tuning.policy.prior import PriorView
-from tuner.tuning.policy.rivals import Rival
 from tuner.tuning.variants import BASELINE, Variant
 
 __all__ = [
@@ -191,11 +190,6 @@ class ClassState:
     pairs: deque[dict[str, Counts]] = field(default_factory=lambda: deque(maxlen=PAIRS))
     policy: Policy | None = None
     prior: PriorView | None = None
-    # the held variant's close rivals (``tuner.tuning.policy.rivals``): unresolved ones as
-    # last decided, requests the race gave each, and those that lost (until drift)
-    rivals: list[Rival] = field(default_factory=list)
-    raced: dict[str, int] = field(default_factory=dict)
-    lost: set[str] = field(default_factory=set)
 
     def arm(self, name: str) -> Arm:
         found = self.arms.get(name)
@@ -228,9 +222,6 @@ class ClassState:
             prompt_s=self.prompt_s,
             stayed=self.stayed,
             moved=dict(self.moved),
-            rivals=list(self.rivals),
-            raced=dict(self.raced),
-            lost=set(self.lost),
         )
 
     def count_turn(self, outcome: str) -> None:
@@ -255,7 +246,6 @@ class ClassState:
                 "seconds": round(self.prompt_s, 3),
             },
             "turns": {"stayed": self.stayed, "moved": dict(self.moved)},
-            "race": {"raced": dict(self.raced), "lost": sorted(self.lost)},
             "policy": self.policy.model_dump() if self.policy else None,
             "arms": {name: arm.dump() for name, arm in self.arms.items()},
             "pairs": [{name: list(c) for name, c in row.items()} for row in self.pairs],
@@ -268,7 +258,6 @@ def parse_class(key: str, data: dict[str, Any]) -> ClassState:
     policy = data.get("policy")
     pairs = [{str(name): parse_counts(c) for name, c in row.items()} for row in data["pairs"]]
     turns = data.get("turns") or {}  # absent from files written before conversations
-    race = data.get("race") or {}  # absent from files written before the race
     return ClassState(
         key,
         seen=int(data["seen"]),
@@ -281,8 +270,6 @@ def parse_class(key: str, data: dict[str, Any]) -> ClassState:
         prompt_s=float(data["prompt"]["seconds"]),
         stayed=int(turns.get("stayed", 0)),
         moved={str(k): int(n) for k, n in (turns.get("moved") or {}).items()},
-        raced={str(k): int(n) for k, n in (race.get("raced") or {}).items()},
-        lost={str(name) for name in race.get("lost") or ()},
         arms={str(n): Arm.load(a) for n, a in data.get("arms", {}).items()},
         pairs=deque(pairs, maxlen=PAIRS),
         policy=Policy.model_validate(policy) if policy else None,

@@ -27,7 +27,7 @@ from tuner.stats import Interval
 
 __all__ = ["Best", "Decision", "Policy", "Role", "choose", "measured_policy", "off_reason"]
 
-Role = Literal["exploit", "trial", "control", "race", "pinned", "fallback"]
+Role = Literal["exploit", "trial", "control", "pinned", "fallback"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -243,14 +243,9 @@ class Calibration:
         variants: Iterable[str],
         speed: Callable[[str], float | None],
         within: Callable[[str], bool] | None = None,
-        blind: bool = False,
     ) -> dict[str, tuple[float, float]]:
         """``c`` and its standard error for each variant; ``speed(class_key)``: the class's
         baseline decode speed now (None: not known yet; its requests wait).
-
-        ``blind``: each of ``variants`` priced as if it had never served, by the others'
-        requests alone (what a served variant's price would be had it not served: the
-        error of pricing one that has not, ``tuner.tuning.pricing.unserved``).
 
         With ``within`` (a class key -> whether its requests count), the cost in those
         classes: a variant's requests there, shrunk toward its cost over all traffic by
@@ -279,12 +274,23 @@ class Calibration:
                 if within is not None and within(key):
                     here = inside.setdefault(variant, _Sums())
                     here += at
-        if blind:
-            return {
-                name: self._starts({n: s for n, s in by_variant.items() if n != name})(name)
-                for name in variants
-            }
-        start = self._starts(by_variant)
+        total = _Sums()
+        for each in by_variant.values():
+            total += each
+        pooled = total.ratio(self.prior, self.prior_se, 1.0)
+        fit = by_length(
+            [
+                (self.lengths[name], sums.x / sums.d, sums.d)
+                for name, sums in by_variant.items()
+                if name in self.lengths and sums.n >= 2 and sums.d > 0
+            ]
+        )
+
+        def start(name: str) -> tuple[float, float]:
+            """Where a variant's cost starts: at its length, else the pooled cost."""
+            length = self.lengths.get(name)
+            return (fit(length), pooled[1]) if fit is not None and length else pooled
+
         overall = {
             name: own.ratio(*start(name), PRIOR_REQUESTS)
             if (own := by_variant.get(name))
@@ -297,24 +303,3 @@ class Calibration:
             name: local.ratio(*cost, PRIOR_REQUESTS) if (local := inside.get(name)) else cost
             for name, cost in overall.items()
         }
-
-    def _starts(self, by_variant: Mapping[str, _Sums]) -> Callable[[str], tuple[float, float]]:
-        """Where a variant's cost starts, from the served variants in ``by_variant``: their
-        cost at its length, else their pooled cost."""
-        total = _Sums()
-        for each in by_variant.values():
-            total += each
-        pooled = total.ratio(self.prior, self.prior_se, 1.0)
-        fit = by_length(
-            [
-                (self.lengths[n], sums.x / sums.d, sums.d)
-                for n, sums in by_variant.items()
-                if n in self.lengths and sums.n >= 2 and sums.d > 0
-            ]
-        )
-
-        def start(name: str) -> tuple[float, float]:
-            length = self.lengths.get(name)
-            return (fit(length), pooled[1]) if fit is not None and length else pooled
-
-        return start

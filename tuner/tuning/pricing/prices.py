@@ -23,7 +23,6 @@ from tuner.stats import Interval, ratio_interval, z_for
 from tuner.tuning.evidence.classes import SAMPLED, Arm, ClassState, Trial, levels, under
 from tuner.tuning.evidence.counts import Counts, count_speedup, log_interval, ratio_of_sums
 from tuner.tuning.pricing.calibration import GUESS_SE, Calibration, Row
-from tuner.tuning.pricing.unserved import MIN_OBSERVATIONS, MIN_SERVED, log_error, spread
 from tuner.tuning.variants import BASELINE, Variant
 
 __all__ = ["MAX_COST", "Pricing", "paired_speedup", "prior_cost"]
@@ -246,60 +245,6 @@ class Pricing:
                 if found is not None:
                     out[name] = found
         return out
-
-    def over_held(
-        self,
-        state: ClassState,
-        held: str,
-        speedups: Mapping[str, Interval],
-        need: int,
-        costs: Mapping[str, tuple[float, float]],
-    ) -> dict[str, Interval]:
-        """Each priced variant over the ``held`` one: on the same requests where the class
-        has ``need`` of them (``paired``), else its speedup over the held one's, their
-        intervals combined (a draft model or a head is never replayed)."""
-        out = self.paired(state, held, speedups, need, costs)
-        mine = speedups.get(held)
-        for name, s in speedups.items():
-            if name == held or name in out or mine is None or min(s.value, mine.value) <= 0:
-                continue
-            half = math.hypot(math.log(s.high / s.value), math.log(mine.high / mine.value))
-            r = s.value / mine.value
-            out[name] = Interval(r, r * math.exp(-half), r * math.exp(half))
-        return out
-
-    def unserved_error(self, key: str) -> float:
-        """How far an unserved variant's price may lie from its time in class ``key``, in
-        log terms (``tuner.tuning.pricing.unserved``): measured on the variants the class
-        served, else at the nearest level that served enough of them (all traffic last)."""
-        errors: list[float] = []
-        for level in levels(key):
-            state = self.classes.get(level)
-            errors = self._blind_errors(state) if state is not None else []
-            if len(errors) >= MIN_OBSERVATIONS:
-                break
-        return spread(errors)
-
-    def _blind_errors(self, state: ClassState) -> list[float]:
-        """Each variant served ``MIN_SERVED`` times in the class: its price at the cost it
-        would have had unserved over its price at its own cost there, in log terms."""
-        arms = {
-            name: arm
-            for name, arm in state.arms.items()
-            if name != BASELINE.name and name in self.variants and arm.requests >= MIN_SERVED
-        }
-        if len(arms) < MIN_OBSERVATIONS:
-            return []
-        own = self.costs(arms, state.key)
-        blind = self.calibration.costs(arms, self.baseline_speed, blind=True)
-        errors = []
-        for name, arm in arms.items():
-            priced = count_speedup(arm.counts, *own[name], self.z)
-            unserved = count_speedup(arm.counts, *blind[name], self.z)
-            if priced is None or unserved is None or min(priced.value, unserved.value) <= 0:
-                continue
-            errors.append(log_error(unserved.value, priced.value))
-        return errors
 
     def trial_speedup(self, state: ClassState, trial: Trial) -> Interval | None:
         c, c_se = self.costs([trial.variant.name], state.key)[trial.variant.name]

@@ -24,15 +24,11 @@ Per class:
   of its own, by the nearest settled policy along ``levels(key)``.
 - Search, guard and kill switch: ``tuner.tuning.search.trials`` and ``tuner.tuning.policy.guard``;
   drift: ``tuner.tuning.evidence.drift``.
-- Race: a class that holds a variant on its own evidence now and then serves a close rival
-  whose replayed price may be off by what replays' prices are off by
-  (``tuner.tuning.policy.rivals``), outside the exploring budget: Thompson sampling sizes it.
 """
 
 from __future__ import annotations
 
 import functools
-import random
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -49,7 +45,6 @@ from tuner.tuning.evidence.counts import Counts
 from tuner.tuning.evidence.drift import drift
 from tuner.tuning.policy.guard import Decision, Policy
 from tuner.tuning.policy.prior import PriorView
-from tuner.tuning.policy.rivals import draw, may_race
 from tuner.tuning.pricing.calibration import Calibration
 from tuner.tuning.pricing.prices import Pricing
 from tuner.tuning.runtime.events import Event, apply, replayed, served, trial_done
@@ -85,7 +80,6 @@ class Engine:
         clock: Callable[[], float] = time.time,
         excluded: Callable[[str], bool] = lambda _: False,
         publish: Callable[[Event], None] | None = None,
-        rng: random.Random | None = None,
     ) -> None:
         self.variants = {v.name: v for v in variants}
         self.variants.setdefault(BASELINE.name, BASELINE)
@@ -113,7 +107,6 @@ class Engine:
         # requests observed that speculated, and those routed without speculation
         self._served = self._plain_routed = 0
         self._opening: str | None = None  # what an unsettled class runs (``_open``)
-        self._rng = rng or random.Random()  # the race's draws
         self._lock = threading.RLock()
 
     @property
@@ -162,10 +155,7 @@ class Engine:
         )
         decision = self._explore(key, state, policy.gain) if may_explore else None
         if decision is None:
-            decision = self._exploit(key, state, policy_class, policy)
-            racing = explore and not override.off and self.config.guard.race
-            raced = self._race(key, state, decision) if racing else None
-            return raced or decision
+            return self._exploit(key, state, policy_class, policy)
         state.explored += 1
         state.spent += 1.0  # until observed (``Pricing.explore_cost``)
         return decision
@@ -190,21 +180,6 @@ class Engine:
         ):
             return Decision(opening, "exploit", policy_class=ROOT)
         return Decision(policy.variant, "exploit", policy_class=policy_class)
-
-    def _race(self, key: str, state: ClassState, decision: Decision) -> Decision | None:
-        """A request for one of the held variant's unresolved rivals, drawn by Thompson
-        sampling, where the class serves its own policy (caller holds the lock)."""
-        if (
-            decision.role != "exploit"
-            or decision.policy_class != key
-            or state.policy is None
-            or decision.variant != state.policy.variant
-            or not state.rivals
-            or not may_race(state.seen, state.raced)
-        ):
-            return None
-        name = draw([r for r in state.rivals if not self.excluded(r.name)], self._rng)
-        return Decision(name, "race", policy_class=key) if name is not None else None
 
     def _stays(self, key: str, wanted: Decision, turn: Turn) -> bool:
         """Whether a conversation's turn stays where its history is cached rather than move
@@ -271,7 +246,16 @@ class Engine:
             tok_s = float(t.predicted_per_second)
             counts = Counts(t.predicted_n, t.draft_n or 0, t.draft_n_accepted or 0)
             self._served += record.variant != BASELINE.name
-            self._charge(key, record.role, record.variant, tok_s)
+            if record.role in ("trial", "control"):
+                gain = self.rules.effective_policy(key)[1].gain
+                cost = self.pricing.explore_cost(key, tok_s, gain)
+                if cost is None and record.variant == BASELINE.name:
+                    # an anchor, before any baseline to time it by: it ran at 1 / gain of
+                    # the policy's speed by definition (left at 1, it would hold the class's
+                    # budget for 1 / explore_share requests)
+                    cost = max(0.0, gain - 1.0)
+                if cost is not None:
+                    self.rules.state(key).spent -= 1.0 - cost
             # a request that drafted nothing (a baseline one included) only fits a step
             self.own(served(key, record.variant, tok_s, counts))
             state = self.rules.state(key)
@@ -286,24 +270,6 @@ class Engine:
             self.io(functools.partial(self._finish_trial, key, finish))
         elif changed:
             self.changed()
-
-    def _charge(self, key: str, role: str | None, variant: str, tok_s: float) -> None:
-        """Count an exploring request: what a trial or control cost the class's budget
-        (charged 1 when routed), a race's request to its rival (caller holds the lock)."""
-        state = self.rules.state(key)
-        if role == "race":
-            state.raced[variant] = state.raced.get(variant, 0) + 1
-        if role not in ("trial", "control"):
-            return
-        gain = self.rules.effective_policy(key)[1].gain
-        cost = self.pricing.explore_cost(key, tok_s, gain)
-        if cost is None and variant == BASELINE.name:
-            # an anchor, before any baseline to time it by: it ran at 1 / gain of the
-            # policy's speed by definition (left at 1, it would hold the class's budget
-            # for 1 / explore_share requests)
-            cost = max(0.0, gain - 1.0)
-        if cost is not None:
-            state.spent -= 1.0 - cost
 
     def observe_replayed(
         self,
@@ -499,8 +465,6 @@ class Engine:
                     continue
                 state.converged = False
                 state.trials_done = max(0, state.trials_done - self.config.budget.max_trials // 2)
-                state.lost.clear()  # the class changed: its rivals race again
-                state.raced.clear()
                 reopened.append(state.key)
                 log.info(
                     "drift",
@@ -566,16 +530,6 @@ class Engine:
                         name: [round(x, 4) for x in (i.value, i.low, i.high)]
                         for name, i in self.pricing.measured(s, need).items()
                     },
-                    "rivals": [
-                        {
-                            "variant": r.name,
-                            "ratio": round(r.ratio, 4),
-                            "sd": round(r.sd, 4),
-                            "served": r.served,
-                            "raced": r.raced,
-                        }
-                        for r in s.rivals
-                    ],
                 }
                 for key, s in sorted(self.classes.items())
             }
@@ -596,7 +550,6 @@ class Engine:
                 state.prompt_cached = found.prompt_cached
                 state.prompt_processed = found.prompt_processed
                 state.prompt_s = found.prompt_s
-                state.raced, state.lost = found.raced, found.lost
                 if found.policy is not None:
                     state.policy = found.policy
             self.pricing.recalibrate()

@@ -13,30 +13,21 @@ counts at every level, so the levels learn first.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple
+from typing import Any
 
 from tuner.classify.classes import ROOT
 from tuner.logs import get_logger
 from tuner.model.speedup import CostModel
-from tuner.stats import Interval
 from tuner.tuning.config import Override, TuningConfig
 from tuner.tuning.evidence.classes import ClassState, levels
 from tuner.tuning.policy.guard import Best, Policy, choose, measured_policy, off_reason
 from tuner.tuning.policy.prior import PriorView, rank
-from tuner.tuning.policy.rivals import judge
 from tuner.tuning.pricing.prices import Pricing
 from tuner.tuning.variants import BASELINE, Variant
 
-__all__ = ["Priced", "Rules"]
+__all__ = ["Rules"]
 
 log = get_logger(__name__)
-
-
-class Priced(NamedTuple):
-    """A class's measured variants as priced for one decision."""
-
-    costs: dict[str, tuple[float, float]]  # a drafted token's, in the class
-    speedups: dict[str, Interval]  # over no speculation
 
 
 class Rules:
@@ -110,7 +101,7 @@ class Rules:
         if state is None:
             state = self.classes[key] = ClassState(key)
             state.prior = self.rank(key)
-            state.policy = self._policy(state, self._priced(state))
+            state.policy = self._policy(state)
         return state
 
     def rank(self, key: str) -> PriorView:
@@ -127,33 +118,24 @@ class Rules:
     def decide(self, state: ClassState) -> bool:
         """Re-compute one class's policy from its evidence; True if the variant changed."""
         old = state.policy
-        priced = self._priced(state)
-        new = self._policy(state, priced)
+        new = self._policy(state)
         if old is not None and old.variant == new.variant and old.kill_switch == new.kill_switch:
             new = new.model_copy(update={"since": old.since})
         state.policy = new
-        self._judge_rivals(state, priced)
         if old is None or old.variant != new.variant:
             log.info("policy", class_key=state.key, variant=new.variant, reason=new.reason)
             state.switches += old is not None
             return True
         return False
 
-    def _priced(self, state: ClassState) -> Priced | None:
-        """The class's measured variants: their drafted tokens' costs in the class and their
-        speedups (None before any baseline); one pricing serves the guard and the race."""
+    def _best(self, state: ClassState) -> Best:
         base = self.pricing.base(state)
         if base is None:
-            return None
-        need = self.config.budget.min_trial_requests
-        costs = self.pricing.costs(self.pricing.priced(state, need), state.key)
-        return Priced(costs, self.pricing.speedups(state, base, need, costs))
-
-    def _best(self, state: ClassState, priced: Priced | None) -> Best:
-        if priced is None:
             return Best(None, None, None)
         need = self.config.budget.min_trial_requests
-        costs, speedups = priced
+        # one pricing of the drafted tokens serves both the intervals and the paired check
+        costs = self.pricing.costs(self.pricing.priced(state, need), state.key)
+        speedups = self.pricing.speedups(state, base, need, costs)
         allowed = {
             name
             for name in speedups
@@ -176,49 +158,11 @@ class Rules:
             over_held=over_held,
         )
 
-    def _judge_rivals(self, state: ClassState, priced: Priced | None) -> None:
-        """The held variant's unresolved rivals in a class that routes requests and holds
-        a speculative variant on its own evidence (``tuner.tuning.policy.rivals``)."""
-        policy = state.policy
-        state.rivals = []
-        if (
-            not state.seen
-            or policy is None
-            or not policy.speculation
-            or not policy.settled
-            or policy.override
-            or priced is None
-        ):
-            return
-        need = self.config.budget.min_trial_requests
-        costs = priced.costs
-        speedups = {
-            name: s
-            for name, s in priced.speedups.items()
-            if name == policy.variant
-            or not (self.forbidden(state.key, name) or self.excluded(name))
-        }
-        if policy.variant not in speedups:
-            return
-        over = self.pricing.over_held(state, policy.variant, speedups, need, costs)
-        served = {name: arm.requests for name, arm in state.arms.items()}
-        state.rivals, lost = judge(
-            over,
-            served,
-            state.raced,
-            error=self.pricing.unserved_error(state.key),
-            z=self.pricing.z,
-            lost=state.lost,
-        )
-        for name in lost - state.lost:
-            log.info("rival_lost", class_key=state.key, variant=name, held=policy.variant)
-        state.lost |= lost
-
     def clears(self, state: ClassState) -> bool:
         """Whether some measured variant clears the guard in this class."""
-        return self._best(state, self._priced(state)).chosen is not None
+        return self._best(state).chosen is not None
 
-    def _policy(self, state: ClassState, priced: Priced | None) -> Policy:
+    def _policy(self, state: ClassState) -> Policy:
         now = self.clock()
         override = self.override(state.key)
         prior = state.prior
@@ -237,7 +181,7 @@ class Rules:
             return self._off(
                 state, reason, override=True, kill_switch=True, settled=True, requests=0
             )
-        best = self._best(state, priced)
+        best = self._best(state)
         if best.chosen is not None and best.interval is not None:
             name = best.chosen
             arm = state.arms[name]
@@ -307,7 +251,7 @@ class Rules:
             return level == key or not policy.speculation or self.may_borrow(own, policy.variant)
 
         if own.policy is None:
-            own.policy = self._policy(own, self._priced(own))
+            own.policy = self._policy(own)
         fallback: tuple[str, Policy] | None = None
         for level in levels(key):
             state = self.classes.get(level)
