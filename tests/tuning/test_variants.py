@@ -55,6 +55,7 @@ def test_a_key_the_tuning_file_does_not_know_is_refused_with_its_name(
     for text, name in [
         ("[guard]\nmin_gian = 1.05\n", "min_gian"),
         ("[guard]\nrevisit = true\n", "revisit"),
+        ("[guard]\nrace = true\n", "race"),
     ]:
         file.write_text(text)
         with pytest.raises(ConfigError, match=name):
