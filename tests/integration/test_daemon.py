@@ -232,6 +232,10 @@ def test_llama_server_killed_mid_stream(tmp_path: Path) -> None:
         last = json.loads(events[-1].removeprefix("data: "))
         assert last["error"]["code"] == "upstream_disconnected"
         started = time.monotonic()
+        # until the supervisor has reaped it, /ready may still say ready (a request then is
+        # answered 503 with a retry-after, as while the server restarts)
+        while psutil.pid_exists(victim.pid) and time.monotonic() - started < 60:
+            time.sleep(0.05)
         running.wait_ready(timeout_s=60)
         recovered_s = time.monotonic() - started
         response = httpx.post(
