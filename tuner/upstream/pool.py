@@ -204,12 +204,7 @@ class Pool(httpx.AsyncBaseTransport):
                 await self._stop(instance, 0.0)
                 message = f"{member.name}'s instance stopped before answering: {exc!r}"
                 return _error(502, message, "server_error")
-        return httpx.Response(
-            response.status_code,
-            headers=response.headers,
-            stream=_Tracked(response, instance, _admission(instance, outgoing)),
-            extensions=response.extensions,
-        )
+        return response
 
     async def _load(self, member: Member, instance: _Instance) -> httpx.Response | None:
         """The instance running (started where it is not); the error answer where it could
@@ -230,20 +225,28 @@ class Pool(httpx.AsyncBaseTransport):
                 return False
 
     async def _send(self, instance: _Instance, request: httpx.Request) -> httpx.Response:
-        """The instance's answer (its body still to read); a generation request first waits
-        for one of the instance's admissions, which ``_Tracked`` gives back."""
-        admission = _admission(instance, request)
+        """The instance's answer, its body still to read and counted in flight until then
+        (``_Tracked``); a generation request (a POST) first waits for one of the instance's
+        admissions, which its answer gives back when closed, and a probe or another read
+        waits for none."""
+        admission = instance.admitted if request.method == "POST" else None
         if admission is not None:
             await admission.acquire()
         instance.inflight += 1
         instance.last_used = time.monotonic()
         try:
-            return await self._forward.handle_async_request(request)
+            response = await self._forward.handle_async_request(request)
         except BaseException:
             instance.inflight -= 1
             if admission is not None:
                 admission.release()
             raise
+        return httpx.Response(
+            response.status_code,
+            headers=response.headers,
+            stream=_Tracked(response, instance, admission),
+            extensions=response.extensions,
+        )
 
     async def _unload(self, request: httpx.Request) -> httpx.Response:
         body = _json_body(await request.aread()) or {}
@@ -414,12 +417,6 @@ class _Tracked(httpx.AsyncByteStream):
             if self._admission is not None:
                 self._admission.release()
         await self.response.aclose()
-
-
-def _admission(instance: _Instance, request: httpx.Request) -> asyncio.Semaphore | None:
-    """What a request to the instance waits for: one of its admissions for a generation
-    request (a POST), nothing for a probe or another read."""
-    return instance.admitted if request.method == "POST" else None
 
 
 def _json_body(content: bytes) -> dict[str, object] | None:
