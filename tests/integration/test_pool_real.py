@@ -4,6 +4,7 @@ daemon on it end to end. Its faults are in ``test_router_faults`` beside the rou
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -20,10 +21,12 @@ from tuner.upstream.pool import Pool
 
 pytestmark = pytest.mark.llama
 
-# the start of a Python module, asked for again: the model copies it, so n-grams draft
-SOURCE = Path(__file__).read_text()[:1500]
-PROMPT = f"Repeat this code exactly.\n\n{SOURCE}\n\nThe same code again:\n\n"
-NAMES = ("none", "ngram-mod.match12.max4", "ngram-mod.match12.max64", "ngram-simple.n3.m16")
+# a standard library module's start (not this file's, which edits change) twice, and the
+# start of a third copy: the model goes on copying it, so n-grams draft long runs
+SOURCE = Path(bisect.__file__).read_text()[:1200]
+PROMPT = f"{SOURCE}\n\n{SOURCE}\n\n{SOURCE[:200]}"
+AUTO = "ngram-mod.match12.auto1"  # the engine's own --spec-autotune
+NAMES = ("none", "ngram-mod.match12.max4", "ngram-mod.match12.max64", "ngram-simple.n3.m16", AUTO)
 
 
 @pytest.fixture
@@ -33,7 +36,7 @@ async def pool(tmp_path: Path) -> AsyncIterator[Pool]:
     prepared = prepare(settings)
     members = pool_members([parse_name(n) for n in NAMES], settings, prepared)
     argv = lambda flags, port: instance_argv(prepared, settings, flags, port)  # noqa: E731
-    made = Pool(members, argv, capacity=4, log_dir=state / "logs", startup_timeout_s=120)
+    made = Pool(members, argv, capacity=5, log_dir=state / "logs", startup_timeout_s=120)
     await made.start()
     await made.wait_ready(120)
     yield made
@@ -51,14 +54,16 @@ async def complete(pool: Pool, model: str) -> dict[str, int]:
 
 async def test_variants_differing_only_in_draft_settings_share_an_instance(pool: Pool) -> None:
     """The probe found ik_llama.cpp honours the fields: the two ngram-mod variants (n_max 4
-    and 64) run on one process, ngram-simple and none on their own."""
+    and 64) run on one process, ngram-simple and none on their own, and the engine's own
+    autotune on one launched with ``--spec-autotune``, sent no draft settings."""
     flags = {name: member.flags for name, member in pool.members.items()}
     assert flags["ngram-mod.match12.max4"] == flags["ngram-mod.match12.max64"]
-    assert len(set(flags.values())) == 3
+    assert len(set(flags.values())) == 4
     assert pool.members["ngram-mod.match12.max4"].fields["speculative.n_max"] == 4
+    assert "--spec-autotune" in flags[AUTO] and pool.members[AUTO].fields == {}
     for name in NAMES:
         await complete(pool, name)
-    assert pool.describe()["starts"] == 3 and len(pool.describe()["running"]) == 3  # type: ignore[arg-type]
+    assert pool.describe()["starts"] == 4 and len(pool.describe()["running"]) == 4  # type: ignore[arg-type]
 
 
 async def test_the_draft_settings_sent_with_a_request_are_the_ones_it_drafts_with(
@@ -77,6 +82,9 @@ async def test_the_draft_settings_sent_with_a_request_are_the_ones_it_drafts_wit
     assert short["draft_n"] <= 4 * rounds, short
     long_rounds = long["predicted_n"] - long["draft_n_accepted"]
     assert long["draft_n"] > 4 * long_rounds, long  # the same instance, longer drafts
+    tuned = await complete(pool, AUTO)  # its bandit chooses n_max 1..16 each step
+    tuned_rounds = tuned["predicted_n"] - tuned["draft_n_accepted"]
+    assert 0 < tuned["draft_n"] <= 16 * tuned_rounds, tuned
 
 
 def test_the_daemon_on_ik_llama_cpp_names_its_engine_and_tunes(tmp_path: Path) -> None:
@@ -90,7 +98,8 @@ def test_the_daemon_on_ik_llama_cpp_names_its_engine_and_tunes(tmp_path: Path) -
     running = start_daemon(state, env=env)
     ready = httpx.get(running.url + "/ready", timeout=5).json()
     assert ready["engine"] == "ik_llama.cpp"
-    assert set(ready["models"]) == {"none", "ngram-mod.match12.max16", "ngram-mod.match12.max64"}
+    fixed = {"none", "ngram-mod.match12.max16", "ngram-mod.match12.max64"}
+    assert set(ready["models"]) == fixed | {"ngram-mod.match12.auto1"}  # its autotune too
     client = openai.OpenAI(api_key="unused", base_url=running.v1, max_retries=0, timeout=120)
     served = set()
     for _ in range(6):

@@ -15,8 +15,10 @@ from tuner.model.speedup import CostModel, interpolated_curve
 from tuner.tuning.config import Override, TuningConfig, load_tuning
 from tuner.tuning.policy.prior import rank
 from tuner.tuning.variants import (
+    AUTOTUNE,
     PARAMS,
     Variant,
+    autotune_space,
     fit_synthetic,
     grid,
     parse_name,
@@ -257,3 +259,26 @@ def test_ik_llama_cpp_takes_its_own_flags_and_the_draft_settings_per_request() -
     for variant in grid(load_tuning().search, caps):  # every flag exists in this build
         rendered = variant.flags(caps)
         assert all(caps.has_flag(f) for f in rendered if f.startswith("--")), rendered
+
+
+def test_ik_llama_cpp_autotune_is_one_more_setting_of_the_types_it_tunes() -> None:
+    """On a build with ``--spec-autotune`` each n-gram type it tunes gets ``autotune`` in
+    its search space: a variant that launches its own instance with the flag, sends no
+    draft settings (the engine overwrites them every step) and keeps only the settings
+    that are launch flags. Mainline builds never see it."""
+    ik, mainline = caps_of("ik-55d3c05"), caps_of("0c1e570")
+    space = load_tuning().search
+    assert autotune_space(space, ik)["ngram-mod"]["autotune"] == [0, 1]
+    assert autotune_space(space, mainline) == {k: dict(v) for k, v in space.items()}
+    mod = Variant.of("ngram-mod", {"n_match": 12, "n_max": 64, "autotune": 1})
+    assert mod.name == "ngram-mod.match12.auto1" and parse_name(mod.name) == mod
+    assert mod.autotuned and mod.draft_length == 16 and request_fields(mod) == {}
+    assert mod.flags(ik, per_request=True) == mod.flags(ik)
+    assert mod.flags(ik) == ["--spec-type", "ngram-mod", "--spec-ngram-size-n", "12", AUTOTUNE]
+    assert Variant.of("ngram-mod", {"n_match": 12, "autotune": 0}).name == "ngram-mod.match12"
+    with pytest.raises(ValueError, match="autotune"):
+        mod.flags(mainline)
+    names = {v.name for v in grid(space, ik)}
+    assert {"ngram-mod.match12.auto1", "ngram-mod.match24.auto1"} <= names
+    assert "ngram-simple.n3.m16.auto1" in names and "ngram-map-k.n4.m16.auto1" not in names
+    assert not any(v.autotuned for v in grid(space, mainline))

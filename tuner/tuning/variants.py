@@ -20,9 +20,11 @@ from pathlib import Path
 from tuner.upstream.capabilities import Capabilities
 
 __all__ = [
+    "AUTOTUNE",
     "BASELINE",
     "PARAMS",
     "Variant",
+    "autotune_space",
     "fit_synthetic",
     "grid",
     "parse_name",
@@ -33,6 +35,7 @@ __all__ = [
 
 ParamValue = int | float
 
+AUTOTUNE = "--spec-autotune"  # ik_llama.cpp: the engine tunes n_max / n_min / p_min per step
 # spec type -> parameter -> (short label for the name, flag in current builds)
 PARAMS: dict[str, dict[str, tuple[str, str]]] = {
     "none": {},
@@ -41,6 +44,7 @@ PARAMS: dict[str, dict[str, tuple[str, str]]] = {
             "size_n": ("n", f"--spec-{kind}-size-n"),
             "size_m": ("m", f"--spec-{kind}-size-m"),
             "min_hits": ("h", f"--spec-{kind}-min-hits"),
+            **({"autotune": ("auto", AUTOTUNE)} if kind == "ngram-simple" else {}),
         }
         for kind in ("ngram-simple", "ngram-map-k", "ngram-map-k4v")
     },
@@ -48,6 +52,7 @@ PARAMS: dict[str, dict[str, tuple[str, str]]] = {
         "n_match": ("match", "--spec-ngram-mod-n-match"),
         "n_max": ("max", "--spec-ngram-mod-n-max"),
         "n_min": ("min", "--spec-ngram-mod-n-min"),
+        "autotune": ("auto", AUTOTUNE),
     },
     "ngram-cache": {},
     **{
@@ -69,6 +74,8 @@ _IK_NGRAM_FLAGS = {
     "n_match": "--spec-ngram-size-n",
 }
 PER_REQUEST = ("n_max", "n_min", "p_min")
+AUTOTUNED = ("ngram-mod", "ngram-simple")  # the n-gram types ik_llama.cpp's autotune tunes
+AUTOTUNE_MAX = 16  # the most tokens its autotune lets a round draft
 # Defaults of the current build, used for the nominal draft length of a variant.
 _DEFAULT_DRAFT = {"ngram-mod": 64, "ngram-cache": 8, "draft": 3, "ngram": 48}
 NEEDS_DRAFT_MODEL = frozenset({"draft-simple", "draft-eagle3", "draft-dflash"})
@@ -97,6 +104,10 @@ class Variant:
         unknown = set(params) - set(known)
         if unknown:
             raise ValueError(f"{spec_type} has no parameter {sorted(unknown)[0]!r}")
+        if not params.get("autotune", 1):
+            del params["autotune"]  # off: the variant as it was
+        elif "autotune" in params:
+            params = {p: v for p, v in params.items() if p not in PER_REQUEST}  # it tunes them
         if spec_type == "ngram-mod" and "n_max" in params and "n_min" not in params:
             params["n_min"] = max(1, int(params["n_max"]) * 3 // 4)
         ordered = tuple((p, params[p]) for p in known if p in params)
@@ -124,6 +135,12 @@ class Variant:
         return self.spec_type.startswith("ngram-")
 
     @property
+    def autotuned(self) -> bool:
+        """The engine tunes its draft settings per step (``--spec-autotune``): its drafts
+        change every call, so no replay prices it; it is measured by serving it."""
+        return bool(self.param("autotune"))
+
+    @property
     def needs_draft_model(self) -> bool:
         return self.spec_type in NEEDS_DRAFT_MODEL
 
@@ -140,6 +157,8 @@ class Variant:
             "ngram-cache",
         ):
             return int(self.param("size_m", _DEFAULT_DRAFT["ngram"]) or 0)
+        if self.autotuned and self.spec_type == "ngram-mod":
+            return AUTOTUNE_MAX
         if self.spec_type in ("ngram-mod", "ngram-cache"):
             return int(self.param("n_max", _DEFAULT_DRAFT[self.spec_type]) or 0)
         return int(self.param("n_max", _DEFAULT_DRAFT["draft"]) or 0)
@@ -157,6 +176,8 @@ class Variant:
             raise ValueError(f"{self.name} needs a draft model (TUNER_DRAFT_MODEL)")
         if not caps.supports_spec_type(self.spec_type):
             raise ValueError(f"this llama-server build has no spec type {self.spec_type!r}")
+        if self.autotuned and not (caps.autotune and caps.engine == "ik_llama.cpp"):
+            raise ValueError(f"this llama-server build has no {AUTOTUNE}")
         draft = ["-md", str(draft_model)] if self.needs_draft_model and draft_model else []
         if caps.engine == "ik_llama.cpp":
             return self._ik_flags(per_request) + draft
@@ -178,6 +199,8 @@ class Variant:
         for param, value in self.params:
             if param in _IK_NGRAM_FLAGS:
                 out += [_IK_NGRAM_FLAGS[param], str(value)]
+        if self.autotuned:
+            return [*out, AUTOTUNE]  # it sets the draft settings itself, every step
         if not per_request:
             for param, value in _draft_settings(self).items():
                 out += [_OLD_DRAFT_FLAGS[param], str(value)]
@@ -192,6 +215,8 @@ def _draft_settings(variant: Variant) -> dict[str, ParamValue]:
     type's copied run (``size_m``) is its draft length there."""
     if not variant.speculative:
         return {"n_max": 0}
+    if variant.autotuned:
+        return {}  # the engine's autotune overwrites a slot's settings every step
     settings = {k: v for k, v in variant.params if k in PER_REQUEST}
     if variant.copies and "n_max" not in settings:
         settings["n_max"] = variant.draft_length
@@ -248,7 +273,7 @@ def grid(
     ``mtp_layers`` next-n layers)."""
     forbidden = set(forbid)
     out = [BASELINE]
-    for spec_type, params in space.items():
+    for spec_type, params in autotune_space(space, caps).items():
         if spec_type in forbidden or spec_type == "none":
             continue
         if unavailable(spec_type, caps, draft=draft, mtp_layers=mtp_layers):
@@ -258,6 +283,21 @@ def grid(
             variant = Variant.of(spec_type, dict(zip(names, values, strict=True)))
             if variant not in out:
                 out.append(variant)
+    return out
+
+
+def autotune_space(
+    space: Mapping[str, Mapping[str, Sequence[ParamValue]]], caps: Capabilities
+) -> dict[str, dict[str, list[ParamValue]]]:
+    """The search space with the engine's own per-step tuning as one more setting of each
+    n-gram type it tunes (``autotune`` 0 or 1), where the build has it (ik_llama.cpp)."""
+    out = {
+        kind: {p: list(values) for p, values in params.items()} for kind, params in space.items()
+    }
+    if caps.autotune and caps.engine == "ik_llama.cpp":
+        for kind in AUTOTUNED:
+            if kind in out:
+                out[kind].setdefault("autotune", [0, 1])
     return out
 
 

@@ -47,3 +47,22 @@ def test_a_suggestion_runs_first_and_a_known_value_is_told_not_served(tmp_path: 
     assert variant.name not in known or len(reused) == ASKS - 1
     assert all(r.variant in known for r in reused)
     assert records[-1].number == number and records[-1].state == "running"
+
+
+def test_a_suggestion_keeps_its_autotune_setting_where_the_space_has_one(
+    tmp_path: Path,
+) -> None:
+    """On an engine with its own autotune, a suggested fixed setting stays fixed and a
+    suggested autotune variant runs autotuned: neither is left to the sampler."""
+    space = {"ngram-mod": {"n_match": [12, 24], "n_max": [16, 64], "autotune": [0, 1]}}
+    handle = StudyBook(tmp_path / "studies.db", "s", seed=1).open(KEY, space)
+    suggestions = [
+        Variant.of("ngram-mod", {"n_match": 12, "n_max": 16}),
+        Variant.of("ngram-mod", {"n_match": 24, "autotune": 1}),
+        Variant.of("ngram-mod", {"n_match": 24, "n_max": 64}),
+        Variant.of("ngram-mod", {"n_match": 12, "autotune": 1}),
+    ]
+    for suggest in suggestions:
+        number, variant = handle.next(suggest)
+        assert variant == suggest
+        handle.tell(number, 1.0)

@@ -88,14 +88,15 @@ class Replayer:
         self.variants = {
             name: (int(v.param("size_n", 12) or 12), v.draft_length)
             for name, v in engine.variants.items()
-            if v.spec_type == "ngram-simple"
+            if v.spec_type == "ngram-simple" and not v.autotuned  # its drafts change every step
         }
         # llama.cpp's defaults: n_match 24, n_max 64, n_min 48 (Variant derives n_min from
         # n_max when only n_max is set); a lookup length below 1 is not modelled (no replay)
         self.mod: dict[str, ModDrafter] = {}
         for name, v in engine.variants.items():
             n_match = int(v.param("n_match", 24) or 0)
-            if v.spec_type == "ngram-mod" and engine.config.guard.replay_mod and n_match >= 1:
+            modelled = engine.config.guard.replay_mod and n_match >= 1 and not v.autotuned
+            if v.spec_type == "ngram-mod" and modelled:
                 n_min = int(v.param("n_min", 48 if v.param("n_max") is None else 0) or 0)
                 self.mod[name] = ModDrafter(n_match, v.draft_length, n_min)
         self.tokenizer = Tokenizer(base_url, timeout_s=timeout_s, transport=transport)

@@ -300,11 +300,14 @@ class Rules:
         )
 
     def space(self, key: str) -> dict[str, dict[str, list[Any]]]:
-        """The configured search space minus forbidden or unbuildable spec types."""
+        """The configured search space minus forbidden or unbuildable spec types, with the
+        engine's own autotune as a setting of the types it tunes where it has one."""
         types = {v.spec_type for v in self.variants.values() if v.speculative}
+        tuned = {v.spec_type for v in self.variants.values() if v.autotuned}
         forbid = set(self.override(key).forbid)
         return {
             t: {p: list(vals) for p, vals in space.items()}
+            | ({"autotune": [0, 1]} if t in tuned else {})
             for t, space in sorted(self.config.search.items())
             if t in types and t not in forbid
         }

@@ -76,10 +76,13 @@ class TrialRecord:
     finished: str | None
 
 
-def _params_of(variant: Variant) -> dict[str, Any]:
-    return {SPEC_TYPE: variant.spec_type} | {
-        f"{variant.spec_type}.{p}": v for p, v in variant.params
-    }
+def _params_of(variant: Variant, space: Space) -> dict[str, Any]:
+    """A variant as the study's parameters; ``autotune`` stated where the space has it (a
+    suggestion left open there would be the sampler's to turn on or off)."""
+    params = {f"{variant.spec_type}.{p}": v for p, v in variant.params}
+    if "autotune" in space.get(variant.spec_type, {}):
+        params[f"{variant.spec_type}.autotune"] = int(variant.autotuned)
+    return {SPEC_TYPE: variant.spec_type} | params
 
 
 def sqlalchemy_url(url: str) -> str:
@@ -246,7 +249,7 @@ class StudyHandle:
             self._checked = True
         if suggest is not None:
             with self.book._lock:
-                self.study.enqueue_trial(_params_of(suggest), skip_if_exists=True)
+                self.study.enqueue_trial(_params_of(suggest, self.space), skip_if_exists=True)
         known = known or {}
         for attempt in range(ASKS):
             number, variant = self._ask()
