@@ -282,3 +282,5 @@ def test_ik_llama_cpp_autotune_is_one_more_setting_of_the_types_it_tunes() -> No
     assert {"ngram-mod.match12.auto1", "ngram-mod.match24.auto1"} <= names
     assert "ngram-simple.n3.m16.auto1" in names and "ngram-map-k.n4.m16.auto1" not in names
     assert not any(v.autotuned for v in grid(space, mainline))
+    asked = {"ngram-mod": {"n_match": [12], "autotune": [0, 1]}}  # a tuning file that asks
+    assert [v.name for v in grid(asked, mainline)] == ["none", "ngram-mod.match12"]

@@ -290,14 +290,17 @@ def autotune_space(
     space: Mapping[str, Mapping[str, Sequence[ParamValue]]], caps: Capabilities
 ) -> dict[str, dict[str, list[ParamValue]]]:
     """The search space with the engine's own per-step tuning as one more setting of each
-    n-gram type it tunes (``autotune`` 0 or 1), where the build has it (ik_llama.cpp)."""
+    n-gram type it tunes (``autotune`` 0 or 1), where the build has it (ik_llama.cpp); on a
+    build without it only ``autotune = 0`` is kept, as a type the build lacks is skipped."""
     out = {
         kind: {p: list(values) for p, values in params.items()} for kind, params in space.items()
     }
-    if caps.autotune and caps.engine == "ik_llama.cpp":
-        for kind in AUTOTUNED:
-            if kind in out:
-                out[kind].setdefault("autotune", [0, 1])
+    has = caps.autotune and caps.engine == "ik_llama.cpp"
+    for kind in AUTOTUNED:
+        if kind in out and has:
+            out[kind].setdefault("autotune", [0, 1])
+        elif kind in out and "autotune" in out[kind]:
+            out[kind]["autotune"] = [0]
     return out
 
 
