@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -237,10 +238,19 @@ def test_a_bench_stopped_midway_leaves_nothing_running(tmp_path: Path, sig: int)
 
 
 def test_a_challenger_runs_side_by_side_with_its_own_tuning_file(tmp_path: Path) -> None:
-    """A second daemon with its own tuning file (no exploring at all) gets the tuner's prompts
-    pair by pair; ``--explore-share`` reaches the tuner only."""
+    """A second daemon with its own tuning file (no exploring at all) and its own code (a copy
+    of the package that marks its state dir) gets the tuner's prompts pair by pair;
+    ``--explore-share`` reaches the tuner only."""
     tuning = tmp_path / "frozen.toml"
     tuning.write_text("[budget]\nexplore_share = 0.0\n[single]\nexplore_share = 0.0\n")
+    code = tmp_path / "code"
+    shutil.copytree(ROOT / "tuner", code / "tuner", ignore=shutil.ignore_patterns("__pycache__"))
+    with (code / "tuner" / "__init__.py").open("a") as init:
+        init.write(
+            "\nimport os as _os, pathlib as _p\n"
+            "if _os.environ.get('TUNER_STATE_DIR'):\n"
+            "    (_p.Path(_os.environ['TUNER_STATE_DIR']) / 'code').write_text(__file__)\n"
+        )
     out = tmp_path / "bench"
     result = tuner(
         "bench",
@@ -260,11 +270,15 @@ def test_a_challenger_runs_side_by_side_with_its_own_tuning_file(tmp_path: Path)
         str(tuning),
         "--challenger-env",
         "TUNER_MAX_INSTANCES=1",
+        "--challenger-code",
+        str(code),
         "--out",
         str(out),
         state=tmp_path / "state",
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    assert (out / "challenger-state" / "code").read_text() == str(code / "tuner" / "__init__.py")
+    assert not (out / "tuner-state" / "code").exists()
     rows = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
     assert all(r["wall_ms"] >= r["ms"] > 0 for r in rows)  # the client waited for the decode
     # the challenger's own daemon setting reached it, and only it
@@ -283,6 +297,7 @@ def test_a_challenger_runs_side_by_side_with_its_own_tuning_file(tmp_path: Path)
     overall = summary["overall"]
     assert summary["challenger_tuning"] == str(tuning)
     assert summary["challenger_env"] == {"TUNER_MAX_INSTANCES": "1"}
+    assert summary["challenger_code"] == str(code)
     assert overall["side_by_side_pairs"] == 8 and overall["challenger_vs_tuner"] > 0
     # the same pairs priced by their counts, on the real server's timings
     assert overall["challenger_vs_tuner_by_counts"] > 0
@@ -369,6 +384,8 @@ def test_bench_refuses_a_challenger_tuning_file_it_cannot_read(tmp_path: Path) -
     [
         (["--challenger-env", "MAX=1", "--challenger", str(WORKLOAD)], "TUNER_"),
         (["--challenger-env", "TUNER_MAX_INSTANCES=1"], "TUNER_"),
+        (["--challenger-code", "."], "--challenger"),
+        (["--challenger-code", "/no/such/dir", "--challenger", str(WORKLOAD)], "no tuner"),
         (["--peer", "/no/such/llama-server"], "--peer"),
         (["--peer-arm", "a=--x"], "--peer"),
         (["--peer", str(WORKLOAD), "--peer-arm", "no-flags"], "--peer-arm"),

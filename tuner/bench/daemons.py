@@ -67,6 +67,9 @@ class BenchOptions:
     # the challenger daemon's own settings (TUNER_* environment variables), e.g. its
     # TUNER_MAX_INSTANCES: daemon settings, not tuning-file keys
     challenger_env: tuple[tuple[str, str], ...] = ()
+    # a checkout whose tuner package the challenger runs (a worktree of an earlier commit):
+    # a code change measured side by side, with no setting added to keep the old way
+    challenger_code: Path | None = None
     peer: Path | None = None  # another build's llama-server, its arms beside the matrix
     peer_arms: tuple[tuple[str, tuple[str, ...]], ...] = ()  # ("peer:NAME", its flags)
 
@@ -102,6 +105,8 @@ def daemon_env(
         env["TUNER_TUNING_FILE"] = str(tuning)
         env.pop("TUNER_EXPLORE_SHARE", None)
         env.update(options.challenger_env)
+        if options.challenger_code is not None:
+            env["PYTHONPATH"] = str(options.challenger_code)
     elif options.explore_share is not None:
         env["TUNER_EXPLORE_SHARE"] = str(options.explore_share)
     return env
@@ -124,11 +129,14 @@ async def tuner_daemon(
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = (workdir / f"{arm}-daemon.log").open("ab")
+    # ``-m`` imports from the working directory first: the challenger's code runs from its own
+    code = options.challenger_code if tuning is not None else None
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "tuner",
         "serve",
+        cwd=code,
         env=daemon_env(settings, prepared, state, port, options, tuning),
         stdout=log,
         stderr=log,

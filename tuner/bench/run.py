@@ -257,6 +257,8 @@ async def _run_bench(
     if challenger is not None:
         meta["challenger_tuning"] = str(challenger)
         meta["challenger_env"] = dict(options.challenger_env)
+        if options.challenger_code is not None:
+            meta["challenger_code"] = str(options.challenger_code)
     if options.peer is not None:
         meta["peer"] = str(options.peer)
         meta["peer_arms"] = {name: shlex.join(flags) for name, flags in options.peer_arms}

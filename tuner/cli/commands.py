@@ -215,6 +215,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     challenger = Path(args.challenger).resolve() if args.challenger else None
     if args.challenger_env and challenger is None:
         raise ConfigError("--challenger-env TUNER_KEY=VALUE needs --challenger")
+    code = Path(args.challenger_code).resolve() if args.challenger_code else None
+    if code is not None and challenger is None:
+        raise ConfigError("--challenger-code DIR needs --challenger")
+    if code is not None and not (code / "tuner" / "__main__.py").is_file():
+        raise ConfigError(f"--challenger-code: {code} holds no tuner package (tuner/__main__.py)")
     if challenger is not None:
         from tuner.tuning.config import load_tuning
 
@@ -231,6 +236,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
         challenger=challenger,
         challenger_env=tuple(args.challenger_env),
+        challenger_code=code,
         peer=peer,
         peer_arms=peer_arms,
     )

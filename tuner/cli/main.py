@@ -190,6 +190,12 @@ def build_parser() -> argparse.ArgumentParser:
         "TUNER_MAX_INSTANCES=8; needs --challenger",
     )
     bench.add_argument(
+        "--challenger-code",
+        metavar="DIR",
+        help="a checkout whose tuner package the challenger runs (git worktree add DIR "
+        "<commit>): a code change side by side with the code before it; needs --challenger",
+    )
+    bench.add_argument(
         "--peer",
         metavar="LLAMA_SERVER",
         help="another build's llama-server (ik_llama.cpp's, say) to run beside the matrix: "
