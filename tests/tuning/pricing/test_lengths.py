@@ -9,8 +9,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tuner.model.speedup import CostModel
 from tuner.tuning.pricing.calibration import Calibration
 from tuner.tuning.pricing.lengths import by_length
+from tuner.tuning.pricing.prices import Pricing
+from tuner.tuning.variants import parse_name
 
 LENGTHS = st.integers(2, 128)
 
@@ -64,3 +67,14 @@ def test_an_unserved_variant_is_priced_at_its_length_and_a_served_one_by_its_own
     # a variant off the curve that served: its own requests decide its cost
     _served(cal, "own", 0.60, 30, random.Random(6))
     assert cal.costs(["own"], speed)["own"][0] == pytest.approx(0.60, abs=0.03)
+
+
+def test_the_engines_autotune_is_not_priced_by_its_most_tokens_per_round() -> None:
+    """ik_llama.cpp's autotune may draft 16 a round but sets each round's length itself
+    (most of them far shorter): its cost stays out of the fit by length, and it is priced
+    by its own requests."""
+    names = ["none", "ngram-mod.match12.max16", "ngram-mod.match12.auto1", "ngram-simple.n3.m8"]
+    variants = {v.name: v for v in map(parse_name, names)}
+    pricing = Pricing({}, variants, CostModel(), 0.0, confidence=0.9)
+    lengths = pricing.calibration.lengths
+    assert lengths == {"ngram-mod.match12.max16": 16, "ngram-simple.n3.m8": 8}

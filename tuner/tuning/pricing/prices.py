@@ -105,8 +105,9 @@ class Pricing:
         self.cost = cost
         self.draft_step = draft_step
         self.configure(confidence)
-        # the n-gram types' most tokens per round: an unserved one is priced by its length
-        lengths = {n: v.draft_length for n, v in variants.items() if v.copies}
+        # the n-gram types' most tokens per round: an unserved one is priced by its length;
+        # not the engine's autotune, whose rounds the engine sets (most far below its cap)
+        lengths = {n: v.draft_length for n, v in variants.items() if v.copies and not v.autotuned}
         self.calibration = Calibration(*prior_cost(cost, draft_step), lengths)
 
     def configure(self, confidence: float) -> None:
