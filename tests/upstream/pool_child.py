@@ -2,7 +2,8 @@
 and what it was sent; a streamed POST sends numbered events slowly, so that a test can kill
 it in the middle.
 
-Usage: pool_child.py FLAG... --port PORT   (``--fail`` among the flags: exit at once)
+Usage: pool_child.py FLAG... --port PORT   (``--fail`` among the flags: exit at once;
+``--slow``: take a second and a half to start, as a model loads)
 The real engine's pool is exercised in tests/integration/test_pool_real.py.
 """
 
@@ -61,6 +62,8 @@ def main() -> None:
         print("fatal: cannot load the model", flush=True)
         sys.exit(1)
     port = int(args[args.index("--port") + 1])
+    if "--slow" in args:
+        time.sleep(1.5)
     ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
 
 

@@ -106,6 +106,51 @@ async def test_room_is_made_by_stopping_the_least_recently_used(tmp_path: Path) 
     assert not alive(plain)
 
 
+async def test_room_is_never_made_by_stopping_the_warm_instance(tmp_path: Path) -> None:
+    """The warm instance (no speculation: the fallback's, and what readiness waits on) is
+    kept when another fits beside it, even when it was used longest ago: stopping it made
+    the daemon refuse requests until the readiness poll started it again (a bench run's
+    503)."""
+    members = [Member(name, (f"--{name}",)) for name in ("none", "b", "c")]
+    pool = Pool(members, argv, capacity=2, log_dir=tmp_path, startup_timeout_s=20)
+    await pool.start()
+    try:
+        plain = (await ask(pool, "none")).json()["pid"]
+        b = (await ask(pool, "b")).json()["pid"]
+        await ask(pool, "c")
+        assert alive(plain) and not alive(b)
+        async with client_of(pool) as client:
+            assert (await client.get("/health")).status_code == 200
+    finally:
+        await pool.stop()
+
+
+async def test_an_instance_still_starting_is_not_stopped_to_make_room(tmp_path: Path) -> None:
+    """The warm instance died while another was loading for a request: the readiness poll
+    starting it again stops the idle one, never the one loading (which had been used
+    longest ago, never yet), so that request is answered."""
+    members = [Member("none", ("--none",)), Member("b", ("--b",)), Member("c", ("--slow",))]
+    pool = Pool(members, argv, capacity=2, log_dir=tmp_path, startup_timeout_s=20)
+    await pool.start()
+    try:
+        plain = (await ask(pool, "none")).json()["pid"]
+        b = (await ask(pool, "b")).json()["pid"]
+        os.kill(plain, signal.SIGKILL)
+        while pool._instance_of("none").running:
+            await asyncio.sleep(0.01)
+        loading = asyncio.create_task(ask(pool, "c"))
+        c = pool._instance_of("c")
+        while c.starting is None or c.starting.done():
+            await asyncio.sleep(0.01)
+        async with client_of(pool) as client:
+            await client.get("/health")  # starts the warm one again: room is made
+        answer = await loading
+        assert answer.status_code == 200, answer.text
+        assert not alive(b) and alive(answer.json()["pid"])
+    finally:
+        await pool.stop()
+
+
 async def test_a_killed_instance_is_started_again_by_the_next_request(pool: Pool) -> None:
     first = (await ask(pool, "mod.max16", prompt="x")).json()["pid"]
     os.kill(first, signal.SIGKILL)

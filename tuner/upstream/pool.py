@@ -8,7 +8,8 @@ with) and the fields sent with each of its requests. Everything above ``upstream
 stalls, unloads and falls back exactly as in router mode.
 
 Instances start on first use, each on its own loopback port; at most ``capacity`` run, the
-least recently used idle one is stopped to make room. One that dies is started again by
+least recently used idle one is stopped to make room (never one still starting, nor the warm
+one while another fits beside it). One that dies is started again by
 the next request for it; one that cannot start answers that request with a 500 (the proxy
 then sends it again without speculation and the quarantine counts the failure).
 """
@@ -76,6 +77,10 @@ class _Instance:
     @property
     def running(self) -> bool:
         return self.process is not None and self.process.returncode is None
+
+    @property
+    def launching(self) -> bool:
+        return self.starting is not None and not self.starting.done()
 
     @property
     def url(self) -> str:
@@ -280,13 +285,20 @@ class Pool(httpx.AsyncBaseTransport):
             raise RuntimeError(instance.failure or "it stopped")
 
     async def _make_room(self, instance: _Instance) -> None:
-        """Stop the least recently used idle instances until one more fits."""
+        """Stop the least recently used idle instances until one more fits. Never one still
+        starting (a request waits on it), nor the warm one where another fits beside it:
+        the pool is ready only while it runs, so stopping it refused every request until
+        the readiness poll started it again, which stopped another to make room."""
+        kept = self._instance_of(self.warm) if self.capacity > 1 else None
         others = [i for i in self._instances.values() if i.running and i is not instance]
         others.sort(key=lambda i: i.last_used)
         while len(others) >= self.capacity:
-            idle = next((i for i in others if i.inflight == 0), None)
+            idle = next(
+                (i for i in others if i.inflight == 0 and not i.launching and i is not kept),
+                None,
+            )
             if idle is None:
-                break  # every one is answering: one more for now rather than cut an answer
+                break  # every one is answering or starting: one more for now, none cut
             others.remove(idle)
             log.info("pool_unload", instance=idle.index, reason="capacity")
             await self._stop(idle, STOP_GRACE_S)
