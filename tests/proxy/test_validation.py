@@ -75,6 +75,14 @@ def test_media_parts_are_checked_against_the_model_modalities() -> None:
     assert caught.value.param == "messages[0].content[1]"
 
 
+@pytest.mark.parametrize("message", [{"role": "user"}, {"role": ""}, {"role": "tool"}])
+def test_a_message_that_is_not_the_assistants_needs_content(message: dict[str, str]) -> None:
+    """Mainline llama-server refuses it with a 400; ik_llama.cpp answered it with a 500."""
+    with pytest.raises(RequestError, match="non-assistant") as caught:
+        validate(CHAT, {"messages": [message]})
+    assert caught.value.status == 400 and caught.value.param == "messages[0]"
+
+
 def test_content_parts_must_be_typed_objects() -> None:
     with pytest.raises(RequestError, match=r"messages\[0\]\.content\[0\]"):
         validate(CHAT, {"messages": [{"role": "user", "content": ["text"]}]})

@@ -89,6 +89,12 @@ def _check_messages(messages: object, modalities: frozenset[str] | None) -> None
         if not isinstance(message.get("role"), str):
             raise RequestError(f"'{where}.role' is required and must be a string", param=where)
         content = message.get("content")
+        if content is None and message["role"] != "assistant":
+            # mainline llama-server says this with a 400, ik_llama.cpp with a 500
+            raise RequestError(
+                f"'{where}.content' is required: all non-assistant messages must contain 'content'",
+                param=where,
+            )
         if content is not None and not isinstance(content, str | list):
             raise RequestError(
                 f"'{where}.content' must be a string or an array of parts", param=where
