@@ -151,6 +151,29 @@ async def test_an_instance_still_starting_is_not_stopped_to_make_room(tmp_path: 
         await pool.stop()
 
 
+async def test_where_one_instance_fits_a_variant_serves_in_place_of_the_warm_one(
+    tmp_path: Path,
+) -> None:
+    """Capacity 1 (one-at-a-time mode): a variant's instance replaces the warm one and the
+    pool stays ready on it; the readiness poll does not start the warm one again (which
+    stopped the variant's, and the daemon refused requests meanwhile, on ik_llama.cpp)."""
+    members = [Member("none", ("--none",)), Member("b", ("--b",))]
+    pool = Pool(members, argv, capacity=1, log_dir=tmp_path, startup_timeout_s=20)
+    await pool.start()
+    await pool.wait_ready(20)
+    try:
+        plain = (await ask(pool, "none")).json()["pid"]
+        b = (await ask(pool, "b")).json()["pid"]
+        assert not alive(plain)
+        async with client_of(pool) as client:
+            for _ in range(3):
+                assert (await client.get("/health")).status_code == 200
+        assert alive(b) and not pool._instance_of("none").running
+        assert (await ask(pool, "none")).status_code == 200 and not alive(b)
+    finally:
+        await pool.stop()
+
+
 async def test_a_killed_instance_is_started_again_by_the_next_request(pool: Pool) -> None:
     first = (await ask(pool, "mod.max16", prompt="x")).json()["pid"]
     os.kill(first, signal.SIGKILL)

@@ -155,11 +155,13 @@ class Pool(httpx.AsyncBaseTransport):
         path = request.url.path
         if path == "/health":
             # the readiness poll starts the warm instance again where it died: requests are
-            # refused while the pool is not ready, so none of them would
+            # refused while the pool is not ready, so none of them would. Where one instance
+            # fits, the one serving a variant in its place is as ready (one-at-a-time mode)
             warm = self._instance_of(self.warm)
-            with contextlib.suppress(RuntimeError):  # stopping
-                await self._ensure(warm, wait=False)
-            ready = warm.ready.is_set()
+            ready = warm.ready.is_set() or self._serving_in_place_of(warm)
+            if not ready:
+                with contextlib.suppress(RuntimeError):  # stopping
+                    await self._ensure(warm, wait=False)
             body = {"status": "ok"} if ready else {"error": {"code": 503, "message": "loading"}}
             return _json(200 if ready else 503, body)
         if path in ("/v1/models", "/models"):
@@ -262,6 +264,11 @@ class Pool(httpx.AsyncBaseTransport):
         return _json(200, {"success": True})
 
     # -- instances -----------------------------------------------------------------------
+
+    def _serving_in_place_of(self, warm: _Instance) -> bool:
+        """Only one instance fits and another than the warm one runs or is starting."""
+        others = (i for i in self._instances.values() if i is not warm)
+        return self.capacity == 1 and any(i.ready.is_set() or i.launching for i in others)
 
     def _instance_of(self, name: str) -> _Instance:
         return self._instances[self.members[name].flags]
