@@ -83,6 +83,12 @@ def test_a_message_that_is_not_the_assistants_needs_content(message: dict[str, s
     assert caught.value.status == 400 and caught.value.param == "messages[0]"
 
 
+def test_an_assistant_message_needs_content_or_tool_calls() -> None:
+    with pytest.raises(RequestError, match="'content' or 'tool_calls'") as caught:
+        validate(CHAT, {"messages": [{"role": "assistant"}]})
+    assert caught.value.status == 400
+
+
 def test_content_parts_must_be_typed_objects() -> None:
     with pytest.raises(RequestError, match=r"messages\[0\]\.content\[0\]"):
         validate(CHAT, {"messages": [{"role": "user", "content": ["text"]}]})

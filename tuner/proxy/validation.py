@@ -89,10 +89,15 @@ def _check_messages(messages: object, modalities: frozenset[str] | None) -> None
         if not isinstance(message.get("role"), str):
             raise RequestError(f"'{where}.role' is required and must be a string", param=where)
         content = message.get("content")
+        # mainline llama-server refuses these two with a 400, ik_llama.cpp with a 500
         if content is None and message["role"] != "assistant":
-            # mainline llama-server says this with a 400, ik_llama.cpp with a 500
             raise RequestError(
                 f"'{where}.content' is required: all non-assistant messages must contain 'content'",
+                param=where,
+            )
+        if content is None and not {"tool_calls", "function_call"} & message.keys():
+            raise RequestError(
+                f"'{where}': an assistant message must contain 'content' or 'tool_calls'",
                 param=where,
             )
         if content is not None and not isinstance(content, str | list):
