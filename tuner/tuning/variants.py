@@ -74,7 +74,8 @@ _IK_NGRAM_FLAGS = {
     "n_match": "--spec-ngram-size-n",
 }
 PER_REQUEST = ("n_max", "n_min", "p_min")
-AUTOTUNED = ("ngram-mod", "ngram-simple")  # the n-gram types ik_llama.cpp's autotune tunes
+# the n-gram types ik_llama.cpp's autotune tunes: those with an ``autotune`` parameter
+AUTOTUNED = tuple(kind for kind, params in PARAMS.items() if "autotune" in params)
 AUTOTUNE_MAX = 16  # the most tokens its autotune lets a round draft
 # Defaults of the current build, used for the nominal draft length of a variant.
 _DEFAULT_DRAFT = {"ngram-mod": 64, "ngram-cache": 8, "draft": 3, "ngram": 48}
@@ -176,7 +177,7 @@ class Variant:
             raise ValueError(f"{self.name} needs a draft model (TUNER_DRAFT_MODEL)")
         if not caps.supports_spec_type(self.spec_type):
             raise ValueError(f"this llama-server build has no spec type {self.spec_type!r}")
-        if self.autotuned and not (caps.autotune and caps.engine == "ik_llama.cpp"):
+        if self.autotuned and not _autotunes(caps):
             raise ValueError(f"this llama-server build has no {AUTOTUNE}")
         draft = ["-md", str(draft_model)] if self.needs_draft_model and draft_model else []
         if caps.engine == "ik_llama.cpp":
@@ -286,6 +287,11 @@ def grid(
     return out
 
 
+def _autotunes(caps: Capabilities) -> bool:
+    """The build tunes the draft settings per step itself: ik_llama.cpp's ``--spec-autotune``."""
+    return caps.autotune and caps.engine == "ik_llama.cpp"
+
+
 def autotune_space(
     space: Mapping[str, Mapping[str, Sequence[ParamValue]]], caps: Capabilities
 ) -> dict[str, dict[str, list[ParamValue]]]:
@@ -295,7 +301,7 @@ def autotune_space(
     out = {
         kind: {p: list(values) for p, values in params.items()} for kind, params in space.items()
     }
-    has = caps.autotune and caps.engine == "ik_llama.cpp"
+    has = _autotunes(caps)
     for kind in AUTOTUNED:
         if kind in out and has:
             out[kind].setdefault("autotune", [0, 1])

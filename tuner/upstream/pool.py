@@ -9,9 +9,9 @@ stalls, unloads and falls back exactly as in router mode.
 
 Instances start on first use, each on its own loopback port; at most ``capacity`` run, the
 least recently used idle one is stopped to make room (never one still starting, nor the warm
-one while another fits beside it). One that dies is started again by
-the next request for it; one that cannot start answers that request with a 500 (the proxy
-then sends it again without speculation and the quarantine counts the failure).
+one while another fits beside it). One that dies is started again by the next request for
+it; one that cannot start answers that request with a 500 (the proxy then sends it again
+without speculation and the quarantine counts the failure).
 """
 
 from __future__ import annotations
@@ -278,7 +278,7 @@ class Pool(httpx.AsyncBaseTransport):
         async with self._lock:
             if self._stopping:
                 raise RuntimeError("the daemon is stopping")
-            if not instance.running and (instance.starting is None or instance.starting.done()):
+            if not instance.running and not instance.launching:
                 await self._make_room(instance)
                 instance.ready.clear()
                 instance.failure = None
