@@ -12,6 +12,7 @@ disk.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
@@ -363,7 +364,9 @@ def create_app(
     records.observers.append(metrics.observe)
 
     async def exposition(request: Request) -> Response:
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        # the collectors read the tuner's state under its lock: never on the event loop
+        body = await asyncio.to_thread(generate_latest, metrics.registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -7,12 +7,11 @@ again, a retry or a batch job, is a request of its own). A new conversation that
 system prompt or a tool list with earlier ones diverges inside them, and is new. A block
 continued differently by ``COMMON`` or more prompts gives no credit either (every instance
 that served any of them holds it). The index is bounded (least recently used blocks
-forgotten first) and thread-safe.
+forgotten first).
 """
 
 from __future__ import annotations
 
-import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -45,34 +44,42 @@ class Held:
 
 
 class PrefixIndex:
+    """Read and written on the request path alone (no lock); ``forget`` may be called from
+    any thread: it is one assignment, and the blocks it makes stale are skipped, not
+    walked."""
+
     def __init__(self, max_blocks: int = 200_000) -> None:
         self.max_blocks = max_blocks
         self._blocks: OrderedDict[bytes, _Block] = OrderedDict()
-        self._ids: OrderedDict[str, str] = OrderedDict()  # session id -> its last variant
+        # session id -> its last variant, and the tick it was sent at
+        self._ids: OrderedDict[str, tuple[str, int]] = OrderedDict()
         self._tick = 0
-        self._lock = threading.Lock()
+        self._forgotten: dict[str, int] = {}  # variant -> the last tick its cache lost
 
     def __len__(self) -> int:
         return len(self._blocks)
 
+    def _holds(self, variant: str, tick: int) -> bool:
+        return tick > self._forgotten.get(variant, 0)
+
     def locate(self, prompt: Prompt) -> Held | None:
         """Where this prompt continues a conversation; None for a new one."""
-        with self._lock:
-            depth: dict[str, int] = {}  # leading blocks each variant holds
-            last: dict[str, int] = {}
-            common = ended = ended_chars = 0
-            for i, digest in enumerate(prompt.blocks):
-                block = self._blocks.get(digest)
-                if block is None:
-                    break
-                for variant, tick in block.holders.items():
-                    if depth.get(variant, 0) == i:
-                        depth[variant], last[variant] = i + 1, tick
-                if len(block.children) >= COMMON:
-                    common = i + 1
-                if block.ends:
-                    ended, ended_chars = i + 1, block.ends
-            by_id = self._ids.get(prompt.session) if prompt.session else None
+        depth: dict[str, int] = {}  # leading blocks each variant holds
+        last: dict[str, int] = {}
+        common = ended = ended_chars = 0
+        for i, digest in enumerate(prompt.blocks):
+            block = self._blocks.get(digest)
+            if block is None:
+                break
+            for variant, tick in block.holders.items():
+                if depth.get(variant, 0) == i and self._holds(variant, tick):
+                    depth[variant], last[variant] = i + 1, tick
+            if len(block.children) >= COMMON:
+                common = i + 1
+            if block.ends:
+                ended, ended_chars = i + 1, block.ends
+        sent = self._ids.get(prompt.session) if prompt.session else None
+        by_id = sent[0] if sent is not None and self._holds(*sent) else None
         if not depth and by_id is None:
             return None
         cached = {v: n * BLOCK_CHARS for v, n in depth.items()}
@@ -83,33 +90,29 @@ class PrefixIndex:
 
     def remember(self, prompt: Prompt, variant: str) -> None:
         """``variant``'s instance was sent this prompt: it holds its blocks now."""
-        with self._lock:
-            self._tick += 1
-            parent: _Block | None = None
-            for digest in prompt.blocks:
-                block = self._blocks.get(digest)
-                if block is None:
-                    block = self._blocks[digest] = _Block()
-                else:
-                    self._blocks.move_to_end(digest)
-                block.holders[variant] = self._tick
-                if parent is not None and len(parent.children) < COMMON:
-                    parent.children.add(digest)
-                parent = block
-            if parent is not None:
-                parent.ends = max(parent.ends, prompt.chars)
-            while len(self._blocks) > self.max_blocks:
-                self._blocks.popitem(last=False)
-            if prompt.session:
-                self._ids[prompt.session] = variant
-                self._ids.move_to_end(prompt.session)
-                if len(self._ids) > MAX_IDS:
-                    self._ids.popitem(last=False)
+        self._tick += 1
+        parent: _Block | None = None
+        for digest in prompt.blocks:
+            block = self._blocks.get(digest)
+            if block is None:
+                block = self._blocks[digest] = _Block()
+            else:
+                self._blocks.move_to_end(digest)
+            block.holders[variant] = self._tick
+            if parent is not None and len(parent.children) < COMMON:
+                parent.children.add(digest)
+            parent = block
+        if parent is not None:
+            parent.ends = max(parent.ends, prompt.chars)
+        while len(self._blocks) > self.max_blocks:
+            self._blocks.popitem(last=False)
+        if prompt.session:
+            self._ids[prompt.session] = (variant, self._tick)
+            self._ids.move_to_end(prompt.session)
+            if len(self._ids) > MAX_IDS:
+                self._ids.popitem(last=False)
 
     def forget(self, variant: str) -> None:
-        """``variant``'s instance lost its cache (it was stopped or restarted)."""
-        with self._lock:
-            for block in self._blocks.values():
-                block.holders.pop(variant, None)
-            for key in [k for k, v in self._ids.items() if v == variant]:
-                del self._ids[key]
+        """``variant``'s instance lost its cache (it was stopped or restarted): what it was
+        sent so far counts no more."""
+        self._forgotten[variant] = self._tick

@@ -190,6 +190,7 @@ class ClassState:
     pairs: deque[dict[str, Counts]] = field(default_factory=lambda: deque(maxlen=PAIRS))
     policy: Policy | None = None
     prior: PriorView | None = None
+    speedups: dict[str, float] | None = None  # as last priced to decide its policy
 
     def arm(self, name: str) -> Arm:
         found = self.arms.get(name)

@@ -25,7 +25,7 @@ from tuner.tuning.evidence.counts import Counts, count_speedup, log_interval, ra
 from tuner.tuning.pricing.calibration import GUESS_SE, Calibration, Row
 from tuner.tuning.variants import BASELINE, Variant
 
-__all__ = ["MAX_COST", "Pricing", "paired_speedup", "prior_cost"]
+__all__ = ["MAX_COST", "Pricing", "answer_tokens", "paired_speedup", "prior_cost"]
 
 MAX_COST = 3.0  # most one exploring request is charged, in requests at the policy's speed
 # Before prompts are timed, prefill is taken as this many plain decode steps' tokens a
@@ -33,6 +33,18 @@ MAX_COST = 3.0  # most one exploring request is charged, in requests at the poli
 PREFILL_STEPS = 8.0
 PREFILL_MIN = 512  # prompt tokens processed before their speed is trusted
 DEFAULT_ANSWER = 256  # tokens, before a class has answered anything
+
+
+def answer_tokens(mean: float | None, limit: int | None) -> float:
+    """The answer a request is expected to decode: its class's ``mean``, at most the
+    request's ``limit``; the limit, or ``DEFAULT_ANSWER``, before the class answered any.
+
+    >>> answer_tokens(80.0, 64), answer_tokens(80.0, None), answer_tokens(None, None)
+    (64, 80.0, 256.0)
+    """
+    if mean is None:
+        return float(limit or DEFAULT_ANSWER)
+    return min(mean, limit) if limit else mean
 
 
 def prior_cost(cost: CostModel, draft_step: float) -> tuple[float, float]:
@@ -162,14 +174,17 @@ class Pricing:
     def answer_tokens(self, key: str, limit: int | None) -> float:
         """The answer a request of this class is expected to decode: its nearest level's
         mean, at most the request's limit."""
+        return answer_tokens(self.mean_answer(key), limit)
+
+    def mean_answer(self, key: str) -> float | None:
+        """The mean answer of the class's nearest level that answered any, in tokens."""
         for level in levels(key):
             state = self.classes.get(level)
             arms = state.arms.values() if state is not None else ()
             requests = sum(arm.requests for arm in arms)
             if requests:
-                mean = sum(arm.tokens for arm in arms) / requests
-                return min(mean, limit) if limit else mean
-        return float(limit or DEFAULT_ANSWER)
+                return sum(arm.tokens for arm in arms) / requests
+        return None
 
     def explore_cost(self, key: str, tok_s: float, gain: float) -> float | None:
         """What one exploring request of this class that decoded at ``tok_s`` cost, in

@@ -1,6 +1,7 @@
 """The tuning engine: per class, exploit the best-known variant, spend a bounded share on trials.
 
-``route(class_key)`` is called on the request path and only reads memory: it returns the
+``route(class_key)`` is called on the request path and reads only the routing table the
+engine last published (``tuner.tuning.runtime.routing``), never its lock: it returns the
 variant to use and why (``exploit``, ``trial``, ``control``, ``pinned``).
 ``observe(record)`` is called after the response went back: it adds the request's counts
 to the evidence of its class and every level above it (``tuner.tuning.evidence.classes``),
@@ -28,17 +29,19 @@ Per class:
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import queue
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from tuner.classify.classes import ROOT
 from tuner.logs import get_logger
 from tuner.model.speedup import CostModel
 from tuner.records import RequestRecord
-from tuner.sessions.moves import Turn, move_pays
+from tuner.sessions.moves import Turn
 from tuner.tuning.config import Override, TuningConfig
 from tuner.tuning.evidence.classes import SAMPLED, ClassState, Trial, levels, parse_class
 from tuner.tuning.evidence.counts import Counts
@@ -48,6 +51,7 @@ from tuner.tuning.policy.prior import PriorView
 from tuner.tuning.pricing.calibration import Calibration
 from tuner.tuning.pricing.prices import Pricing
 from tuner.tuning.runtime.events import Event, apply, replayed, served, trial_done
+from tuner.tuning.runtime.routing import Router, recount, table_of
 from tuner.tuning.runtime.rules import Rules
 from tuner.tuning.search.studies import StudyBook
 from tuner.tuning.search.trials import TrialSearch
@@ -58,6 +62,7 @@ __all__ = ["SAMPLED", "Decision", "Engine", "Policy", "levels"]
 log = get_logger(__name__)
 
 IO = Callable[[Callable[[], None]], None]
+REPRICE_EVERY = 32  # routing tables published between two that price every class again
 
 
 def _inline(job: Callable[[], None]) -> None:
@@ -65,7 +70,8 @@ def _inline(job: Callable[[], None]) -> None:
 
 
 class Engine:
-    """Per-class decisions on live traffic. Thread-safe: one lock around the memory state."""
+    """Per-class decisions on live traffic. Thread-safe: one lock around the evidence, which
+    routing never takes (it reads ``router.table``)."""
 
     def __init__(
         self,
@@ -107,7 +113,15 @@ class Engine:
         # requests observed that speculated, and those routed without speculation
         self._served = self._plain_routed = 0
         self._opening: str | None = None  # what an unsettled class runs (``_open``)
+        self._applied = 0  # the last routed request whose counters the classes hold
+        self._tables = 0  # routing tables published
+        self._priced: set[str] | None = set()  # classes to price again (None: all)
         self._lock = threading.RLock()
+        self.router = Router(
+            table_of(self.rules, self.pricing, searching=studies is not None),
+            excluded=excluded,
+            notify=self._notify,
+        )
 
     @property
     def config(self) -> TuningConfig:
@@ -117,113 +131,95 @@ class Engine:
     def calibration(self) -> Calibration:
         return self.pricing.calibration
 
-    # -- the request path -------------------------------------------------------------
+    # -- the request path (``routing``: reads the published table, no lock) -----------
 
     def route(self, class_key: str | None, turn: Turn | None = None) -> Decision:
-        """The variant for one request of this class (memory only, no IO). A conversation's
-        later ``turn`` never explores, and stays on the instance that holds its history
-        unless moving to the class's variant (its pin included) pays for processing it
-        again."""
-        key = class_key or ROOT
+        """The variant for one request of this class (``Router.route``)."""
+        return self.router.route(class_key, turn)
+
+    def _notify(self) -> None:
+        self.io(self.drain)
+
+    def drain(self) -> None:
+        """Apply what the router queued and publish the next table."""
+        with self._learning(()):
+            pass
+
+    @contextlib.contextmanager
+    def _learning(self, touched: Iterable[str] | None = None) -> Iterator[None]:
+        """The lock, the router's counters applied first, and the table published after:
+        every change to the evidence runs inside one. ``touched``: the only classes whose
+        evidence may change (their prices are computed again); None for any, and none for
+        the router's counters alone."""
         with self._lock:
-            decision = self._decide(key, explore=turn is None)
+            routed = self._drain()
+            try:
+                yield
+            finally:
+                if touched == () and routed <= self.router.table.classes.keys():
+                    self.router.table = recount(
+                        self.router.table, self.rules, routed, self._applied, self._anchors()
+                    )
+                else:
+                    if touched is None:
+                        self._priced = None
+                    elif self._priced is not None:
+                        self._priced.update(touched)
+                    self._publish()
+
+    def _anchors(self) -> int:
+        return max(self._plain_routed, self.rules.state(ROOT).baseline_requests)
+
+    def _drain(self) -> set[str]:
+        """The routed requests' counters into the classes (caller holds the lock); the
+        classes routed."""
+        router = self.router
+        router.taken()
+        routed: set[str] = set()
+        while True:
+            try:
+                note = router.queue.get_nowait()
+            except queue.Empty:
+                return routed
+            routed.add(note.key)
+            state = self.rules.state(note.key)
+            state.seen += 1
+            self._plain_routed += note.plain
+            self._applied = note.seq
+            if note.explored:
+                state.explored += 1
+                state.spent += 1.0  # until observed (``Pricing.explore_cost``)
+            trial = state.trial
+            if note.abandon is not None and trial is not None and trial.number == note.abandon:
+                state.trial = None  # it cannot run: its study hears so, the class moves on
+                self.io(functools.partial(self._abandon, note.key, trial))
             if (
-                turn is not None
-                and decision.variant != turn.held
-                and self._stays(key, decision, turn)
+                (note.prepare or note.abandon is not None)
+                and state.trial is None
+                and not state.converged
+                and not state.preparing
+                and self.studies is not None
             ):
-                decision = Decision(turn.held, "exploit", policy_class=decision.policy_class)
-            if decision.variant == BASELINE.name and decision.role != "pinned":
-                self._plain_routed += 1
-            return decision
+                state.preparing = True
+                self.io(functools.partial(self._next_trial, note.key))
 
-    def _decide(self, key: str, explore: bool) -> Decision:
-        """The class's pin, a trial or control request (while its budget allows and
-        ``explore``), or its policy's variant (caller holds the lock)."""
-        state = self.rules.state(key)
-        state.seen += 1
-        override = self.rules.override(key)
-        if override.pin is not None and override.pin in self.variants:
-            return Decision(override.pin, "pinned", policy_class=key)
-        policy_class, policy = self.rules.effective_policy(key)
-        share = self.config.budget.explore_share
-        may_explore = (
-            explore
-            and not override.off
-            and state.spent < share * state.seen
-            and self._spent_all() < share * self._seen_all()
+    def _publish(self) -> None:
+        """Build the routing table from the evidence and swap it in (caller holds the
+        lock). Prices move with the shared calibration too: every ``REPRICE_EVERY``
+        tables, every class's are computed again."""
+        self._tables += 1
+        priced = None if self._tables % REPRICE_EVERY == 0 else self._priced
+        self.router.table = table_of(
+            self.rules,
+            self.pricing,
+            opening=self._opening,
+            applied=self._applied,
+            anchors=self._anchors(),
+            searching=self.studies is not None,
+            previous=self.router.table,
+            priced=priced,
         )
-        decision = self._explore(key, state, policy.gain) if may_explore else None
-        if decision is None:
-            return self._exploit(key, state, policy_class, policy)
-        state.explored += 1
-        state.spent += 1.0  # until observed (``Pricing.explore_cost``)
-        return decision
-
-    def _spent_all(self) -> float:
-        return sum(state.spent for state in self.classes.values())
-
-    def _seen_all(self) -> int:
-        return sum(state.seen for state in self.classes.values())
-
-    def _exploit(self, key: str, state: ClassState, policy_class: str, policy: Policy) -> Decision:
-        """The policy's variant, or the opening variant where the policy runs no
-        speculation only for lack of evidence."""
-        opening = self._opening
-        if (
-            opening is not None
-            and not policy.speculation
-            and not policy.settled
-            and not self.rules.forbidden(key, opening)
-            and not self.excluded(opening)
-            and self.rules.may_borrow(state, opening)
-        ):
-            return Decision(opening, "exploit", policy_class=ROOT)
-        return Decision(policy.variant, "exploit", policy_class=policy_class)
-
-    def _stays(self, key: str, wanted: Decision, turn: Turn) -> bool:
-        """Whether a conversation's turn stays where its history is cached rather than move
-        to ``wanted`` (caller holds the lock): it stays unless the decode time the class's
-        measured speedups save over its answer beats processing the history again."""
-        held = turn.held
-        if held not in self.variants or self.excluded(held) or self.rules.forbidden(key, held):
-            return False
-        if turn.extra(wanted.variant) <= 0:
-            return False  # its instance holds the history too: nothing to process again
-        plain = self.pricing.baseline_speed(key)
-        if plain is None:
-            return True  # nothing measured yet to pay for a move
-        speeds = self.rules.class_speedups([key])[key]
-        return not move_pays(
-            turn.extra(wanted.variant),
-            self.pricing.prefill_speed(plain),
-            self.pricing.answer_tokens(key, turn.max_tokens),
-            1.0 / plain,
-            speeds.get(held, 1.0),
-            speeds.get(wanted.variant, 1.0),
-        )
-
-    def _explore(self, key: str, state: ClassState, gain: float) -> Decision | None:
-        """A trial or control request, or None when there is nothing to explore right now
-        or the budget does not yet cover what the trial's variant measured at the nearest
-        level (a new class's first request would otherwise always explore)."""
-        if max(self._plain_routed, self.rules.state(ROOT).baseline_requests) < 2:
-            # the fitted step time is anchored by two plain requests of all traffic
-            return Decision(BASELINE.name, "control", policy_class=key)
-        trial = state.trial
-        if trial is not None and self.excluded(trial.variant.name):
-            state.trial = None  # it cannot run: its study hears so, the class moves on
-            self.io(functools.partial(self._abandon, key, trial))
-        elif trial is not None:
-            need = self.config.budget.min_trial_requests
-            expected = self.pricing.expected_cost(key, trial.variant.name, gain, need)
-            if state.spent + expected > self.config.budget.explore_share * state.seen:
-                return None
-            return Decision(trial.variant.name, "trial", trial.number, key)
-        if not state.converged and not state.preparing and self.studies is not None:
-            state.preparing = True
-            self.io(functools.partial(self._next_trial, key))
-        return None
+        self._priced = set()
 
     # -- learning ---------------------------------------------------------------------
 
@@ -233,7 +229,7 @@ class Engine:
         if record.variant is None or record.status != 200 or record.error or t is None:
             return
         key = record.class_key or ROOT
-        with self._lock:
+        with self._learning((key,)):
             if t.prompt_n is not None:
                 state = self.rules.state(key)
                 state.prompt_cached += t.cache_n or 0
@@ -293,7 +289,7 @@ class Engine:
         if not row:
             return
         mine = (served, served_counts) if served_counts is not None else None
-        with self._lock:
+        with self._learning((key,)):
             self.own(replayed(key, row, mine))
             changed = self.rules.decide_all(key)
             self._open()
@@ -310,7 +306,7 @@ class Engine:
         """Add other daemons' events (parsed) to the evidence and re-decide the classes
         they touched; how many applied."""
         applied, touched = 0, set()
-        with self._lock:
+        with self._learning():
             for event in events:
                 if apply(event, self.rules.state, self.calibration, self.variants.__contains__):
                     applied += 1
@@ -346,7 +342,7 @@ class Engine:
         """Ask the class's study for its next trial."""
         assert self.studies is not None
         try:
-            with self._lock:
+            with self._learning((key,)):
                 state = self.rules.state(key)
                 space = self.rules.space(key)
                 if not space:
@@ -358,13 +354,13 @@ class Engine:
             if self.excluded(variant.name):
                 self._abandon(key, trial)
                 return
-            with self._lock:
+            with self._learning((key,)):
                 if variant.name in self.variants:
                     state.trial = trial
         except Exception:
             log.exception("tuning_ask_failed", class_key=key)
         finally:
-            with self._lock:
+            with self._learning((key,)):
                 self.rules.state(key).preparing = False
 
     def _abandon(self, key: str, trial: Trial) -> None:
@@ -382,7 +378,7 @@ class Engine:
     def _finish_trial(self, key: str, trial: Trial) -> None:
         """Tell the study, re-decide, and ask for the class's next trial."""
         assert self.studies is not None
-        with self._lock:
+        with self._learning((key,)):
             state = self.rules.state(key)
             outcome = self.search.outcome(self.config, state, trial, self.rules.clears)
             self.own(trial_done(key, trial.variant.name, outcome.converged))
@@ -403,7 +399,7 @@ class Engine:
             pruned=outcome.pruned,
         )
         self.changed()
-        with self._lock:
+        with self._learning((key,)):
             if state.converged or state.preparing:
                 return
             state.preparing = True
@@ -451,7 +447,7 @@ class Engine:
         """Re-open exploration where the chosen variant drifted; the classes re-opened."""
         window = self.config.guard.drift_window
         reopened = []
-        with self._lock:
+        with self._learning():
             for state in self.classes.values():
                 policy = state.policy
                 if not state.converged or policy is None or not policy.speculation:
@@ -479,7 +475,7 @@ class Engine:
 
     def reconfigure(self, config: TuningConfig) -> list[str]:
         """Apply an edited tuning file (SIGHUP); the sections that changed."""
-        with self._lock:
+        with self._learning():
             changed = self.rules.configure(config)
         if changed:
             self.changed()
@@ -487,7 +483,7 @@ class Engine:
 
     def refresh(self) -> None:
         """Re-decide every class (a variant became unusable, or usable again)."""
-        with self._lock:
+        with self._learning():
             changed = [self.rules.decide(state) for state in list(self.classes.values())]
         if any(changed):
             self.changed()
@@ -541,7 +537,7 @@ class Engine:
         malformed entry raises (KeyError, TypeError or ValueError) and leaves the engine as
         it was."""
         parsed = {key: parse_class(key, data) for key, data in classes.items()}
-        with self._lock:
+        with self._learning():
             for key, found in parsed.items():
                 state = self.rules.state(key)
                 state.seen, state.explored, state.spent = found.seen, found.explored, found.spent

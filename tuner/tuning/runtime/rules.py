@@ -136,6 +136,7 @@ class Rules:
         # one pricing of the drafted tokens serves both the intervals and the paired check
         costs = self.pricing.costs(self.pricing.priced(state, need), state.key)
         speedups = self.pricing.speedups(state, base, need, costs)
+        state.speedups = {name: found.value for name, found in speedups.items()}
         allowed = {
             name
             for name in speedups

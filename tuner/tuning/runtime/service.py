@@ -184,7 +184,7 @@ class TuningService:
         if self.instance_of(decision.variant) == self.instance_of(turn.held):
             return "stayed"  # on its instance, with other per-request settings perhaps
         held = turn.held
-        if self._blocked(held) or self.engine.forbidden(class_key or ROOT, held):
+        if self._blocked(held) or self.engine.router.forbidden(class_key or ROOT, held):
             return "moved:unavailable"
         return "moved:pays" if decision.role in ("exploit", "pinned") else f"moved:{decision.role}"
 

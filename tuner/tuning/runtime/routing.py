@@ -1,0 +1,465 @@
+"""Routing without the learner's lock: an immutable table the learner publishes, read by
+the request path, which hands its counters back through a queue.
+
+The learner (``tuner.tuning.runtime.engine``) owns the classes' evidence and re-decides
+them on its own thread; after each change it builds a ``RouteTable`` (per class: the
+policy that serves it, its pin, the exploration budget's state, the running trial and
+what it is expected to cost, the inputs of the conversation rule) and swaps it in with
+one reference assignment. ``Router.route`` reads the table it finds, adds what it routed
+since the table was built (its own, kept on the event loop), decides, and queues what it
+did (a request seen, explored, a trial wanted or to abandon) for the learner, which
+applies those counters to the evidence and publishes the next table. No lock the learner
+takes is ever taken here.
+
+A class the table does not hold yet (its first request) is served as the learner would
+serve a class without evidence: its override, else the nearest level's settled policy
+(``Rules.effective_policy`` with nothing of its own to forbid a parent's variant).
+"""
+
+from __future__ import annotations
+
+import queue
+from collections import deque
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field, replace
+
+from tuner.classify.classes import ROOT
+from tuner.sessions.moves import Turn, move_pays
+from tuner.tuning.config import Override, TuningConfig
+from tuner.tuning.evidence.classes import levels
+from tuner.tuning.policy.guard import Decision, Policy
+from tuner.tuning.pricing.prices import Pricing, answer_tokens
+from tuner.tuning.runtime.rules import Rules
+from tuner.tuning.variants import BASELINE
+
+__all__ = ["ClassRoute", "RouteTable", "Routed", "Router", "Served", "recount", "table_of"]
+
+ANCHORS = 2  # plain requests of all traffic that anchor the fitted step time
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """A policy as routing needs it: whose it is, its variant, and how firm it is."""
+
+    policy_class: str
+    variant: str
+    speculation: bool
+    settled: bool
+    override: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ClassRoute:
+    """What routing needs of one class, as of the table it is in."""
+
+    seen: int
+    spent: float
+    override: Override
+    serves: Served  # the effective policy (``Rules.effective_policy``)
+    own: Served | None  # the class's own policy, for classes below it without evidence
+    enough: bool  # measured on enough requests to lend its policy
+    converged: bool
+    opening_ok: bool  # the opening variant may serve it (but for the quarantine)
+    trial: tuple[str, int] | None  # the running trial's variant and number
+    trial_cost: float  # what one trial request is expected to cost the budget
+    wants_trial: bool  # a trial should be asked for (none running or being prepared)
+    # the conversation rule's inputs (``sessions.moves``)
+    plain: float | None  # decode tok/s without speculation
+    prefill: float  # prompt tok/s
+    answer: float | None  # the mean answer of its nearest level, in tokens
+    speeds: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class RouteTable:
+    """Everything routing reads, as of the ``applied``-th routed request the learner took."""
+
+    config: TuningConfig
+    variants: Mapping[str, str]  # name -> spec type
+    classes: Mapping[str, ClassRoute]
+    applied: int = 0
+    seen_all: int = 0
+    spent_all: float = 0.0
+    anchors: int = 0  # plain requests routed, or observed in the root class
+    opening: str | None = None
+    searching: bool = False  # trials are asked of a study
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """One routed request, as the learner applies it."""
+
+    seq: int
+    key: str
+    explored: bool = False
+    plain: bool = False  # served without speculation, not by a pin
+    prepare: bool = False  # ask the class's study for a trial
+    abandon: int | None = None  # the trial whose variant is quarantined
+
+
+class Router:
+    """The request path's side: ``route`` reads the current table and never blocks.
+    ``notify`` is called after a request is queued (the learner drains the queue); it is
+    called at most once until the learner calls ``taken``."""
+
+    def __init__(
+        self,
+        table: RouteTable,
+        *,
+        excluded: Callable[[str], bool],
+        notify: Callable[[], None],
+    ) -> None:
+        self.table = table  # replaced whole by the learner
+        self.excluded = excluded  # the quarantine (read without a lock)
+        self.notify = notify
+        self.queue: queue.SimpleQueue[Routed] = queue.SimpleQueue()
+        self._pending = _Pending()  # queued since the table was built
+        self._seq = 0
+        self._notified = False
+        self._overrides: dict[str, Override] = {}  # of classes the table lacks
+        self._config = table.config
+
+    def _override(self, table: RouteTable, key: str) -> Override:
+        if table.config is not self._config:
+            self._overrides, self._config = {}, table.config
+        found = self._overrides.get(key)
+        if found is None:
+            found = self._overrides[key] = table.config.override_for(key)
+        return found
+
+    def taken(self) -> None:
+        """The learner is about to drain the queue: the next request notifies again."""
+        self._notified = False
+
+    def override(self, key: str) -> Override:
+        table = self.table
+        entry = table.classes.get(key)
+        return entry.override if entry is not None else self._override(table, key)
+
+    def forbidden(self, key: str, variant: str) -> bool:
+        spec_type = self.table.variants.get(variant)
+        return spec_type is not None and spec_type in self.override(key).forbid
+
+    def route(self, class_key: str | None, turn: Turn | None = None) -> Decision:
+        """The variant for one request of this class. A conversation's later ``turn`` never
+        explores, and stays on the instance that holds its history unless moving to the
+        class's variant (its pin included) pays for processing it again."""
+        key = class_key or ROOT
+        table = self.table
+        pending = self._pending
+        pending.since(table.applied)
+        entry = table.classes.get(key)
+        override = entry.override if entry is not None else self._override(table, key)
+        self._seq += 1
+        note = Routed(self._seq, key)
+        if override.pin is not None and override.pin in table.variants:
+            decision = Decision(override.pin, "pinned", policy_class=key)
+        else:
+            serves = entry.serves if entry is not None else _fresh(table, key, override)
+            decision, note = self._decide(table, key, entry, override, serves, note, turn)
+        if (
+            turn is not None
+            and decision.variant != turn.held
+            and self._stays(table, key, entry, decision, turn)
+        ):
+            decision = Decision(turn.held, "exploit", policy_class=decision.policy_class)
+        if decision.variant == BASELINE.name and decision.role != "pinned":
+            note = replace(note, plain=True)
+        pending.append(note)
+        self.queue.put(note)
+        if not self._notified:
+            self._notified = True
+            self.notify()
+        return decision
+
+    def _decide(
+        self,
+        table: RouteTable,
+        key: str,
+        entry: ClassRoute | None,
+        override: Override,
+        serves: Served,
+        note: Routed,
+        turn: Turn | None,
+    ) -> tuple[Decision, Routed]:
+        """A trial or control request while the budget allows (never for a later turn),
+        else the policy's variant, or the opening variant where the policy runs no
+        speculation only for lack of evidence."""
+        share = table.config.budget.explore_share
+        pending = self._pending
+        seen = (entry.seen if entry is not None else 0) + pending.seen.get(key, 0) + 1
+        spent = (entry.spent if entry is not None else 0.0) + pending.spent.get(key, 0)
+        seen_all = table.seen_all + len(pending.notes) + 1
+        spent_all = table.spent_all + pending.spent_all
+        if (
+            turn is None
+            and not override.off
+            and spent < share * seen
+            and spent_all < share * seen_all
+        ):
+            found, note = self._explore(table, key, entry, note, spent, share * seen)
+            if found is not None:
+                return found, replace(note, explored=True)
+        opening = table.opening
+        opens = (
+            entry.opening_ok
+            if entry is not None
+            else not serves.speculation
+            and not serves.settled
+            and table.variants.get(opening or "") not in override.forbid
+        )
+        if opening is not None and opens and not self.excluded(opening):
+            return Decision(opening, "exploit", policy_class=ROOT), note
+        return Decision(serves.variant, "exploit", policy_class=serves.policy_class), note
+
+    def _explore(
+        self,
+        table: RouteTable,
+        key: str,
+        entry: ClassRoute | None,
+        note: Routed,
+        spent: float,
+        budget: float,
+    ) -> tuple[Decision | None, Routed]:
+        """A trial or control request, or None when there is nothing to explore right now
+        or the budget does not yet cover what the trial's variant measured at the nearest
+        level (a new class's first request would otherwise always explore)."""
+        plain = table.anchors + self._pending.plain
+        if plain < ANCHORS:
+            return Decision(BASELINE.name, "control", policy_class=key), note
+        trial = entry.trial if entry is not None else None
+        if trial is not None and self.excluded(trial[0]):
+            note = replace(note, abandon=trial[1])  # it cannot run: the class moves on
+        elif trial is not None:
+            assert entry is not None
+            if spent + entry.trial_cost > budget:
+                return None, note
+            return Decision(trial[0], "trial", trial[1], key), note
+        wants = entry.wants_trial if entry is not None else table.searching
+        return None, replace(note, prepare=wants) if wants else note
+
+    def _stays(
+        self,
+        table: RouteTable,
+        key: str,
+        entry: ClassRoute | None,
+        wanted: Decision,
+        turn: Turn,
+    ) -> bool:
+        """Whether a conversation's turn stays where its history is cached rather than move
+        to ``wanted``: it stays unless the decode time the class's measured speedups save
+        over its answer beats processing the history again."""
+        held = turn.held
+        if held not in table.variants or self.excluded(held) or self.forbidden(key, held):
+            return False
+        if turn.extra(wanted.variant) <= 0:
+            return False  # its instance holds the history too: nothing to process again
+        found = entry if entry is not None else _nearest(table, key)
+        if found is None or found.plain is None:
+            return True  # nothing measured yet to pay for a move
+        return not move_pays(
+            turn.extra(wanted.variant),
+            found.prefill,
+            answer_tokens(found.answer, turn.max_tokens),
+            1.0 / found.plain,
+            found.speeds.get(held, 1.0),
+            found.speeds.get(wanted.variant, 1.0),
+        )
+
+
+class _Pending:
+    """The requests routed since the table was built, and their sums per class."""
+
+    def __init__(self) -> None:
+        self.notes: deque[Routed] = deque()
+        self.seen: dict[str, int] = {}
+        self.spent: dict[str, int] = {}
+        self.spent_all = self.plain = 0
+
+    def append(self, note: Routed) -> None:
+        self.notes.append(note)
+        self._count(note, 1)
+
+    def since(self, applied: int) -> None:
+        """Drop the requests the table already counts."""
+        notes = self.notes
+        while notes and notes[0].seq <= applied:
+            self._count(notes.popleft(), -1)
+
+    def _count(self, note: Routed, sign: int) -> None:
+        self.seen[note.key] = self.seen.get(note.key, 0) + sign
+        if note.explored:
+            self.spent[note.key] = self.spent.get(note.key, 0) + sign
+            self.spent_all += sign
+        self.plain += sign * note.plain
+
+
+def _nearest(table: RouteTable, key: str) -> ClassRoute | None:
+    for level in levels(key)[1:]:
+        found = table.classes.get(level)
+        if found is not None:
+            return found
+    return None
+
+
+def _fresh(table: RouteTable, key: str, override: Override) -> Served:
+    """The policy that serves a class with no evidence of its own: its override's, else
+    the nearest level's that is settled on enough requests, else the nearest one's with
+    enough, else the root's, else none (``Rules.effective_policy`` for a new class)."""
+    if override.off:
+        return Served(key, BASELINE.name, False, True, override=True)
+    fallback: Served | None = None
+    for level in levels(key)[1:]:
+        entry = table.classes.get(level)
+        if entry is None or entry.own is None:
+            continue
+        if entry.own.override:
+            return entry.own
+        if entry.enough and fallback is None:
+            fallback = entry.own
+        if entry.enough and (entry.own.settled or entry.converged):
+            return entry.own
+    if fallback is not None:
+        return fallback
+    root = table.classes.get(ROOT)
+    if root is not None and root.own is not None:
+        return root.own
+    return Served(key, BASELINE.name, False, False)
+
+
+def table_of(
+    rules: Rules,
+    pricing: Pricing,
+    *,
+    opening: str | None = None,
+    applied: int = 0,
+    anchors: int = 0,
+    searching: bool = False,
+    previous: RouteTable | None = None,
+    priced: Collection[str] | None = None,
+) -> RouteTable:
+    """The table of the classes' evidence now (the learner holds its lock).
+
+    The prices (speedups, a trial's cost, whether the opening variant may borrow) of the
+    classes in ``priced`` are computed again, the others' kept from ``previous``; every
+    class's policies and counters are read afresh. None prices every class."""
+    config = rules.config
+    need = config.budget.min_trial_requests
+    levels_priced = None if priced is None else {lv for key in priced for lv in levels(key)}
+    measured: dict[str, dict[str, float]] = {}
+
+    def speeds_at(level: str) -> dict[str, float]:
+        """A level's speedups: as its policy was last decided on them, unless every class
+        is priced again."""
+        found = measured.get(level)
+        if found is None:
+            state = rules.classes.get(level)
+            if state is not None and state.speedups is not None and priced is not None:
+                found = state.speedups
+            else:
+                intervals = pricing.measured(state, need) if state is not None else {}
+                found = {name: i.value for name, i in intervals.items()}
+            measured[level] = found
+        return found
+
+    classes = {}
+    for key, state in list(rules.classes.items()):
+        policy_class, policy = rules.effective_policy(key)
+        trial = state.trial
+        old = previous.classes.get(key) if previous is not None else None
+        if old is None or levels_priced is None or key in levels_priced:
+            speeds: dict[str, float] = {}
+            for level in levels(key):
+                for name, value in speeds_at(level).items():
+                    speeds.setdefault(name, value)
+            plain = pricing.baseline_speed(key)
+            prices = _Prices(
+                opening_ok=opening is not None and rules.may_borrow(state, opening),
+                trial_cost=pricing.expected_cost(key, trial.variant.name, policy.gain, need)
+                if trial is not None
+                else 0.0,
+                plain=plain,
+                prefill=pricing.prefill_speed(plain) if plain is not None else 0.0,
+                answer=pricing.mean_answer(key),
+                speeds=speeds,
+            )
+        else:
+            prices = _Prices(
+                old.opening_ok, old.trial_cost, old.plain, old.prefill, old.answer, old.speeds
+            )
+        classes[key] = ClassRoute(
+            seen=state.seen,
+            spent=state.spent,
+            override=rules.override(key),
+            serves=_served(policy_class, policy),
+            own=_served(key, state.policy) if state.policy is not None else None,
+            enough=state.measured >= config.budget.min_class_requests,
+            converged=state.converged,
+            opening_ok=prices.opening_ok
+            and not policy.speculation
+            and not policy.settled
+            and not rules.forbidden(key, opening or ""),
+            trial=(trial.variant.name, trial.number) if trial is not None else None,
+            trial_cost=prices.trial_cost,
+            wants_trial=searching and trial is None and not state.converged and not state.preparing,
+            plain=prices.plain,
+            prefill=prices.prefill,
+            answer=prices.answer,
+            speeds=prices.speeds,
+        )
+    return RouteTable(
+        config=config,
+        variants={name: v.spec_type for name, v in rules.variants.items()},
+        classes=classes,
+        applied=applied,
+        seen_all=sum(s.seen for s in rules.classes.values()),
+        spent_all=sum(s.spent for s in rules.classes.values()),
+        anchors=anchors,
+        opening=opening,
+        searching=searching,
+    )
+
+
+def recount(
+    table: RouteTable, rules: Rules, routed: Collection[str], applied: int, anchors: int
+) -> RouteTable:
+    """``table`` with the counters of the classes ``routed`` read again: what the router's
+    requests change (their seen and spent requests, a trial asked for or abandoned)."""
+    classes = dict(table.classes)
+    for key in routed:
+        state = rules.classes[key]
+        trial = state.trial
+        classes[key] = replace(
+            classes[key],
+            seen=state.seen,
+            spent=state.spent,
+            trial=(trial.variant.name, trial.number) if trial is not None else None,
+            wants_trial=table.searching
+            and trial is None
+            and not state.converged
+            and not state.preparing,
+        )
+    return replace(
+        table,
+        classes=classes,
+        applied=applied,
+        seen_all=sum(s.seen for s in rules.classes.values()),
+        spent_all=sum(s.spent for s in rules.classes.values()),
+        anchors=anchors,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Prices:
+    opening_ok: bool
+    trial_cost: float
+    plain: float | None
+    prefill: float
+    answer: float | None
+    speeds: Mapping[str, float]
+
+
+def _served(policy_class: str, policy: Policy) -> Served:
+    return Served(
+        policy_class, policy.variant, policy.speculation, policy.settled, override=policy.override
+    )
