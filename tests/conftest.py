@@ -16,6 +16,8 @@ from hypothesis import HealthCheck, settings
 from tests.fake_llama import FakeLlamaServer
 from tests.pg_server import PgServer, pg_bin
 from tests.tuning.sim import HELP
+from tuner.consumers import Consumer
+from tuner.metrics import Metrics, RequestMetrics
 from tuner.proxy.app import create_app
 from tuner.records import RecordStore
 from tuner.upstream.capabilities import Capabilities, parse_capabilities
@@ -51,8 +53,15 @@ def fake() -> FakeLlamaServer:
 
 
 @pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[RecordStore]:
-    records = RecordStore(tmp_path / "records", linger_s=0)
+def request_metrics() -> RequestMetrics:
+    return RequestMetrics()
+
+
+@pytest.fixture
+async def store(tmp_path: Path, request_metrics: RequestMetrics) -> AsyncIterator[RecordStore]:
+    """A record store whose records feed ``request_metrics``, as the daemon's do."""
+    consumers = [Consumer("metrics", request_metrics.observe)]
+    records = RecordStore(tmp_path / "records", linger_s=0, consumers=consumers)
     await records.start()
     yield records
     await records.stop()
@@ -67,9 +76,12 @@ async def upstream(fake: FakeLlamaServer) -> AsyncIterator[UpstreamClient]:
 
 
 @pytest.fixture
-async def proxy(upstream: UpstreamClient, store: RecordStore) -> AsyncIterator[httpx.AsyncClient]:
+async def proxy(
+    upstream: UpstreamClient, store: RecordStore, request_metrics: RequestMetrics
+) -> AsyncIterator[httpx.AsyncClient]:
     """An HTTP client talking to the proxy app, which talks to the fake llama-server."""
-    app = create_app(upstream, store, max_body_bytes=64 * 1024)
+    metrics = Metrics(request_metrics, upstream, store)
+    app = create_app(upstream, store, max_body_bytes=64 * 1024, metrics=metrics)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
         yield client

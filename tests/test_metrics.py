@@ -75,10 +75,10 @@ def test_conversation_turns_are_counted_by_outcome(
 ) -> None:
     from prometheus_client import generate_latest
 
-    from tuner.metrics import Metrics
+    from tuner.metrics import RequestMetrics
     from tuner.records import RequestRecord
 
-    metrics = Metrics(upstream, store)
+    metrics = RequestMetrics()
     for i, outcome in enumerate(["new", "stayed", "stayed", "moved:pays", None]):
         record = RequestRecord(
             id=f"r{i}",

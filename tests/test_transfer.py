@@ -170,3 +170,44 @@ def test_the_example_export_in_policies_is_one_this_version_imports() -> None:
     for key, data in policies["classes"].items():
         state = parse_class(key, data)
         assert state.policy is not None and state.policy.class_key == key
+
+
+def test_an_export_of_the_previous_version_is_migrated_and_served(tmp_path: Path) -> None:
+    """``tests/data/policies-export-v2.json`` was written by version 2 (8d3f957: a
+    simulated engine's policy file with a fleet outbox, exported): it imports, its fleet
+    events are migrated, and an engine restores every class of it as that version had it."""
+    from tests.tuning.sim import config, make
+    from tuner.tuning.evidence.classes import parse_class
+    from tuner.tuning.runtime import events
+    from tuner.tuning.runtime.policy_file import load_policies
+    from tuner.upstream.capabilities import parse_capabilities
+
+    source = Path(__file__).parent / "data" / "policies-export-v2.json"
+    old = json.loads(source.read_text())["policies"]
+    assert old["version"] == VERSION - 1
+    here = Machine("gemma-3-270m", old["model_key"], old["hardware_key"], old["build"])
+    done = import_policies(source, tmp_path / "state", here)
+    assert done["classes"] == sorted(old["classes"])
+    document = json.loads((tmp_path / "state" / POLICY_FILE).read_text())
+    assert document["version"] == VERSION
+    outbox = document["fleet"]["outbox"]
+    assert [e[2]["version"] for e in outbox] == [events.VERSION] * len(old["fleet"]["outbox"])
+    assert [events.parse(e[2]) for e in outbox] == [
+        events.parse(e[2]) for e in old["fleet"]["outbox"]
+    ]
+    classes = load_policies(
+        tmp_path / "state" / POLICY_FILE,
+        {k: old[k] for k in ("model_key", "build", "hardware_key")},
+    )
+    assert sorted(classes) == sorted(old["classes"])
+    help_text = (Path(__file__).parent / "upstream" / "data" / "help-0c1e570.txt").read_text()
+    engine = make(tmp_path / "engine", config(), parse_capabilities(help_text))
+    engine.restore(classes)
+    for key, data in old["classes"].items():
+        was, now = parse_class(key, data), engine.state(key)
+        assert (now.seen, now.spent, now.trials_done) == (was.seen, was.spent, was.trials_done)
+        assert {n: a.dump() for n, a in now.arms.items()} == {
+            n: a.dump() for n, a in was.arms.items()
+        }
+        assert was.policy is not None and now.policy is not None
+        assert now.policy.variant == was.policy.variant

@@ -1,7 +1,8 @@
 """Prometheus metrics for the daemon: ``GET /metrics``.
 
-Request metrics are updated from each ``RequestRecord`` in the record writer's
-thread, never on the request path; upstream state is read at scrape time.
+Request metrics are updated from each ``RequestRecord`` by a consumer of the records
+(``RequestMetrics.observe``, ``tuner.consumers``), never on the request path; upstream
+state is read at scrape time.
 Names follow Prometheus conventions (``_total`` counters, base units in seconds).
 
     tuner_requests_total{endpoint,class_key,variant,status}
@@ -17,6 +18,7 @@ Names follow Prometheus conventions (``_total`` counters, base units in seconds)
     tuner_upstream_ready                          1 when llama-server answers /health
     tuner_upstream_restarts_total                 restarts of the managed llama-server
     tuner_records_dropped_total, tuner_record_write_errors_total
+    tuner_record_consumer_dropped_total{consumer}  records a consumer's full queue dropped
 
 The tuner's per-class and replay metrics are collectors of their own
 (``tuner.tuning.runtime.collectors``), handed in at construction.
@@ -30,10 +32,11 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from tuner.consumers import ConsumersCollector
 from tuner.records import RecordStore, RequestRecord
 from tuner.upstream.client import UpstreamClient
 
-__all__ = ["Metrics"]
+__all__ = ["Metrics", "RequestMetrics"]
 
 _SECONDS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _TOKENS_PER_S = (5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000)
@@ -78,12 +81,11 @@ class _StateCollector(Collector):
         )
 
 
-class Metrics:
-    """The daemon's metrics registry; ``observe`` takes one finished request."""
+class RequestMetrics:
+    """The per-request counters; ``observe`` takes one finished request (a consumer of the
+    records)."""
 
-    def __init__(
-        self, upstream: UpstreamClient, records: RecordStore, collectors: Iterable[Collector] = ()
-    ) -> None:
+    def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         arm = ["class_key", "variant"]
@@ -128,9 +130,6 @@ class Metrics:
             buckets=_TOKENS_PER_S,
             registry=r,
         )
-        r.register(_StateCollector(upstream, records))
-        for collector in collectors:
-            r.register(collector)
 
     def observe(self, record: RequestRecord) -> None:
         arm = (record.class_key or "unknown", record.variant or "default")
@@ -150,3 +149,24 @@ class Metrics:
         self.accepted.labels(*arm).inc(t.draft_n_accepted or 0)
         if t.predicted_per_second:
             self.decode.labels(*arm).observe(t.predicted_per_second)
+
+
+class Metrics:
+    """The daemon's registry: the per-request counters, and what other objects own, read
+    when Prometheus scrapes (upstream state, the records' queues, ``collectors``)."""
+
+    def __init__(
+        self,
+        requests: RequestMetrics,
+        upstream: UpstreamClient,
+        records: RecordStore,
+        collectors: Iterable[Collector] = (),
+    ) -> None:
+        self.requests = requests
+        self.registry = requests.registry
+        for collector in (
+            _StateCollector(upstream, records),
+            ConsumersCollector(records.consumers),
+            *collectors,
+        ):
+            self.registry.register(collector)

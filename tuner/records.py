@@ -16,12 +16,13 @@ import asyncio
 import contextlib
 import os
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
+from tuner.consumers import Consumer
 from tuner.logs import get_logger
 
 __all__ = [
@@ -133,6 +134,7 @@ class RecordStore:
         recent: int = 4096,
         queue_size: int = 10_000,
         linger_s: float = 0.2,
+        consumers: Sequence[Consumer[RequestRecord]] = (),
     ) -> None:
         self.directory = directory
         # Wait this long after a record arrives so a batch gathers: one thread hop and one
@@ -140,8 +142,8 @@ class RecordStore:
         self.linger_s = linger_s
         self._current: Path | None = None
         self._current_size = 0
-        # Called with each built record in the writer thread (metrics, later the tuner).
-        self.observers: list[Callable[[RequestRecord], None]] = []
+        # Each built record is offered to these (metrics, the learner), then written.
+        self.consumers = tuple(consumers)
         self.max_file_bytes = max_file_bytes
         self.max_files = max_files
         self.recent: deque[RequestRecord] = deque(maxlen=recent)
@@ -162,11 +164,15 @@ class RecordStore:
             self.dropped += 1
 
     async def flush(self) -> None:
-        """Wait until everything submitted so far is built and written."""
+        """Wait until everything submitted so far is built, written and consumed."""
         await self._queue.join()
+        for consumer in self.consumers:
+            await asyncio.to_thread(consumer.join)
 
     async def start(self) -> None:
         if self._task is None:
+            for consumer in self.consumers:
+                consumer.start()
             self._task = asyncio.create_task(self._drain(), name="record-writer")
 
     async def stop(self) -> None:
@@ -180,6 +186,8 @@ class RecordStore:
         batch = self._take_all()
         if batch:
             await asyncio.to_thread(self._write, batch)
+        for consumer in self.consumers:  # each handles what it was offered, then ends
+            await asyncio.to_thread(consumer.stop)
 
     def _take_all(self) -> list[RecordSource]:
         batch: list[RecordSource] = []
@@ -211,11 +219,8 @@ class RecordStore:
             if record is not None:
                 records.append(record)
                 self.recent.append(record)
-                for observe in self.observers:
-                    try:
-                        observe(record)
-                    except Exception:  # an observer must never stop the writer
-                        log.exception("record_observer_failed")
+                for consumer in self.consumers:  # never blocks: a full queue drops for it
+                    consumer.offer(record)
         return records
 
     def _write(self, batch: list[RecordSource]) -> None:

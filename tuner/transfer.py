@@ -22,7 +22,7 @@ from tuner.atomic import write_atomic
 from tuner.errors import ConfigError, ProvisionError
 from tuner.settings import Settings
 from tuner.statedir import state_dir_lock
-from tuner.tuning.runtime.policy_file import POLICY_FILE, VERSION, read_document, set_aside
+from tuner.tuning.runtime.policy_file import POLICY_FILE, migrate, read_document, set_aside
 
 __all__ = ["FORMAT", "Machine", "export_policies", "import_policies", "refusal", "this_machine"]
 
@@ -62,7 +62,7 @@ def refusal(wrapped: object, here: Machine) -> str | None:
     """Why this export cannot be imported here, or None when it can.
 
     >>> here = Machine("m", "m-1", "hw-1", "abc")
-    >>> ok = {"format": FORMAT, "format_version": 1, "policies": {"version": 2,
+    >>> ok = {"format": FORMAT, "format_version": 1, "policies": {"version": 3,
     ...       "model_key": "m-1", "hardware_key": "hw-1", "build": "abc", "classes": {}}}
     >>> refusal(ok, here) is None
     True
@@ -73,9 +73,9 @@ def refusal(wrapped: object, here: Machine) -> str | None:
         return f"not a {FORMAT} export"
     if wrapped.get("format_version") != FORMAT_VERSION:
         return f"export format version {wrapped.get('format_version')!r}, not {FORMAT_VERSION}"
-    policies = wrapped.get("policies")
-    if not isinstance(policies, dict) or policies.get("version") != VERSION:
-        return "its policies are not of this version"
+    policies = migrate(wrapped.get("policies"))
+    if policies is None:
+        return "its policies are not of this version or an earlier one it migrates"
     if not isinstance(policies.get("classes"), dict):
         return "it holds no classes"
     if policies.get("model_key") != here.model_key:
@@ -109,7 +109,8 @@ def import_policies(source: Path, state_dir: Path, here: Machine) -> dict[str, A
         aside = set_aside(path, "replaced", by=str(source)) if path.exists() else None
         if path.exists():  # could not be renamed: never overwrite what was learned here
             raise ConfigError(f"{path} could not be set aside; nothing imported")
-        document = wrapped["policies"]
+        document = migrate(wrapped["policies"])
+        assert document is not None  # ``refusal`` checked it
         write_atomic(path, json.dumps(document, indent=1, sort_keys=True) + "\n")
     return {
         "classes": sorted(document["classes"]),

@@ -29,7 +29,7 @@ def test_events_come_back_per_writer_in_order_and_only_what_is_newer(ledger: Led
     ledger.append("m@hw@b", "w2", "host-b:/s", [(1, B)])
     ledger.append("other@hw@b", "w3", "host-c:/s", [(1, A)])  # another model: never mixed
     pulled = ledger.pull("m@hw@b", {})
-    assert [(p.writer, p.seq, p.event) for p in pulled] == [
+    assert [(p.writer, p.seq, pooling.parse(p.event)) for p in pulled] == [
         ("w1", 1, A),
         ("w1", 2, B),
         ("w2", 1, B),

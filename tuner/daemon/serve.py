@@ -22,11 +22,12 @@ from prometheus_client.registry import Collector
 from starlette.applications import Starlette
 
 from tuner.classify import classify, load_definitions
+from tuner.consumers import Consumer
 from tuner.daemon.plan import TuningPlan, plan_tuning, sized, tuning_config
 from tuner.errors import ConfigError
 from tuner.fleet.collector import FleetCollector
 from tuner.logs import configure_logging, get_logger
-from tuner.metrics import Metrics
+from tuner.metrics import Metrics, RequestMetrics
 from tuner.proxy.app import Service, create_app
 from tuner.proxy.gate import VariantGate
 from tuner.records import RecordStore
@@ -74,7 +75,6 @@ def _progress(message: str) -> None:
 
 def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon:
     """Locate (or build) llama-server, pick the model, and assemble the app."""
-    records = RecordStore(settings.records_dir)
     caps: Capabilities | None = None
     supervisor: ManagedServer | ExternalMonitor
     services: list[Service] = []
@@ -148,13 +148,11 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
                 plan.build_engine,
                 settings.state_dir,
                 plan.meta,
-                flush=records.flush,
                 single_reload_s=plan.reload_guess_s if plan.single else None,
                 unavailable=client.is_recovering,
                 instances={m.name: repr(m.flags) for m in plan.members},
                 fleet=plan.fleet,
             )
-            records.observers.append(tuning.observe)
     notifier = Notifier(
         lambda: client.ready,
         f"{served} on http://{settings.host}:{settings.port}",
@@ -173,7 +171,12 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
     ) + ([ReplayCollector(replayer)] if replayer else [])
     if plan is not None and plan.fleet is not None:
         collectors.append(FleetCollector(plan.fleet))
-    metrics = Metrics(client, records, collectors)
+    requests = RequestMetrics()
+    consumers = [Consumer("metrics", requests.observe)]
+    if tuning is not None:
+        consumers.append(Consumer("learner", tuning.observe))
+    records = RecordStore(settings.records_dir, consumers=consumers)
+    metrics = Metrics(requests, client, records, collectors)
     app = create_app(
         client,
         records,

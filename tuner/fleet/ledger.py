@@ -25,7 +25,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from tuner.tuning.runtime.events import Event
+from tuner.tuning.runtime.events import Event, dump
 
 __all__ = ["Ledger", "Pulled", "Writer", "redact"]
 
@@ -156,7 +156,7 @@ class Ledger:
                 cur.executemany(
                     "INSERT INTO spec_tuner_events (scope, writer, seq, class_key, event)"
                     " VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                    [(scope, writer, seq, str(e.get("c", "")), Jsonb(e)) for seq, e in batch],
+                    [(scope, writer, seq, e.class_key, Jsonb(dump(e))) for seq, e in batch],
                 )
 
         self._run(work)
@@ -238,7 +238,7 @@ class Ledger:
             rows = conn.execute(
                 "SELECT DISTINCT e.class_key, w.node FROM spec_tuner_events e"
                 " JOIN spec_tuner_writers w ON w.scope = e.scope AND w.writer = e.writer"
-                " WHERE e.scope = %s AND e.event->>'k' = 'served'",
+                " WHERE e.scope = %s AND coalesce(e.event->>'kind', e.event->>'k') = 'served'",
                 (scope,),
             ).fetchall()
             conn.commit()

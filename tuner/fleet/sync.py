@@ -24,7 +24,7 @@ import psycopg
 
 from tuner.fleet.ledger import Ledger, redact
 from tuner.logs import get_logger
-from tuner.tuning.runtime.events import Event, parse
+from tuner.tuning.runtime.events import Event, dump, parse
 
 __all__ = ["OUTBOX", "FleetSync"]
 
@@ -75,7 +75,7 @@ class FleetSync:
                 "scope": self.scope,
                 "node": self.node,
                 "since": since,
-                "outbox": [[w, s, e] for w, s, e in self.outbox],
+                "outbox": [[w, s, dump(e)] for w, s, e in self.outbox],
             }
 
     def restore(self, saved: object) -> None:
@@ -88,8 +88,9 @@ class FleetSync:
                 self.since = {str(w): int(s) for w, s in since.items() if isinstance(s, int)}
             if isinstance(outbox, list):
                 for item in outbox[-self.bound :]:
-                    if isinstance(item, list) and len(item) == 3 and parse(item[2]) is not None:
-                        self.outbox.append((str(item[0]), int(item[1]), item[2]))
+                    event = parse(item[2]) if isinstance(item, list) and len(item) == 3 else None
+                    if event is not None:  # one of an older version is migrated
+                        self.outbox.append((str(item[0]), int(item[1]), event))
 
     # -- the IO thread -------------------------------------------------------------------
 

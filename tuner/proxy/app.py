@@ -33,7 +33,7 @@ from starlette.routing import Route
 from tuner.classify import Classification
 from tuner.errors import RequestError, TunerError
 from tuner.logs import get_logger
-from tuner.metrics import Metrics
+from tuner.metrics import Metrics, RequestMetrics
 from tuner.proxy.auth import BearerAuth, KeyRing
 from tuner.proxy.gate import VariantGate
 from tuner.proxy.openai_errors import (
@@ -360,8 +360,8 @@ def create_app(
         fallback,
         engine,
     )
-    metrics = metrics or Metrics(upstream, records)
-    records.observers.append(metrics.observe)
+    # without a ``metrics`` fed by a consumer of ``records``, requests are not counted
+    metrics = metrics or Metrics(RequestMetrics(), upstream, records)
 
     async def exposition(request: Request) -> Response:
         # the collectors read the tuner's state under its lock: never on the event loop
@@ -376,6 +376,7 @@ def create_app(
         try:
             yield
         finally:
+            await records.flush()  # the last requests' records reach every consumer first
             for service in reversed(services):
                 await service.stop()
             await records.stop()

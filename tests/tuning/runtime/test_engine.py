@@ -406,7 +406,7 @@ def test_per_class_decisions_are_prometheus_gauges(tmp_path: Path, caps: Capabil
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from tuner.metrics import Metrics
+    from tuner.metrics import Metrics, RequestMetrics
     from tuner.records import RecordStore
     from tuner.tuning.runtime.collectors import TuningCollector
     from tuner.upstream.client import UpstreamClient
@@ -414,7 +414,8 @@ def test_per_class_decisions_are_prometheus_gauges(tmp_path: Path, caps: Capabil
     engine = make(tmp_path, config(explore_share=0.5), caps)
     sim = SimUpstream(truth(list(engine.variants.values())))
     collectors = [TuningCollector(engine)]
-    metrics = Metrics(UpstreamClient("http://127.0.0.1:9"), RecordStore(tmp_path / "r"), collectors)
+    upstream, records = UpstreamClient("http://127.0.0.1:9"), RecordStore(tmp_path / "r")
+    metrics = Metrics(RequestMetrics(), upstream, records, collectors)
     drive(engine, sim, schedule(800))
     found = {
         (s.name, tuple(sorted(s.labels.items()))): s.value

@@ -14,9 +14,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, NonNegativeInt
+
 from tuner.classify.classes import parents
 from tuner.stats import Interval, wilson
-from tuner.tuning.evidence.counts import Counts, parse_counts
+from tuner.tuning.evidence.counts import Counts, StoredCounts
 from tuner.tuning.policy.guard import Policy
 from tuner.tuning.policy.prior import PriorView
 from tuner.tuning.variants import BASELINE, Variant
@@ -26,6 +28,8 @@ __all__ = [
     "SAMPLED",
     "SAMPLES",
     "Arm",
+    "ArmRecord",
+    "ClassRecord",
     "ClassState",
     "Trial",
     "levels",
@@ -130,28 +134,86 @@ class Arm:
         """The kept counts, served and replayed."""
         return [*self.counts, *self.replays]
 
+    def record(self) -> ArmRecord:
+        return ArmRecord(
+            requests=self.requests,
+            tokens=self.tokens,
+            drafted=self.drafted,
+            accepted=self.accepted,
+            samples=list(self.samples),
+            served=list(self.served),
+            replayed=self.replayed,
+            replays=list(self.replays),
+        )
+
     def dump(self) -> dict[str, Any]:
-        return {
-            "requests": self.requests,
-            "tokens": self.tokens,
-            "drafted": self.drafted,
-            "accepted": self.accepted,
-            "samples": list(self.samples),
-            "served": [list(r) for r in self.served],
-            "replayed": self.replayed,
-            "replays": [list(c) for c in self.replays],
-        }
+        return self.record().model_dump(mode="json")
 
     @classmethod
-    def load(cls, data: dict[str, Any]) -> Arm:
-        arm = cls(
-            int(data["requests"]), int(data["tokens"]), int(data["drafted"]), int(data["accepted"])
-        )
-        arm.samples.extend(float(x) for x in data["samples"])
-        arm.served.extend(parse_counts(c) for c in data["served"])
-        arm.replayed = int(data["replayed"])
-        arm.replays.extend(parse_counts(c) for c in data["replays"])
+    def of(cls, found: ArmRecord) -> Arm:
+        arm = cls(found.requests, found.tokens, found.drafted, found.accepted)
+        arm.samples.extend(found.samples)
+        arm.served.extend(found.served)
+        arm.replayed = found.replayed
+        arm.replays.extend(found.replays)
         return arm
+
+    @classmethod
+    def load(cls, data: object) -> Arm:
+        """An arm as ``dump`` wrote it; raises ValueError on another shape."""
+        return cls.of(ArmRecord.model_validate(data))
+
+
+class ArmRecord(BaseModel):
+    """An arm as the policy file stores it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    requests: NonNegativeInt
+    tokens: NonNegativeInt
+    drafted: NonNegativeInt
+    accepted: NonNegativeInt
+    samples: list[float]
+    served: list[StoredCounts]
+    replayed: NonNegativeInt
+    replays: list[StoredCounts]
+
+
+class PromptRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    cached: NonNegativeInt
+    processed: NonNegativeInt
+    seconds: float
+
+
+class TurnsRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    stayed: NonNegativeInt = 0
+    moved: dict[str, NonNegativeInt] = {}
+
+
+class ClassRecord(BaseModel):
+    """A class as the policy file stores it: what ``ClassState.dump`` writes, and what the
+    engine adds beside it for the report (``served_by``, ``prior``, ``speedups``), which is
+    derived again on restore."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    seen: NonNegativeInt
+    explored: NonNegativeInt
+    spent: float
+    trials_done: NonNegativeInt
+    converged: bool
+    prompt: PromptRecord
+    turns: TurnsRecord = TurnsRecord()  # absent from files written before conversations
+    policy: Policy | None
+    arms: dict[str, ArmRecord] = {}
+    pairs: list[dict[str, StoredCounts]]
+    served_by: str | None = None
+    prior: dict[str, Any] | None = None
+    speedups: dict[str, list[float]] | None = None
 
 
 @dataclass(slots=True)
@@ -235,43 +297,40 @@ class ClassState:
 
     def dump(self) -> dict[str, Any]:
         """The persisted part (the policy file's entry adds what the engine derives)."""
-        return {
-            "seen": self.seen,
-            "explored": self.explored,
-            "spent": round(self.spent, 4),
-            "trials_done": self.trials_done,
-            "converged": self.converged,
-            "prompt": {
-                "cached": self.prompt_cached,
-                "processed": self.prompt_processed,
-                "seconds": round(self.prompt_s, 3),
-            },
-            "turns": {"stayed": self.stayed, "moved": dict(self.moved)},
-            "policy": self.policy.model_dump() if self.policy else None,
-            "arms": {name: arm.dump() for name, arm in self.arms.items()},
-            "pairs": [{name: list(c) for name, c in row.items()} for row in self.pairs],
-        }
+        return ClassRecord(
+            seen=self.seen,
+            explored=self.explored,
+            spent=round(self.spent, 4),
+            trials_done=self.trials_done,
+            converged=self.converged,
+            prompt=PromptRecord(
+                cached=self.prompt_cached,
+                processed=self.prompt_processed,
+                seconds=round(self.prompt_s, 3),
+            ),
+            turns=TurnsRecord(stayed=self.stayed, moved=dict(self.moved)),
+            policy=self.policy,
+            arms={name: arm.record() for name, arm in self.arms.items()},
+            pairs=[dict(row) for row in self.pairs],
+        ).model_dump(mode="json", exclude={"served_by", "prior", "speedups"})
 
 
-def parse_class(key: str, data: dict[str, Any]) -> ClassState:
-    """One class of a policy file, parsed; raises on a malformed entry."""
-    explored = int(data["explored"])
-    policy = data.get("policy")
-    pairs = [{str(name): parse_counts(c) for name, c in row.items()} for row in data["pairs"]]
-    turns = data.get("turns") or {}  # absent from files written before conversations
+def parse_class(key: str, data: object) -> ClassState:
+    """One class of a policy file, parsed; raises (ValueError) on a malformed entry."""
+    found = ClassRecord.model_validate(data)
     return ClassState(
         key,
-        seen=int(data["seen"]),
-        explored=explored,
-        spent=float(data["spent"]),
-        trials_done=int(data["trials_done"]),
-        converged=bool(data["converged"]),
-        prompt_cached=int(data["prompt"]["cached"]),
-        prompt_processed=int(data["prompt"]["processed"]),
-        prompt_s=float(data["prompt"]["seconds"]),
-        stayed=int(turns.get("stayed", 0)),
-        moved={str(k): int(n) for k, n in (turns.get("moved") or {}).items()},
-        arms={str(n): Arm.load(a) for n, a in data.get("arms", {}).items()},
-        pairs=deque(pairs, maxlen=PAIRS),
-        policy=Policy.model_validate(policy) if policy else None,
+        seen=found.seen,
+        explored=found.explored,
+        spent=found.spent,
+        trials_done=found.trials_done,
+        converged=found.converged,
+        prompt_cached=found.prompt.cached,
+        prompt_processed=found.prompt.processed,
+        prompt_s=found.prompt.seconds,
+        stayed=found.turns.stayed,
+        moved=dict(found.turns.moved),
+        arms={name: Arm.of(arm) for name, arm in found.arms.items()},
+        pairs=deque(found.pairs, maxlen=PAIRS),
+        policy=found.policy,
     )

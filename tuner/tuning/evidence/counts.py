@@ -21,18 +21,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Annotated, NamedTuple
+
+from pydantic import BeforeValidator
 
 from tuner.stats import Interval
 
 __all__ = [
     "Counts",
+    "StoredCounts",
     "alpha_interval",
     "count_speedup",
     "log_interval",
     "parse_counts",
     "ratio_of_sums",
     "ratio_se",
+    "served_counts",
 ]
 
 MIN_REL = 0.01  # the narrowest relative half-width an interval gets (model error)
@@ -46,15 +50,41 @@ class Counts(NamedTuple):
     accepted: int
 
 
-def parse_counts(value: Sequence[Any]) -> Counts:
-    """Counts read back from JSON as ``[tokens, drafted, accepted]``; raises (ValueError,
-    TypeError) on any other shape.
+def parse_counts(value: object) -> Counts:
+    """Counts read back from JSON (a policy file, a fleet event) as ``[tokens, drafted,
+    accepted]``: three integers, none negative, no more accepted than drafted; raises
+    ValueError on anything else. The one parser of stored counts.
 
     >>> parse_counts([64, 20, 12])
     Counts(tokens=64, drafted=20, accepted=12)
+    >>> parse_counts([64, 2, 3])
+    Traceback (most recent call last):
+    ...
+    ValueError: counts [64, 2, 3]: more accepted than drafted
     """
-    tokens, drafted, accepted = (int(x) for x in value)
-    return Counts(tokens, drafted, accepted)
+    if not isinstance(value, list | tuple) or len(value) != 3:
+        raise ValueError(f"counts {value!r}: not [tokens, drafted, accepted]")
+    if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in value):
+        raise ValueError(f"counts {value!r}: not three integers of at least 0")
+    counts = Counts(*value)
+    if counts.accepted > counts.drafted:
+        raise ValueError(f"counts {value!r}: more accepted than drafted")
+    return counts
+
+
+# a field of stored counts (a policy file's, a fleet event's), checked by ``parse_counts``
+StoredCounts = Annotated[Counts, BeforeValidator(parse_counts)]
+
+
+def served_counts(tokens: int, drafted: int | None, accepted: int | None) -> Counts:
+    """A request's counts from the server's ``timings``: nothing drafted where it says
+    nothing, and never more accepted than drafted (stored counts are checked so).
+
+    >>> served_counts(64, None, None), served_counts(64, 2, 3)
+    (Counts(tokens=64, drafted=0, accepted=0), Counts(tokens=64, drafted=2, accepted=2))
+    """
+    drafted = drafted or 0
+    return Counts(tokens, drafted, min(accepted or 0, drafted))
 
 
 def ratio_of_sums(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:

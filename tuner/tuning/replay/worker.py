@@ -32,7 +32,7 @@ import httpx
 from tuner.logs import get_logger
 from tuner.records import RequestRecord
 from tuner.tuning.config import TuningConfig
-from tuner.tuning.evidence.counts import Counts
+from tuner.tuning.evidence.counts import Counts, served_counts
 from tuner.tuning.replay.drafters import ModDrafter, replay_simple
 from tuner.tuning.replay.tokenizer import Tokenizer
 from tuner.tuning.variants import Variant
@@ -205,5 +205,5 @@ class Replayer:
             self.mod_checked += 1
             self.mod_simulated += served[2]
             self.mod_served += t.draft_n_accepted or 0
-        mine = Counts(t.predicted_n, t.draft_n or 0, t.draft_n_accepted or 0)
+        mine = served_counts(t.predicted_n, t.draft_n, t.draft_n_accepted)
         self.engine.observe_replayed(record.class_key, record.variant or "", counts, mine)

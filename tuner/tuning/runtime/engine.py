@@ -44,13 +44,13 @@ from tuner.records import RequestRecord
 from tuner.sessions.moves import Turn
 from tuner.tuning.config import Override, TuningConfig
 from tuner.tuning.evidence.classes import SAMPLED, ClassState, Trial, levels, parse_class
-from tuner.tuning.evidence.counts import Counts
+from tuner.tuning.evidence.counts import Counts, served_counts
 from tuner.tuning.evidence.drift import drift
 from tuner.tuning.policy.guard import Decision, Policy
 from tuner.tuning.policy.prior import PriorView
 from tuner.tuning.pricing.calibration import Calibration
 from tuner.tuning.pricing.prices import Pricing
-from tuner.tuning.runtime.events import Event, apply, replayed, served, trial_done
+from tuner.tuning.runtime.events import Event, Served, apply, replayed, served, trial_done
 from tuner.tuning.runtime.routing import Router, recount, table_of
 from tuner.tuning.runtime.rules import Rules
 from tuner.tuning.search.studies import StudyBook
@@ -240,7 +240,7 @@ class Engine:
             if not t.predicted_per_second or not t.predicted_n:
                 return
             tok_s = float(t.predicted_per_second)
-            counts = Counts(t.predicted_n, t.draft_n or 0, t.draft_n_accepted or 0)
+            counts = served_counts(t.predicted_n, t.draft_n, t.draft_n_accepted)
             self._served += record.variant != BASELINE.name
             if record.role in ("trial", "control"):
                 gain = self.rules.effective_policy(key)[1].gain
@@ -310,8 +310,8 @@ class Engine:
             for event in events:
                 if apply(event, self.rules.state, self.calibration, self.variants.__contains__):
                     applied += 1
-                    touched.add(event["c"])
-                    self._served += event["k"] == "served" and event["v"] != BASELINE.name
+                    touched.add(event.class_key)
+                    self._served += isinstance(event, Served) and event.variant != BASELINE.name
             changed = [self.rules.decide_all(key) for key in sorted(touched)]
             self._open()
         if any(changed):

@@ -5,27 +5,43 @@
 exploration counters and the per-variant evidence; plus the model, build and
 hardware it was learned on. A crash leaves the previous file or the new one.
 A file learned on another model, build or machine is set aside (renamed), not
-reused; so is one that is not a policy file of this version (a hand edit that broke its
-JSON, or an entry the engine cannot restore: ``set_aside``), and the daemon starts fresh
-rather than failing to start or overwriting it.
+reused; so is one that is not a policy file (a hand edit that broke its JSON, or an entry
+the engine cannot restore: ``set_aside``), and the daemon starts fresh rather than
+failing to start or overwriting it. A file of an earlier version is migrated as it is
+read (``migrate``: one function per version), so an upgrade keeps what was learned.
+
+Versions: 2 stored a request's counts as ``[tokens, drafted, accepted]``; 3 stores the
+fleet's unsent events with their own schema version (``tuner.tuning.runtime.events``),
+and its classes are checked against ``ClassRecord``.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from tuner.atomic import write_atomic
 from tuner.logs import get_logger
+from tuner.tuning.runtime.events import dump, parse
 
-__all__ = ["POLICY_FILE", "PolicyMeta", "load_policies", "save_policies", "set_aside"]
+__all__ = [
+    "POLICY_FILE",
+    "VERSION",
+    "PolicyMeta",
+    "load_policies",
+    "migrate",
+    "read_document",
+    "save_policies",
+    "set_aside",
+]
 
 log = get_logger(__name__)
 
 POLICY_FILE = "policies.json"
-VERSION = 2  # 2: a request's counts stored as [tokens, drafted, accepted]
+VERSION = 3
 
 PolicyMeta = dict[str, Any]  # model, model_key, engine, build, hardware, hardware_key
 
@@ -48,7 +64,42 @@ def read_document(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError) as exc:
         log.error("policies_unreadable", path=str(path), error=str(exc))
         return None
-    return data if isinstance(data, dict) and data.get("version") == VERSION else None
+    return migrate(data)
+
+
+def _from_v2(document: dict[str, Any]) -> dict[str, Any]:
+    """Version 2 to 3: the fleet's unsent events in their versioned form."""
+    fleet = document.get("fleet")
+    if isinstance(fleet, dict) and isinstance(fleet.get("outbox"), list):
+        outbox = []
+        for item in fleet["outbox"]:
+            event = parse(item[2]) if isinstance(item, list) and len(item) == 3 else None
+            if event is not None:
+                outbox.append([item[0], item[1], dump(event)])
+        document = {**document, "fleet": {**fleet, "outbox": outbox}}
+    return {**document, "version": 3}
+
+
+# version -> the function that takes a document of that version to the next one
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {2: _from_v2}
+
+
+def migrate(data: object) -> dict[str, Any] | None:
+    """A policy document of this version: as it is, or migrated from an earlier one; None
+    for anything else.
+
+    >>> migrate({"version": 2, "classes": {}})["version"]
+    3
+    >>> migrate({"version": 1, "classes": {}}) is None  # older than any migration
+    True
+    """
+    if not isinstance(data, dict):
+        return None
+    version = data.get("version")
+    while isinstance(version, int) and version in MIGRATIONS:
+        data = MIGRATIONS[version](data)
+        version = data.get("version")
+    return data if version == VERSION else None
 
 
 def set_aside(path: Path, why: str, **context: Any) -> Path | None:

@@ -17,7 +17,7 @@ import contextlib
 import shutil
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,7 +89,6 @@ class TuningService:
         snapshot_s: float = 900.0,
         keep_snapshots: int = 24,
         save_every_s: float = 2.0,
-        flush: Callable[[], Awaitable[None]] | None = None,
         single_reload_s: float | None = None,
         unavailable: Callable[[str], bool] = lambda _: False,
         instances: Mapping[str, str] | None = None,
@@ -97,7 +96,6 @@ class TuningService:
         sync_s: float = 2.0,
         stop_s: float = 15.0,
     ) -> None:
-        self.flush = flush
         self.fleet = fleet  # built with the engine's ``publish``; synced here
         self.sync_s = sync_s
         self.stop_s = stop_s
@@ -353,9 +351,8 @@ class TuningService:
     async def stop(self) -> None:
         """Finish the queued work, sync and save once more, within ``stop_s``: a database
         or disk that hangs must not hold the daemon's exit (the last policy file written
-        every ``save_every_s`` stands)."""
-        if self.flush is not None:
-            await self.flush()  # the last requests' records reach the engine first
+        every ``save_every_s`` stands). The app flushes the records first, so the last
+        requests reach the engine before this."""
         if self.scheduler is not None:
             self.scheduler.shutdown(wait=False)
             self.scheduler = None
