@@ -54,13 +54,21 @@ def schedule(n: int, seed: int = 1) -> list[str]:
 
 
 class SimUpstream:
-    """Decode speed = base x true speedup x noise (log-normal; ``baseline_noise`` for requests
-    without speculation, default the same). A speculative request's token counts agree with
-    its speedup as on a real server: ``n`` tokens, ``d`` drafted, ``a`` accepted with
-    ``n / (n - a + c d)`` = the true speedup, ``c`` the machine's cost of a drafted token
-    (``cost``, per variant in ``costs``, per class and variant in ``class_costs``);
-    ``count_noise`` scatters ``a`` (prompts differ).
-    ``bases``: a class's speed without speculation, relative to ``BASE_TOK_S`` (default 1)."""
+    """Decode speed = base x speedup x noise (log-normal; ``baseline_noise`` for requests
+    without speculation, default the same). A speculative request's token counts follow
+    the engine's own model: ``n`` tokens, ``d`` drafted, ``a`` accepted with
+    ``n / (n - a + c d)`` = the nominal speedup of ``speedups``, ``c`` the machine's cost of a
+    drafted token (``cost``, per variant in ``costs``, per class and variant in
+    ``class_costs``); ``count_noise`` scatters ``a`` (prompts differ).
+    ``bases``: a class's speed without speculation, relative to ``BASE_TOK_S`` (default 1).
+
+    Where the real server departs from that model, so can the simulation
+    (``SimUpstream.realistic``): ``overhead`` plain steps of time per verify round that
+    the counts do not show (each of a speculative request's ``n - a`` target steps);
+    ``class_factors``, a class's decode time over the one plain step the engine fits for
+    all traffic (longer contexts decode slower); ``stalls``, the share of requests that
+    take 2-10x longer (heavy-tailed: a page fault, a neighbour on the CPU).
+    ``true_speedup`` is then what a variant really gives, not what its counts say."""
 
     def __init__(
         self,
@@ -73,6 +81,9 @@ class SimUpstream:
         costs: Mapping[str, float] | None = None,
         class_costs: Mapping[str, Mapping[str, float]] | None = None,
         bases: Mapping[str, float] | None = None,
+        overhead: float = 0.0,
+        class_factors: Mapping[str, float] | None = None,
+        stalls: float = 0.0,
         seed: int = 0,
     ) -> None:
         self.speedups = {k: dict(v) for k, v in speedups.items()}
@@ -83,22 +94,56 @@ class SimUpstream:
         self.costs = dict(costs or {})
         self.class_costs = {k: dict(v) for k, v in (class_costs or {}).items()}
         self.bases = dict(bases or {})
+        self.overhead = overhead
+        self.class_factors = dict(class_factors or {})
+        self.stalls = stalls
         self.rng = random.Random(seed)
         self.count = 0
 
-    def true_speedup(self, class_key: str, variant: str) -> float:
+    @classmethod
+    def realistic(
+        cls, speedups: Mapping[str, Mapping[str, float]], *, seed: int = 0, **kw: Any
+    ) -> SimUpstream:
+        """A ground truth that differs from the engine's model as a real server does: 6 %
+        of a step per verify round, each class 6-12 % faster or slower than the step
+        fitted for all traffic, and 2 % of requests stalled."""
+        rng = random.Random(seed + 1)
+        factors = {key: 1.0 + rng.choice((-1.0, 1.0)) * rng.uniform(0.06, 0.12) for key in speedups}
+        return cls(speedups, overhead=0.06, class_factors=factors, stalls=0.02, seed=seed, **kw)
+
+    def _cost(self, class_key: str, variant: str) -> float:
+        return self.class_costs.get(class_key, {}).get(variant, self.costs.get(variant, self.cost))
+
+    def nominal_speedup(self, class_key: str, variant: str) -> float:
+        """The speedup a variant's counts say (the engine's model of it)."""
         return 1.0 if variant == "none" else self.speedups[class_key].get(variant, 0.9)
 
-    def counts(self, class_key: str, variant: str, n: int = 64) -> tuple[int, int, float]:
-        """Drafted and accepted tokens of one request, and the speedup they make."""
-        s = self.true_speedup(class_key, variant)
-        c = self.class_costs.get(class_key, {}).get(variant, self.costs.get(variant, self.cost))
+    def true_speedup(self, class_key: str, variant: str) -> float:
+        """What the variant really gives: its counts' time plus the rounds' overhead."""
+        s = self.nominal_speedup(class_key, variant)
+        if variant == "none" or not self.overhead:
+            return s
+        n = 64
+        drafted = self._drafted(n, s, self._cost(class_key, variant))
+        rounds = n / s - self._cost(class_key, variant) * drafted  # n - a, on average
+        return n / (n / s + self.overhead * rounds)
+
+    @staticmethod
+    def _drafted(n: int, s: float, c: float) -> int:
         # enough drafts that the accepted count fits in [0, d]
-        drafted = max(48, math.ceil(n * (1 / s - 1) / c), math.ceil(n * (1 - 1 / s) / (1 - c)))
+        return max(48, math.ceil(n * (1 / s - 1) / c), math.ceil(n * (1 - 1 / s) / (1 - c)))
+
+    def counts(self, class_key: str, variant: str, n: int = 64) -> tuple[int, int, float]:
+        """Drafted and accepted tokens of one request, and the time they take in plain
+        steps (the rounds' overhead included)."""
+        s = self.nominal_speedup(class_key, variant)
+        c = self._cost(class_key, variant)
+        drafted = self._drafted(n, s, c)
         mean = n + c * drafted - n / s
         accepted = round(mean + self.rng.gauss(0.0, self.count_noise * drafted))
         accepted = min(drafted, max(0, accepted))
-        return drafted, accepted, n / (n - accepted + c * drafted)
+        steps = n - accepted + c * drafted + self.overhead * (n - accepted)
+        return drafted, accepted, n / steps
 
     def answer(self, class_key: str, decision: Decision) -> RequestRecord:
         self.count += 1
@@ -109,8 +154,10 @@ class SimUpstream:
             drafted, accepted, s = self.counts(class_key, decision.variant, n)
             timings |= {"draft_n": drafted, "draft_n_accepted": accepted}
         spread = self.baseline_noise if decision.variant == "none" else self.noise
-        base = BASE_TOK_S * self.bases.get(class_key, 1.0)
+        base = BASE_TOK_S * self.bases.get(class_key, 1.0) / self.class_factors.get(class_key, 1.0)
         tok_s = base * s * self.rng.lognormvariate(0.0, spread)
+        if self.stalls and self.rng.random() < self.stalls:
+            tok_s /= min(10.0, 2.0 * self.rng.paretovariate(1.5))
         timings |= {"predicted_ms": 1000 * n / tok_s, "predicted_per_second": tok_s}
         return RequestRecord(
             id=f"r{self.count}",
