@@ -230,9 +230,7 @@ def test_one_variant_at_a_time_is_reported(tmp_path: Path) -> None:
     upstream, single = reloading(tmp_path, caps, 2.0, guess=5.0)
     engine = single.engine
     run(single, upstream, mix(900, 0.8))
-    save_policies(
-        tmp_path / POLICY_FILE, META, engine.snapshot(), extra={"single": single.describe()}
-    )
+    save_policies(tmp_path / POLICY_FILE, META, engine.snapshot(), extra=single.describe())
 
     report = load_report(tmp_path)
     assert report.single is not None and report.single["active"] == single.active

@@ -23,7 +23,8 @@ from starlette.applications import Starlette
 
 from tuner.classify import classify, load_definitions
 from tuner.consumers import Consumer
-from tuner.daemon.plan import TuningPlan, plan_tuning, sized, tuning_config
+from tuner.daemon.plan import tuning_config
+from tuner.daemon.topology import topology_for
 from tuner.errors import ConfigError
 from tuner.fleet.collector import FleetCollector
 from tuner.logs import configure_logging, get_logger
@@ -37,19 +38,15 @@ from tuner.systemd import Notifier, notify
 from tuner.tuning.replay.worker import Replayer
 from tuner.tuning.runtime.collectors import ReplayCollector, TuningCollector
 from tuner.tuning.runtime.service import TuningService
-from tuner.tuning.variants import BASELINE
+from tuner.tuning.runtime.single import one_at_a_time
 from tuner.upstream.capabilities import Capabilities
 from tuner.upstream.client import UpstreamClient
-from tuner.upstream.launch import instance_argv, model_alias, prepare, router_argv, server_argv
-from tuner.upstream.pool import POOL_URL, AnyInstance, Pool
-from tuner.upstream.process import ExternalMonitor, ManagedServer, free_port
+from tuner.upstream.process import ExternalMonitor, ManagedServer
 from tuner.upstream.provision import Progress, stderr_progress
 
 __all__ = ["Daemon", "build_daemon", "reload", "serve"]
 
 log = get_logger(__name__)
-
-POOL_HEALTH_S = 1.0  # how often the pool's readiness is read
 
 # Settings a SIGHUP applies; any other change is logged as needing a restart.
 RELOADABLE = frozenset({"api_keys", "classes_file", "tuning_file", "explore_share", "log_level"})
@@ -74,96 +71,38 @@ def _progress(message: str) -> None:
 
 
 def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon:
-    """Locate (or build) llama-server, pick the model, and assemble the app."""
-    caps: Capabilities | None = None
-    supervisor: ManagedServer | ExternalMonitor
-    services: list[Service] = []
-    pool: Pool | None = None
+    """Choose the way of serving (``topology``: locate or build llama-server, pick the
+    model), and assemble the app on it."""
+    topology = topology_for(settings, progress or _progress)
+    settings, client, plan = topology.settings, topology.client, topology.plan
     tuning: TuningService | None = None
-    public_models: list[str] = []
     gate: VariantGate | None = None
-    plan: TuningPlan | None = None
-    if settings.upstream_url is not None:
-        client = UpstreamClient(
-            str(settings.upstream_url),
-            read_timeout_s=settings.request_timeout_s,
-            stall_timeout_s=settings.stall_timeout_s,
+    if plan is not None and (
+        settings.exclusive_variants == "on"
+        or (settings.exclusive_variants == "auto" and not plan.gpu)
+    ):
+        gate = VariantGate()
+    if plan is not None:
+        tuning = TuningService(
+            plan.build_engine,
+            settings.state_dir,
+            plan.meta,
+            strategy=one_at_a_time(plan.reload_guess_s) if plan.single else lambda e: e,
+            unavailable=client.is_recovering,
+            instances={m.name: repr(m.flags) for m in plan.members},
+            fleet=plan.fleet,
         )
-        supervisor = ExternalMonitor(client)
-        served = f"llama-server at {settings.upstream_url}"
-    else:
-        # a bad tuning file stops the start before llama-server is built or started
-        config = tuning_config(settings) if settings.tune else None
-        prepared = prepare(settings, progress or _progress)
-        settings = sized(settings, prepared)
-        caps, model = prepared.capabilities, prepared.model
-        port = free_port(avoid={settings.port})  # the proxy binds its own port later
-        alias = served = model_alias(settings, model)
-        plan = plan_tuning(settings, prepared, config) if config is not None else None
-        upstream = partial(
-            UpstreamClient,
-            read_timeout_s=settings.request_timeout_s,
-            stall_timeout_s=settings.stall_timeout_s,
-        )
-        if plan is not None and plan.mode == "pool":
-            pool = Pool(
-                plan.members,
-                partial(instance_argv, prepared, settings),
-                capacity=plan.capacity,
-                log_dir=settings.state_dir / "logs" / "pool",
-                startup_timeout_s=settings.startup_timeout_s,
-                warm=BASELINE.name,
-            )
-            client = upstream(POOL_URL, transport=pool)
-            supervisor = ExternalMonitor(client, interval_s=POOL_HEALTH_S)
-            services.append(pool)
-            public_models = [alias]
-        else:
-            client = upstream(
-                f"http://127.0.0.1:{port}",
-                default_model=None if plan and plan.mode == "router" else alias,
-            )
-            if plan is not None and plan.mode == "router":
-                argv = router_argv(
-                    prepared.binary, settings, caps, plan.presets, plan.capacity, port
-                )
-                public_models = [alias]
-            else:
-                argv = server_argv(
-                    prepared.binary, settings, caps, model=model, draft=prepared.draft, port=port
-                )
-            supervisor = ManagedServer(
-                argv,
-                client,
-                log_path=settings.state_dir / "logs" / "llama-server.log",
-                startup_timeout_s=settings.startup_timeout_s,
-            )
-        if plan is not None and (
-            settings.exclusive_variants == "on"
-            or (settings.exclusive_variants == "auto" and not plan.gpu)
-        ):
-            gate = VariantGate()
-        if plan is not None:
-            tuning = TuningService(
-                plan.build_engine,
-                settings.state_dir,
-                plan.meta,
-                single_reload_s=plan.reload_guess_s if plan.single else None,
-                unavailable=client.is_recovering,
-                instances={m.name: repr(m.flags) for m in plan.members},
-                fleet=plan.fleet,
-            )
     notifier = Notifier(
         lambda: client.ready,
-        f"{served} on http://{settings.host}:{settings.port}",
+        f"{topology.served} on http://{settings.host}:{settings.port}",
         restarts=lambda: client.restarts,
     )
-    services.append(supervisor)  # after the pool, where there is one: it polls the pool
+    # the supervisor after the pool, where there is one: it polls the pool
+    services: list[Service] = [*topology.services, topology.supervisor]
     services += ([tuning] if tuning else []) + [notifier]
     replayer: Replayer | None = None
-    if tuning is not None and tuning.single is None and plan is not None:
-        tokenize = AnyInstance(pool) if pool is not None else None
-        replayer = Replayer(tuning.engine, client.base_url, transport=tokenize)
+    if tuning is not None and tuning.tuner.per_class:  # one variant at a time: no replays
+        replayer = Replayer(tuning.engine, client.base_url, transport=topology.tokenizer)
         services.append(replayer)
     definitions = load_definitions(settings.classes_file)
     collectors: list[Collector] = (
@@ -187,13 +126,13 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
         max_concurrent=settings.max_concurrent,
         metrics=metrics,
         router=tuning.route if tuning else None,
-        public_models=public_models,
+        public_models=list(topology.public_models),
         gate=gate,
         keep=replayer.submit if replayer else None,
         fallback=tuning.fallback if tuning else None,
-        engine=caps.engine if caps else None,
+        engine=caps.engine if (caps := topology.capabilities) else None,
     )
-    return Daemon(settings, app, client, supervisor, records, caps, notifier, tuning)
+    return Daemon(settings, app, client, topology.supervisor, records, caps, notifier, tuning)
 
 
 def reload(daemon: Daemon, load: Callable[[], Settings]) -> dict[str, Any]:

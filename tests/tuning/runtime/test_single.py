@@ -166,7 +166,7 @@ def test_overrides_still_apply(tmp_path: Path, caps: Capabilities) -> None:
     engine.reconfigure(cfg)
     assert single.route("text/fresh/greedy").variant == "none"  # forbidden there
     assert single.route("data/fresh/greedy").variant == "ngram-cache"
-    assert "active" in single.describe() and single.describe()["switches"] == 0
+    assert "active" in single.state() and single.state()["switches"] == 0
 
 
 @pytest.mark.parametrize(("share", "budget_share"), [(0.0, 0.5), (0.1, 0.0)])

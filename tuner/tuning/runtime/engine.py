@@ -128,6 +128,17 @@ class Engine:
         return self.rules.config
 
     @property
+    def per_class(self) -> bool:
+        """Each class routes to its own variant's instance (``tuner.Tuner``)."""
+        return True
+
+    def reevaluate(self) -> None:
+        self.check_drift()
+
+    def describe(self) -> dict[str, Any]:
+        return {}
+
+    @property
     def calibration(self) -> Calibration:
         return self.pricing.calibration
 

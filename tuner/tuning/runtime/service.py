@@ -39,7 +39,7 @@ from tuner.tuning.runtime.policy_file import (
     set_aside,
 )
 from tuner.tuning.runtime.quarantine import Quarantine
-from tuner.tuning.runtime.single import SingleVariant
+from tuner.tuning.runtime.tuner import Tuner
 from tuner.tuning.variants import BASELINE
 
 __all__ = ["Fleet", "Routed", "TuningService"]
@@ -89,7 +89,7 @@ class TuningService:
         snapshot_s: float = 900.0,
         keep_snapshots: int = 24,
         save_every_s: float = 2.0,
-        single_reload_s: float | None = None,
+        strategy: Callable[[Engine], Tuner] = lambda engine: engine,
         unavailable: Callable[[str], bool] = lambda _: False,
         instances: Mapping[str, str] | None = None,
         fleet: Fleet | None = None,
@@ -119,12 +119,10 @@ class TuningService:
         self.engine = engine = build(
             io=self._submit, on_change=lambda _: self._mark_dirty(), excluded=self.quarantine.blocks
         )
-        # One variant loaded at a time (router capacity 1): given the reload guess.
-        self.single = (
-            SingleVariant(engine, reload_s=single_reload_s) if single_reload_s is not None else None
-        )
+        # the per-class engine itself, or one variant at a time over it (``one_at_a_time``)
+        self.tuner = strategy(engine)
         # which instance holds which conversation: only where variants are instances
-        self.sessions: PrefixIndex | None = PrefixIndex() if self.single is None else None
+        self.sessions: PrefixIndex | None = PrefixIndex() if self.tuner.per_class else None
         self.chars_per_token = CHARS_PER_TOKEN
 
     # -- request path -----------------------------------------------------------------
@@ -132,16 +130,13 @@ class TuningService:
     def route(self, class_key: str | None, prompt: Prompt | None = None) -> Routed:
         """What to send one request of this class; with its ``prompt``, a conversation's
         later turn goes where its history is cached unless moving pays."""
-        single, sessions = self.single, self.sessions
+        sessions = self.sessions
         turn: Turn | None = None
         if sessions is not None and prompt is not None:
             held = sessions.locate(prompt)
             if held is not None and held.continuing:
                 turn = self._turn(held, prompt)
-        if single is not None:
-            decision: Decision = single.route(class_key)
-        else:
-            decision = self.engine.route(class_key, turn)
+        decision = self.tuner.route(class_key, turn)
         if self._blocked(decision.variant):
             # a pin, a choice not re-decided yet, or an instance being reloaded
             decision = Decision(BASELINE.name, "fallback", policy_class=decision.policy_class)
@@ -208,10 +203,7 @@ class TuningService:
             self._failed(variant, record.error or f"status {record.status}", record.id)
         elif variant is not None and record.status == 200 and not record.error:
             self.quarantine.succeeded(variant)
-        if self.single is not None:
-            self.single.observe(record)
-        else:
-            self.engine.observe(record)
+        self.tuner.observe(record)
 
     def _learn_chars(self, record: RequestRecord) -> None:
         """Characters per prompt token, from each prompt's length and the server's count of
@@ -252,9 +244,10 @@ class TuningService:
         self._dirty.clear()
         self._last_save = time.monotonic()
         try:
-            extra: dict[str, Any] = {"quarantine": self.quarantine.describe()}
-            if self.single is not None:
-                extra["single"] = self.single.describe()
+            extra: dict[str, Any] = {
+                "quarantine": self.quarantine.describe(),
+                **self.tuner.describe(),
+            }
             with self.engine.locked():  # the fleet's cursors match the evidence saved
                 classes = self.engine.snapshot()
                 if self.fleet is not None:
@@ -284,9 +277,7 @@ class TuningService:
             self.fleet.put_document(document)
 
     def reevaluate(self) -> None:
-        self.engine.check_drift()
-        if self.single is not None:
-            self.single.choose()
+        self.tuner.reevaluate()
         if self._dirty.is_set():
             self._submit(self.save)
 
@@ -320,12 +311,6 @@ class TuningService:
             saved = read_document(self.path) if restored else None
             self.fleet.restore((saved or {}).get("fleet"))
             await asyncio.wrap_future(self._pool.submit(self.sync))  # warm from the fleet
-        if self.single is not None:
-            log.info(
-                "single_variant",
-                detail="one variant loaded at a time",
-                reload_guess_s=round(self.single.reload_s, 1),
-            )
         self.scheduler = AsyncIOScheduler()
         self.scheduler.add_job(
             lambda: self._submit(self.reevaluate),

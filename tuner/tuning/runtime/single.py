@@ -42,11 +42,12 @@ from typing import Any
 from tuner.classify.classes import ROOT
 from tuner.logs import get_logger
 from tuner.records import RequestRecord
+from tuner.sessions.moves import Turn
 from tuner.tuning.policy.guard import Role
 from tuner.tuning.runtime.engine import Decision, Engine
 from tuner.tuning.variants import BASELINE, Variant
 
-__all__ = ["SingleVariant", "switch_pays", "traffic_gain"]
+__all__ = ["SingleVariant", "one_at_a_time", "switch_pays", "traffic_gain"]
 
 log = get_logger(__name__)
 
@@ -136,9 +137,16 @@ class SingleVariant:
         self.last_variant: str | None = None
         self._lock = threading.RLock()
 
+    @property
+    def per_class(self) -> bool:
+        """One variant serves everyone: no per-class instance to keep a turn on."""
+        return False
+
     # -- request path ---------------------------------------------------------------
 
-    def route(self, class_key: str | None) -> Decision:
+    def route(self, class_key: str | None, turn: Turn | None = None) -> Decision:
+        """The window's or the active variant for one request (``turn`` is not used:
+        there is one instance, which holds every conversation there is)."""
         key = class_key or ROOT
         config = self.engine.config
         with self._lock:
@@ -320,8 +328,16 @@ class SingleVariant:
         except Exception:
             log.exception("single_variant_tell_failed")
 
+    def reevaluate(self) -> None:
+        """The engine's drift check, then the traffic-weighted choice."""
+        self.engine.check_drift()
+        self.choose()
+
     def describe(self) -> dict[str, Any]:
         """For the policy file and the report."""
+        return {"single": self.state()}
+
+    def state(self) -> dict[str, Any]:
         with self._lock:
             return {
                 "active": self.active,
@@ -333,3 +349,18 @@ class SingleVariant:
                 "switches": self.switches,
                 "windows": self.candidates,
             }
+
+
+def one_at_a_time(reload_s: float) -> Callable[[Engine], SingleVariant]:
+    """The strategy where one instance fits: one variant over the engine's evidence, given
+    a guess of what a reload takes (measured once a switch is seen)."""
+
+    def build(engine: Engine) -> SingleVariant:
+        log.info(
+            "single_variant",
+            detail="one variant loaded at a time",
+            reload_guess_s=round(reload_s, 1),
+        )
+        return SingleVariant(engine, reload_s=reload_s)
+
+    return build

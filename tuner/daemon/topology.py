@@ -1,0 +1,166 @@
+"""One way of serving per deployment, chosen once from the settings: what the daemon
+talks to, what supervises it, and what runs beside it.
+
+- ``external``: a llama-server the user runs (``TUNER_UPSTREAM_URL``); no tuning.
+- ``plain``: one managed llama-server, no tuning (``TUNER_TUNE=false``, or nothing to tune).
+- ``router``: mainline llama-server's router, one preset per variant.
+- ``pool``: the daemon's own instances, where the engine has no router (ik_llama.cpp).
+
+Where only one instance fits, a router or a pool serves one variant at a time
+(``TuningPlan.single``): the tuner differs, not the topology. ``build_daemon`` wires the
+rest of the daemon from the ``Topology`` this module builds, and nothing below it asks
+which way it serves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Literal
+
+import httpx
+
+from tuner.daemon.plan import TuningPlan, plan_tuning, sized, tuning_config
+from tuner.proxy.app import Service
+from tuner.settings import Settings
+from tuner.tuning.variants import BASELINE
+from tuner.upstream.capabilities import Capabilities
+from tuner.upstream.client import UpstreamClient
+from tuner.upstream.launch import (
+    Prepared,
+    instance_argv,
+    model_alias,
+    prepare,
+    router_argv,
+    server_argv,
+)
+from tuner.upstream.pool import POOL_URL, AnyInstance, Pool
+from tuner.upstream.process import ExternalMonitor, ManagedServer, free_port
+from tuner.upstream.provision import Progress
+
+__all__ = ["Kind", "Topology", "topology_for"]
+
+POOL_HEALTH_S = 1.0  # how often the pool's readiness is read
+
+Kind = Literal["external", "plain", "router", "pool"]
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """A way of serving, built: the upstream client, its supervisor, the services it runs
+    before the supervisor (the pool), and what the rest of the daemon needs of it."""
+
+    kind: Kind
+    settings: Settings  # with what the model sized (the context)
+    client: UpstreamClient
+    supervisor: ManagedServer | ExternalMonitor
+    served: str  # what it serves, for the log and systemd's status
+    services: Sequence[Service] = ()
+    public_models: Sequence[str] = ()  # the model ids /v1/models shows (router and pool)
+    capabilities: Capabilities | None = None
+    plan: TuningPlan | None = None  # None: the daemon proxies without tuning
+    # how the replayer reaches an instance's tokenizer (the pool's), where not over HTTP
+    tokenizer: httpx.BaseTransport | None = None
+
+
+def topology_for(settings: Settings, progress: Progress) -> Topology:
+    """The topology the settings ask for: an external server, or the engine prepared
+    (built once, model fetched) and served plainly, through its router or in a pool."""
+    if settings.upstream_url is not None:
+        return _external(settings)
+    # a bad tuning file stops the start before llama-server is built or started
+    config = tuning_config(settings) if settings.tune else None
+    prepared = prepare(settings, progress)
+    settings = sized(settings, prepared)
+    plan = plan_tuning(settings, prepared, config) if config is not None else None
+    if plan is None:
+        return _plain(settings, prepared)
+    if plan.mode == "pool":
+        return _pool(settings, prepared, plan)
+    return _router(settings, prepared, plan)
+
+
+def _client(settings: Settings, url: str, **kw: object) -> UpstreamClient:
+    return UpstreamClient(
+        url,
+        read_timeout_s=settings.request_timeout_s,
+        stall_timeout_s=settings.stall_timeout_s,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def _managed(settings: Settings, argv: list[str], client: UpstreamClient) -> ManagedServer:
+    return ManagedServer(
+        argv,
+        client,
+        log_path=settings.state_dir / "logs" / "llama-server.log",
+        startup_timeout_s=settings.startup_timeout_s,
+    )
+
+
+def _external(settings: Settings) -> Topology:
+    client = _client(settings, str(settings.upstream_url))
+    served = f"llama-server at {settings.upstream_url}"
+    return Topology("external", settings, client, ExternalMonitor(client), served)
+
+
+def _plain(settings: Settings, prepared: Prepared) -> Topology:
+    port = free_port(avoid={settings.port})  # the proxy binds its own port later
+    alias = model_alias(settings, prepared.model)
+    client = _client(settings, f"http://127.0.0.1:{port}", default_model=alias)
+    argv = server_argv(
+        prepared.binary,
+        settings,
+        prepared.capabilities,
+        model=prepared.model,
+        draft=prepared.draft,
+        port=port,
+    )
+    supervisor = _managed(settings, argv, client)
+    return Topology(
+        "plain", settings, client, supervisor, alias, capabilities=prepared.capabilities
+    )
+
+
+def _router(settings: Settings, prepared: Prepared, plan: TuningPlan) -> Topology:
+    port = free_port(avoid={settings.port})
+    alias = model_alias(settings, prepared.model)
+    client = _client(settings, f"http://127.0.0.1:{port}")
+    caps = prepared.capabilities
+    argv = router_argv(prepared.binary, settings, caps, plan.presets, plan.capacity, port)
+    return Topology(
+        "router",
+        settings,
+        client,
+        _managed(settings, argv, client),
+        alias,
+        public_models=(alias,),
+        capabilities=caps,
+        plan=plan,
+    )
+
+
+def _pool(settings: Settings, prepared: Prepared, plan: TuningPlan) -> Topology:
+    pool = Pool(
+        plan.members,
+        partial(instance_argv, prepared, settings),
+        capacity=plan.capacity,
+        log_dir=settings.state_dir / "logs" / "pool",
+        startup_timeout_s=settings.startup_timeout_s,
+        warm=BASELINE.name,
+    )
+    client = _client(settings, POOL_URL, transport=pool)
+    alias = model_alias(settings, prepared.model)
+    return Topology(
+        "pool",
+        settings,
+        client,
+        ExternalMonitor(client, interval_s=POOL_HEALTH_S),
+        alias,
+        services=(pool,),
+        public_models=(alias,),
+        capabilities=prepared.capabilities,
+        plan=plan,
+        tokenizer=AnyInstance(pool),
+    )
