@@ -70,7 +70,7 @@ async def store(tmp_path: Path, request_metrics: RequestMetrics) -> AsyncIterato
 @pytest.fixture
 async def upstream(fake: FakeLlamaServer) -> AsyncIterator[UpstreamClient]:
     client = UpstreamClient("http://fake", transport=fake.transport(), default_model="fake-model")
-    client.mark_ready(True)
+    client.health.answering(True)
     yield client
     await client.aclose()
 

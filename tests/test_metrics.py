@@ -48,8 +48,8 @@ async def test_metrics_parse_and_count_requests_tokens_and_drafts(
     )
     assert value(text, "tuner_proxy_overhead_seconds_count") == 3
     assert value(text, "tuner_request_duration_seconds_count", endpoint="/v1/completions") == 4
-    upstream.mark_ready(False)
-    upstream.restarts = 2
+    upstream.health.answering(False)
+    upstream.health.restarts = 2
     after = (await proxy.get("/metrics")).text
     assert value(after, "tuner_upstream_ready") == 0.0
     assert value(after, "tuner_upstream_restarts_total") == 2

@@ -56,18 +56,18 @@ class _StateCollector(Collector):
         yield CounterMetricFamily(
             "tuner_upstream_restarts",
             "Restarts of the managed llama-server",
-            value=self.upstream.restarts,
+            value=self.upstream.health.restarts,
         )
         yield CounterMetricFamily(
             "tuner_upstream_stalls",
             "Requests cut because their instance stopped answering (it is reloaded; "
             "those with nothing back yet are sent again without speculation)",
-            value=self.upstream.stalls,
+            value=self.upstream.health.stalls,
         )
         yield GaugeMetricFamily(
             "tuner_upstream_recovering",
             "Router presets reloaded after a stall that have not answered since",
-            value=len(self.upstream.recovering_now()),
+            value=len(self.upstream.health.recovering_now()),
         )
         yield CounterMetricFamily(
             "tuner_records_dropped",

@@ -231,7 +231,7 @@ async def test_oversized_body_is_refused_with_413(proxy: httpx.AsyncClient) -> N
 async def test_not_ready_upstream_gives_503_with_retry_after(
     proxy: httpx.AsyncClient, upstream: UpstreamClient
 ) -> None:
-    upstream.mark_ready(False)
+    upstream.health.answering(False)
     response = await proxy.post("/v1/chat/completions", json=CHAT)
     error = assert_openai_error(response, 503)
     assert error["code"] == "upstream_not_ready"
@@ -250,7 +250,7 @@ async def test_unreachable_upstream_gives_503_not_500(
     from tuner.proxy.app import create_app
 
     client = UpstreamClient("http://fake", transport=httpx.MockTransport(refuse))
-    client.mark_ready(True)
+    client.health.answering(True)
     app = create_app(client, store)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://p") as c:
         response = await c.post("/v1/completions", json=COMPLETION)

@@ -92,7 +92,7 @@ headers = st.dictionaries(
 def test_no_request_gets_a_server_error(tmp_path: Any) -> None:
     fake = FakeLlamaServer()
     upstream = UpstreamClient("http://fake", transport=fake.transport(), default_model="m")
-    upstream.mark_ready(True)
+    upstream.health.answering(True)
     store = RecordStore(tmp_path / "records", linger_s=0)
     app = create_app(upstream, store, max_body_bytes=64 * 1024)
     seen: list[int] = []

@@ -56,7 +56,7 @@ async def test_requests_beyond_the_limit_get_429_and_slots_come_back(store: Reco
         return fake.handle(request)
 
     upstream = UpstreamClient("http://fake", transport=httpx.MockTransport(slow))
-    upstream.mark_ready(True)
+    upstream.health.answering(True)
     app = create_app(upstream, store, max_concurrent=1)
     async with client_for(app) as c:
         first = asyncio.create_task(c.post("/v1/completions", json=BODY))

@@ -120,7 +120,7 @@ async def test_a_stream_that_goes_silent_is_cut_and_its_instance_reloaded(
     fake.hold_stream, fake.hold_stream_at = asyncio.Event(), 2  # never set: stuck
     upstream = UpstreamClient("http://fake", transport=fake.transport(), stall_timeout_s=0.2)
     upstream.model_ids = ("none", "ngram-mod")  # a router's presets
-    upstream.mark_ready(True)
+    upstream.health.answering(True)
     app = create_app(upstream, store)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://p") as p:
         body = {"model": "ngram-mod", "prompt": "hi", "stream": True}
@@ -133,7 +133,7 @@ async def test_a_stream_that_goes_silent_is_cut_and_its_instance_reloaded(
                 break
             await asyncio.sleep(0.01)
         assert {"path": "/models/unload", "body": {"model": "ngram-mod"}} in fake.requests
-        assert upstream.stalls == 1
+        assert upstream.health.stalls == 1
         assert (await p.get("/ready")).json()["recovering"] == ["ngram-mod"]
         fake.hold_stream = None
         assert (await p.post("/v1/completions", json=body)).status_code == 200
@@ -225,7 +225,7 @@ async def test_a_whole_answer_that_takes_long_is_probed_and_cut_only_if_stuck(
         "http://f", transport=httpx.MockTransport(handle), stall_timeout_s=0.2
     )
     upstream.model_ids = ("none", "ngram-mod")
-    upstream.mark_ready(True)
+    upstream.health.answering(True)
     app = create_app(upstream, store)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://p") as p:
         if alive:
@@ -235,7 +235,7 @@ async def test_a_whole_answer_that_takes_long_is_probed_and_cut_only_if_stuck(
     assert calls.count("/props") >= (2 if alive else 1)
     if not alive:
         assert response.json()["error"]["code"] == "upstream_stalled"
-        assert upstream.is_recovering("ngram-mod") and upstream.stalls == 1
+        assert upstream.health.is_recovering("ngram-mod") and upstream.health.stalls == 1
     await upstream.aclose()
 
 
@@ -259,7 +259,7 @@ async def test_requests_waiting_on_a_stuck_instance_go_again_without_speculation
 
     upstream = UpstreamClient("http://f", transport=httpx.MockTransport(handle), stall_timeout_s=90)
     upstream.model_ids = ("none", "ngram-mod")
-    upstream.mark_ready(True)
+    upstream.health.answering(True)
 
     def fallback(variant: str, request_id: str, reason: str) -> _Routed | None:
         assert "stopped answering" in reason
@@ -274,7 +274,7 @@ async def test_requests_waiting_on_a_stuck_instance_go_again_without_speculation
     assert asyncio.get_running_loop().time() - started < 5  # not the 90 s stall bound
     assert [a.status_code for a in answers] == [200] * 3
     assert {a.headers["x-spec-role"] for a in answers} == {"fallback"}
-    assert calls.count("/models/unload ngram-mod") == 1 and upstream.stalls == 3
+    assert calls.count("/models/unload ngram-mod") == 1 and upstream.health.stalls == 3
     assert calls.count("/props ngram-mod") == 1  # the three waited on one probe
     await store.flush()
     failed = [r for r in store.recent if r.variant == "ngram-mod"]
@@ -289,10 +289,10 @@ async def test_a_second_try_that_fails_is_recorded_too(
     tries are recorded."""
     fake.plain_error, fake.plain_error_times = (500, b"model name=ngram-mod failed to load"), 1
     upstream = UpstreamClient("http://fake", transport=fake.transport())
-    upstream.mark_ready(True)
+    upstream.health.answering(True)
 
     def fallback(variant: str, request_id: str, reason: str) -> _Routed:
-        upstream.mark_ready(False)  # gone between the two tries
+        upstream.health.answering(False)  # gone between the two tries
         return _Routed("none", "fallback")
 
     app = create_app(

@@ -50,7 +50,7 @@ async def client_for() -> AsyncIterator[Callable[..., UpstreamClient]]:
 
     def make(url: str, **kwargs: float) -> UpstreamClient:
         client = UpstreamClient(url, **kwargs)  # type: ignore[arg-type]
-        client.mark_ready(True)
+        client.health.answering(True)
         made.append(client)
         return client
 
@@ -161,7 +161,7 @@ async def test_a_pooled_connection_the_server_dropped_is_retried_once(
             await response.aclose()
         await client.aclose()
     assert served == 4
-    assert client.reconnects >= 1
+    assert client.health.reconnects >= 1
 
 
 async def test_a_server_that_keeps_dropping_is_not_ready(

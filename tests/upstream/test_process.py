@@ -63,7 +63,7 @@ async def test_killed_child_is_restarted(tmp_path: Path) -> None:
         if client.ready and server.pid != first:
             break
     assert client.ready and server.pid != first
-    assert client.restarts == 1
+    assert client.health.restarts == 1
     await server.stop()
 
 

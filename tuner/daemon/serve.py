@@ -88,14 +88,14 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
             settings.state_dir,
             plan.meta,
             strategy=one_at_a_time(plan.reload_guess_s) if plan.single else lambda e: e,
-            unavailable=client.is_recovering,
+            unavailable=client.health.is_recovering,
             instances={m.name: repr(m.flags) for m in plan.members},
             fleet=plan.fleet,
         )
     notifier = Notifier(
         lambda: client.ready,
         f"{topology.served} on http://{settings.host}:{settings.port}",
-        restarts=lambda: client.restarts,
+        restarts=lambda: client.health.restarts,
     )
     # the supervisor after the pool, where there is one: it polls the pool
     services: list[Service] = [*topology.services, topology.supervisor]

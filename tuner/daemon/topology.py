@@ -108,7 +108,7 @@ def _external(settings: Settings) -> Topology:
 def _plain(settings: Settings, prepared: Prepared) -> Topology:
     port = free_port(avoid={settings.port})  # the proxy binds its own port later
     alias = model_alias(settings, prepared.model)
-    client = _client(settings, f"http://127.0.0.1:{port}", default_model=alias)
+    client = _client(settings, f"http://127.0.0.1:{port}", default_model=alias, routes_models=False)
     argv = server_argv(
         prepared.binary,
         settings,
@@ -126,7 +126,7 @@ def _plain(settings: Settings, prepared: Prepared) -> Topology:
 def _router(settings: Settings, prepared: Prepared, plan: TuningPlan) -> Topology:
     port = free_port(avoid={settings.port})
     alias = model_alias(settings, prepared.model)
-    client = _client(settings, f"http://127.0.0.1:{port}")
+    client = _client(settings, f"http://127.0.0.1:{port}", routes_models=True)
     caps = prepared.capabilities
     argv = router_argv(prepared.binary, settings, caps, plan.presets, plan.capacity, port)
     return Topology(
@@ -150,7 +150,7 @@ def _pool(settings: Settings, prepared: Prepared, plan: TuningPlan) -> Topology:
         startup_timeout_s=settings.startup_timeout_s,
         warm=BASELINE.name,
     )
-    client = _client(settings, POOL_URL, transport=pool)
+    client = _client(settings, POOL_URL, transport=pool, routes_models=True)
     alias = model_alias(settings, prepared.model)
     return Topology(
         "pool",

@@ -302,11 +302,11 @@ class _Handlers:
             found: dict[str, object] = {"status": "ready", "models": list(self.upstream.model_ids)}
             if self.engine is not None:
                 found["engine"] = self.engine
-            if recovering := self.upstream.recovering_now():  # reloaded after a stall
+            if recovering := self.upstream.health.recovering_now():  # reloaded after a stall
                 found["recovering"] = recovering
             return JSONResponse(found)
         return JSONResponse(
-            {"status": "starting", "restarts": self.upstream.restarts},
+            {"status": "starting", "restarts": self.upstream.health.restarts},
             status_code=503,
             headers={"retry-after": "2"},
         )

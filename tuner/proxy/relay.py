@@ -194,13 +194,12 @@ class _Stall:
 
     @classmethod
     def of(cls, upstream: UpstreamClient, sent: object) -> _Stall:
-        router = len(upstream.model_ids) > 1
-        preset = sent if router and isinstance(sent, str) else None
+        preset = sent if upstream.routes and isinstance(sent, str) else None
         return cls(upstream, upstream.stall_timeout_s, preset)
 
     def answered(self) -> None:
         if self.preset is not None:
-            self.upstream.recovering.pop(self.preset, None)
+            self.upstream.health.answered(self.preset)
 
     def stalled(self) -> OpenAIError:
         """Count the stall, reload the instance in the background, and say what happened."""
@@ -221,7 +220,7 @@ class _Stall:
         )
 
     def _reload(self, message: str) -> OpenAIError:
-        self.upstream.stalls += 1
+        self.upstream.health.stalled()
         if self.preset is not None:
             task = asyncio.create_task(self.upstream.unload(self.preset))
             _BACKGROUND.add(task)

@@ -3,11 +3,8 @@
 A variant is a spec type with one value per parameter. Its ``name`` is stable and
 readable (``ngram-simple.n3.m16``); it names the router preset, the records, the
 report rows and the metrics labels. ``flags`` renders it for the installed
-build: the ``--spec-*`` flags of current mainline builds; ik_llama.cpp's dialect
-(``--spec-ngram-size-n`` shared by the n-gram types, ``--draft-max`` and friends);
-or ``--draft-max`` and friends on mainline builds from before ``--spec-type``
-(where only draft-model speculation exists). ``request_fields`` gives the draft
-settings an engine that honours them takes with each request instead.
+build, in that build's dialect (``tuner.upstream.dialects``). ``request_fields`` gives
+the draft settings an engine that honours them takes with each request instead.
 """
 
 from __future__ import annotations
@@ -18,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.upstream.capabilities import Capabilities
+from tuner.upstream.dialects import AUTOTUNE, MAINLINE, launch_flags
 
 __all__ = [
     "AUTOTUNE",
@@ -35,43 +33,20 @@ __all__ = [
 
 ParamValue = int | float
 
-AUTOTUNE = "--spec-autotune"  # ik_llama.cpp: the engine tunes n_max / n_min / p_min per step
-# spec type -> parameter -> (short label for the name, flag in current builds)
-PARAMS: dict[str, dict[str, tuple[str, str]]] = {
-    "none": {},
-    **{
-        kind: {
-            "size_n": ("n", f"--spec-{kind}-size-n"),
-            "size_m": ("m", f"--spec-{kind}-size-m"),
-            "min_hits": ("h", f"--spec-{kind}-min-hits"),
-            **({"autotune": ("auto", AUTOTUNE)} if kind == "ngram-simple" else {}),
-        }
-        for kind in ("ngram-simple", "ngram-map-k", "ngram-map-k4v")
-    },
-    "ngram-mod": {
-        "n_match": ("match", "--spec-ngram-mod-n-match"),
-        "n_max": ("max", "--spec-ngram-mod-n-max"),
-        "n_min": ("min", "--spec-ngram-mod-n-min"),
-        "autotune": ("auto", AUTOTUNE),
-    },
-    "ngram-cache": {},
-    **{
-        kind: {
-            "n_max": ("max", "--spec-draft-n-max"),
-            "n_min": ("min", "--spec-draft-n-min"),
-            "p_min": ("p", "--spec-draft-p-min"),
-        }
-        for kind in ("draft-simple", "draft-mtp", "draft-eagle3", "draft-dflash")
-    },
+# spec type -> parameter -> the short label a variant's name gives it (the flags each build
+# takes for it: ``tuner.upstream.dialects``)
+_LABELS = {
+    "size_n": "n",
+    "size_m": "m",
+    "min_hits": "h",
+    "autotune": "auto",
+    "n_match": "match",
+    "n_max": "max",
+    "n_min": "min",
+    "p_min": "p",
 }
-_OLD_DRAFT_FLAGS = {"n_max": "--draft-max", "n_min": "--draft-min", "p_min": "--draft-p-min"}
-# ik_llama.cpp 55d3c05: one n-gram size for every n-gram type (ngram-mod's match length too),
-# and its draft length n_max also cuts an n-gram type's copied run (default 16)
-_IK_NGRAM_FLAGS = {
-    "size_n": "--spec-ngram-size-n",
-    "size_m": "--spec-ngram-size-m",
-    "min_hits": "--spec-ngram-min-hits",
-    "n_match": "--spec-ngram-size-n",
+PARAMS: dict[str, dict[str, str]] = {
+    kind: {param: _LABELS[param] for param in flags} for kind, flags in MAINLINE.items()
 }
 PER_REQUEST = ("n_max", "n_min", "p_min")
 # the n-gram types ik_llama.cpp's autotune tunes: those with an ``autotune`` parameter
@@ -123,7 +98,7 @@ class Variant:
             derived = n_max is not None and value == max(1, int(n_max) * 3 // 4)
             if self.spec_type == "ngram-mod" and param == "n_min" and derived:
                 continue  # the value derived from n_max
-            parts.append(f"{labels[param][0]}{_label(value)}")
+            parts.append(f"{labels[param]}{_label(value)}")
         return ".".join(parts)
 
     @property
@@ -180,32 +155,14 @@ class Variant:
         if self.autotuned and not _autotunes(caps):
             raise ValueError(f"this llama-server build has no {AUTOTUNE}")
         draft = ["-md", str(draft_model)] if self.needs_draft_model and draft_model else []
-        if caps.engine == "ik_llama.cpp":
-            return self._ik_flags(per_request) + draft
-        if caps.has_flag("--spec-type"):
-            out = ["--spec-type", self.spec_type]
-            for param, value in self.params:
-                out += [PARAMS[self.spec_type][param][1], str(value)]
-            return out + draft
-        # Before --spec-type: a draft model was the only kind, and none meant no -md.
-        if self.spec_type == "none":
-            return []
-        out = list(draft)
-        for param, value in self.params:
-            out += [_OLD_DRAFT_FLAGS[param], str(value)]
-        return out
-
-    def _ik_flags(self, per_request: bool) -> list[str]:
-        out = ["--spec-type", self.spec_type]
-        for param, value in self.params:
-            if param in _IK_NGRAM_FLAGS:
-                out += [_IK_NGRAM_FLAGS[param], str(value)]
-        if self.autotuned:
-            return [*out, AUTOTUNE]  # it sets the draft settings itself, every step
-        if not per_request:
-            for param, value in _draft_settings(self).items():
-                out += [_OLD_DRAFT_FLAGS[param], str(value)]
-        return out
+        return launch_flags(
+            caps,
+            self.spec_type,
+            self.params,
+            draft=draft,
+            autotuned=self.autotuned,
+            draft_settings=None if per_request else _draft_settings(self),
+        )
 
 
 BASELINE = Variant("none")
@@ -231,7 +188,7 @@ def parse_name(name: str) -> Variant:
     True
     """
     spec_type, *parts = name.split(".")
-    by_label = {label: param for param, (label, _) in PARAMS.get(spec_type, {}).items()}
+    by_label = {label: param for param, label in PARAMS.get(spec_type, {}).items()}
     params: dict[str, ParamValue] = {}
     for part in parts:
         label = part.rstrip("0123456789")

@@ -14,7 +14,6 @@ Whoever supervises the server (``ManagedServer`` or ``ExternalMonitor``) flips
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NamedTuple, TypeVar
 
@@ -23,13 +22,12 @@ import httpx
 
 from tuner.errors import UpstreamError, UpstreamNotReady, UpstreamTimeout
 from tuner.logs import get_logger
+from tuner.upstream.health import Health
 
 __all__ = ["UpstreamClient", "UpstreamDisconnected", "UpstreamResponse"]
 
 log = get_logger(__name__)
 
-# A stalled preset is reloaded: the router's stop timeout (10 s), a kill, and a fresh load.
-RECOVERY_S = 60.0
 # llama-server (cpp-httplib) closes idle keep-alive connections after 5 s: reuse for less.
 _KEEPALIVE_S = 4.0
 
@@ -99,13 +97,16 @@ class UpstreamClient:
         read_timeout_s: float = 600.0,
         stall_timeout_s: float | None = None,
         default_model: str | None = None,
+        routes_models: bool | None = None,
+        health: Health | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.read_timeout_s = read_timeout_s
         self.stall_timeout_s = stall_timeout_s  # a stream silent this long is stuck
-        self.stalls = 0  # requests cut because their instance stopped answering
-        # router presets reloaded after a stall (when), until one of their answers completes
-        self.recovering: dict[str, float] = {}
+        # True: a router (llama-server's, or the pool) that serves each variant as a model;
+        # None: not known (a server the user runs): one listing several models is taken so
+        self._routes = routes_models
+        self.health = health or Health(self.base_url)
         # set: every call goes through this httpx transport (a test's fake, or the pool)
         self._given = transport
         limits = httpx.Limits(max_connections=64, max_keepalive_connections=8)
@@ -115,33 +116,30 @@ class UpstreamClient:
         ).as_dict()
         self.http = httpx.AsyncClient(base_url=self.base_url, transport=self._transport)
         self._session: aiohttp.ClientSession | None = None
-        self.reconnects = 0  # requests re-sent after the server closed a pooled connection
-        self._ready = False
         self.model_ids: tuple[str, ...] = (default_model,) if default_model else ()
         # Input kinds the model accepts beyond text (from /props); None when unknown.
         self.modalities: frozenset[str] | None = None
-        self.restarts = 0
         # in flight per preset: a probe of its instance, an unload of it
         self._probes: dict[str, asyncio.Future[bool]] = {}
         self._unloads: dict[str, asyncio.Future[None]] = {}
 
     @property
     def ready(self) -> bool:
-        return self._ready
+        return self.health.ready
 
-    def mark_ready(self, ready: bool) -> None:
-        if ready != self._ready:
-            log.info("upstream_ready" if ready else "upstream_not_ready", url=self.base_url)
-        self._ready = ready
+    @property
+    def routes(self) -> bool:
+        """Whether the server routes requests by model (each variant a model of its own)."""
+        return self._routes if self._routes is not None else len(self.model_ids) > 1
 
     def resolve_model(self, requested: object) -> str | None:
         """The model id to send upstream, or None to leave the body as it is.
 
         A llama-server serving one model ignores ``model``, so the body passes
-        through untouched. One serving several (router mode) needs a model it
-        has: the client's when it is one of them, else the first.
+        through untouched. A router needs a model it has: the client's when it is
+        one of them, else the first.
         """
-        if len(self.model_ids) < 2:
+        if not self.routes or not self.model_ids:
             return None
         if isinstance(requested, str) and requested in self.model_ids:
             return requested
@@ -189,7 +187,7 @@ class UpstreamClient:
         params: dict[str, str] | None = None,
     ) -> UpstreamResponse:
         """Send a request and return the response with its body still streaming."""
-        if not self._ready:
+        if not self.health.ready:
             raise UpstreamNotReady()
         headers = {"accept-encoding": "identity"}
         if content is not None:
@@ -241,7 +239,7 @@ class UpstreamClient:
                 # The server closed the connection before answering (a pooled keep-alive
                 # connection it had just dropped, or a reset while the body was written):
                 # the request was not processed. Once more, on a fresh connection.
-                self.reconnects += 1
+                self.health.reconnected()
                 response = await session.request(
                     out.method,
                     out.url,
@@ -255,15 +253,6 @@ class UpstreamClient:
             raise UpstreamNotReady(f"the model server is unreachable: {exc!r}") from exc
         content_type = response.headers.get("content-type", "application/json")
         return UpstreamResponse(response.status, content_type, response)
-
-    def is_recovering(self, model: str) -> bool:
-        """Whether a preset was reloaded after a stall within ``RECOVERY_S``: the router
-        is killing and reloading its instance, so requests are better sent elsewhere."""
-        since = self.recovering.get(model)
-        return since is not None and time.time() - since < RECOVERY_S
-
-    def recovering_now(self) -> list[str]:
-        return sorted(m for m in self.recovering if self.is_recovering(m))
 
     async def responds(self, model: str, timeout_s: float = 5.0) -> bool:
         """Whether a router preset's instance answers at all (``/props?model=``, which the
@@ -288,7 +277,7 @@ class UpstreamClient:
         await _joined(self._unloads, model, lambda: self._unload(model))
 
     async def _unload(self, model: str) -> None:
-        self.recovering[model] = time.time()
+        self.health.reloading(model)
         try:
             response = await self.http.post("/models/unload", json={"model": model}, timeout=30.0)
             log.warning("instance_unloaded", model=model, status=response.status_code)

@@ -169,8 +169,8 @@ class ManagedServer:
                 attempt = 0
             delay = self.backoff.delay(attempt)
             attempt += 1
-            self.client.restarts += 1
-            log.warning("llama_server_restart", delay_s=delay, restarts=self.client.restarts)
+            restarts = self.client.health.restarted()
+            log.warning("llama_server_restart", delay_s=delay, restarts=restarts)
             await asyncio.sleep(delay)
 
     async def _run_once(self) -> None:
@@ -190,12 +190,12 @@ class ManagedServer:
         log.info("llama_server_started", pid=self.process.pid, log=str(self.log_path))
         if await self._wait_healthy(self.process):
             await self.client.refresh_models()
-            self.client.mark_ready(True)
+            self.client.health.answering(True)
             self._ever_ready = True
             self.failure = None
             self._ready_event.set()
         code = await self.process.wait()
-        self.client.mark_ready(False)
+        self.client.health.answering(False)
         self._ready_event.clear()
         if not self._stopping:
             log.error("llama_server_exited", code=code, log=str(self.log_path))
@@ -224,7 +224,7 @@ class ManagedServer:
     async def stop(self, grace_s: float = 10.0) -> None:
         """Terminate the process group, kill it after ``grace_s``, end supervision."""
         self._stopping = True
-        self.client.mark_ready(False)
+        self.client.health.answering(False)
         if self.process is not None and self.process.returncode is None:
             self._signal_group(signal.SIGTERM)
             try:
@@ -257,7 +257,7 @@ class ExternalMonitor:
             healthy = await self.client.check_health()
             if healthy and not self.client.ready:
                 await self.client.refresh_models()
-            self.client.mark_ready(healthy)
+            self.client.health.answering(healthy)
             await asyncio.sleep(self.interval_s)
 
     async def wait_ready(self, timeout_s: float | None = None) -> None:

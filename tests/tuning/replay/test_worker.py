@@ -372,7 +372,7 @@ async def test_the_proxy_hands_over_answered_requests_with_their_text(
     records = RecordStore(tmp_path / "records", linger_s=0)
     await records.start()
     client = UpstreamClient("http://fake", transport=fake.transport(), default_model="fake-model")
-    client.mark_ready(True)
+    client.health.answering(True)
     kept: list[tuple[RequestRecord, str, dict[str, Any], str]] = []
     app = create_app(client, records, router=service.route, keep=lambda *args: kept.append(args))
     transport = httpx.ASGITransport(app=app)

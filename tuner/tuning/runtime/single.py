@@ -152,7 +152,7 @@ class SingleVariant:
         with self._lock:
             self.seen += 1
             self.recent.append(key)
-            override = self.engine.override(key)
+            override = self.engine.router.override(key)  # the published table: no lock
             if override.pin is not None and override.pin in self.engine.variants:
                 return Decision(override.pin, "pinned", policy_class=key)
             if override.off:
@@ -160,8 +160,9 @@ class SingleVariant:
             window = self.window
             if window is None and self.explored < config.single.explore_share * self.seen:
                 window = self._open_window()
-            if window is None or self.engine.forbidden(key, window.variant):
-                active = BASELINE.name if self.engine.forbidden(key, self.active) else self.active
+            forbidden = self.engine.router.forbidden
+            if window is None or forbidden(key, window.variant):
+                active = BASELINE.name if forbidden(key, self.active) else self.active
                 return Decision(active, "exploit", policy_class=ROOT)
             window.sent += 1
             self.explored += 1

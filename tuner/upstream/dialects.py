@@ -1,0 +1,103 @@
+"""How a speculative setting is spelt on each llama-server build's command line.
+
+- Mainline builds with ``--spec-type``: ``--spec-type T`` and one ``--spec-<T>-<param>``
+  (or ``--spec-draft-*``) flag per parameter.
+- ik_llama.cpp 55d3c05: ``--spec-type T``, one ``--spec-ngram-size-n`` for every n-gram
+  type (ngram-mod's match length too), the draft settings as ``--draft-max`` and friends,
+  and its own per-step tuning as ``--spec-autotune``.
+- Mainline builds from before ``--spec-type``: a draft model was the only kind, set by
+  ``-md`` with ``--draft-max`` and friends.
+
+``launch_flags`` takes a setting as plain data (spec type, parameters), so this module
+knows nothing of how the tuner names or searches them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from tuner.upstream.capabilities import Capabilities
+
+__all__ = ["AUTOTUNE", "MAINLINE", "launch_flags"]
+
+Value = int | float
+
+AUTOTUNE = "--spec-autotune"  # ik_llama.cpp: the engine tunes n_max / n_min / p_min per step
+_NGRAM = ("ngram-simple", "ngram-map-k", "ngram-map-k4v")
+_DRAFT = ("draft-simple", "draft-mtp", "draft-eagle3", "draft-dflash")
+# mainline with --spec-type: spec type -> parameter -> flag
+MAINLINE: dict[str, dict[str, str]] = {
+    "none": {},
+    **{
+        kind: {
+            "size_n": f"--spec-{kind}-size-n",
+            "size_m": f"--spec-{kind}-size-m",
+            "min_hits": f"--spec-{kind}-min-hits",
+            **({"autotune": AUTOTUNE} if kind == "ngram-simple" else {}),
+        }
+        for kind in _NGRAM
+    },
+    "ngram-mod": {
+        "n_match": "--spec-ngram-mod-n-match",
+        "n_max": "--spec-ngram-mod-n-max",
+        "n_min": "--spec-ngram-mod-n-min",
+        "autotune": AUTOTUNE,
+    },
+    "ngram-cache": {},
+    **{
+        kind: {
+            "n_max": "--spec-draft-n-max",
+            "n_min": "--spec-draft-n-min",
+            "p_min": "--spec-draft-p-min",
+        }
+        for kind in _DRAFT
+    },
+}
+_OLD_DRAFT = {"n_max": "--draft-max", "n_min": "--draft-min", "p_min": "--draft-p-min"}
+_IK_NGRAM = {
+    "size_n": "--spec-ngram-size-n",
+    "size_m": "--spec-ngram-size-m",
+    "min_hits": "--spec-ngram-min-hits",
+    "n_match": "--spec-ngram-size-n",
+}
+
+
+def launch_flags(
+    caps: Capabilities,
+    spec_type: str,
+    params: Sequence[tuple[str, Value]],
+    *,
+    draft: Sequence[str] = (),
+    autotuned: bool = False,
+    draft_settings: Mapping[str, Value] | None = None,
+) -> list[str]:
+    """The flags of one setting on this build. ``draft``: the draft model's flags, where
+    the setting has one; ``draft_settings``: n_max / n_min / p_min as ik_llama.cpp takes
+    them at launch (None: they go with each request instead).
+
+    >>> from tuner.upstream.capabilities import parse_capabilities
+    >>> mainline = parse_capabilities("--spec-type TYPE  draft type")
+    >>> launch_flags(mainline, "ngram-mod", [("n_match", 24)])
+    ['--spec-type', 'ngram-mod', '--spec-ngram-mod-n-match', '24']
+    """
+    if caps.engine == "ik_llama.cpp":
+        out = ["--spec-type", spec_type]
+        for param, value in params:
+            if param in _IK_NGRAM:
+                out += [_IK_NGRAM[param], str(value)]
+        if autotuned:
+            return [*out, AUTOTUNE, *draft]  # it sets the draft settings itself, every step
+        for param, value in (draft_settings or {}).items():
+            out += [_OLD_DRAFT[param], str(value)]
+        return [*out, *draft]
+    if caps.has_flag("--spec-type"):
+        out = ["--spec-type", spec_type]
+        for param, value in params:
+            out += [MAINLINE[spec_type][param], str(value)]
+        return [*out, *draft]
+    if spec_type == "none":  # before --spec-type: no draft model meant no speculation
+        return []
+    out = list(draft)
+    for param, value in params:
+        out += [_OLD_DRAFT[param], str(value)]
+    return out
