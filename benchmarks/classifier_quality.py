@@ -16,7 +16,7 @@ sys.path.insert(0, str(ROOT))
 
 from tuner.classify import classify, load_definitions  # noqa: E402
 from tuner.classify.classes import CONTENT_TYPES  # noqa: E402
-from tuner.render import markdown_table  # noqa: E402
+from tuner.tables import markdown_table  # noqa: E402
 
 TYPES = sorted(CONTENT_TYPES)
 

@@ -46,9 +46,9 @@ from tuner.calibrate import decode_step_ms, temporary_server, verify_curve  # no
 from tuner.model.envelope import cost_model_from_facts  # noqa: E402
 from tuner.model.gguf_facts import read_facts  # noqa: E402
 from tuner.model.speedup import CostModel, interpolated_curve, speedup  # noqa: E402
-from tuner.model.synth import SynthSpec, write_moe  # noqa: E402
-from tuner.model.synth_hybrid import HybridShape, write_qwen35moe  # noqa: E402
 from tuner.settings import load_settings  # noqa: E402
+from tuner.synthetic.hybrid import HybridShape, write_qwen35moe  # noqa: E402
+from tuner.synthetic.moe import SynthSpec, write_moe  # noqa: E402
 from tuner.upstream.launch import prepare  # noqa: E402
 from tuner.upstream.provision import default_vocab  # noqa: E402
 

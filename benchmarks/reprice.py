@@ -30,7 +30,7 @@ def reprice(run: Path, pooled: bool) -> dict[str, Any] | None:
     summary = json.loads((run / "summary.json").read_text())
     engine = Engine(load_tuning(), [parse_name(n) for n in document["variants"]], None)
     if pooled:
-        engine.calibration.lengths = {}  # as before the length fit; restore rebuilds on it
+        engine.costfit.lengths = {}  # as before the length fit; restore rebuilds on it
     engine.restore(document["classes"])
     speedups = {k: c.get("speedups", {}) for k, c in engine.snapshot().items()}
     return beliefs(summary["classes"], speedups)

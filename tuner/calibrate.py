@@ -30,14 +30,14 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import UpstreamError
-from tuner.model.profile import (
+from tuner.model.speedup import interpolated_curve
+from tuner.profiles import (
     Profile,
     VariantCheck,
     fingerprint_key,
     hardware_fingerprint,
     model_key,
 )
-from tuner.model.speedup import interpolated_curve
 from tuner.settings import Settings
 from tuner.upstream.capabilities import Capabilities
 from tuner.upstream.client import UpstreamClient

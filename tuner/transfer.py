@@ -122,7 +122,7 @@ def import_policies(source: Path, state_dir: Path, here: Machine) -> dict[str, A
 def this_machine(settings: Settings) -> Machine:
     """The keys an import is checked against: the configured model on this machine, and
     the build of the llama-server installed here (None when there is none yet)."""
-    from tuner.model.profile import fingerprint_key, hardware_fingerprint, model_key
+    from tuner.profiles import fingerprint_key, hardware_fingerprint, model_key
     from tuner.upstream.capabilities import probe_capabilities
     from tuner.upstream.launch import model_alias, resolve_model
     from tuner.upstream.provision import locate_llama_server

@@ -30,7 +30,7 @@ cp .gpu/llama_cpp_python-0.3.36.tar.gz "$TUNER_CACHE_DIR/downloads/"
 tar xzf "$TUNER_CACHE_DIR/downloads/llama_cpp_python-0.3.36.tar.gz" -C /tmp --strip-components=4 \
     llama_cpp_python-0.3.36/vendor/llama.cpp/models/ggml-vocab-qwen35.gguf
 export TUNER_MODEL=/tmp/ggml-vocab-qwen35.gguf
-python3 -c "import tuner.cli.main, tuner.model.synth_hybrid, benchmarks.hybrid_verify" || exit 4
+python3 -c "import tuner.cli.main, tuner.synthetic.hybrid, benchmarks.hybrid_verify" || exit 4
 
 timeout "${BUILD_S:-330}" python3 -m tuner provision > "$OUT/provision.log" 2>&1
 bin=$(ls "$TUNER_CACHE_DIR"/llama-server/*-cuda-*/llama-server 2>/dev/null) || {

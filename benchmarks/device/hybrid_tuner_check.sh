@@ -34,7 +34,7 @@ fi
 PY=${PY:-python3}
 { nvidia-smi; nproc; free -g; } > "$OUT/machine.txt" 2>&1
 # provision resolves a target before it builds: the tokenizer-only vocab stands in
-vocab=$($PY -c "from tuner.model.synth import default_vocab; from pathlib import Path
+vocab=$($PY -c "from tuner.synthetic.moe import default_vocab; from pathlib import Path
 print(default_vocab(Path('$TUNER_CACHE_DIR'), 'qwen35'))") || exit 4
 export TUNER_MODEL=$vocab
 timeout "${BUILD_S:-420}" $PY -m tuner provision > "$OUT/provision.log" 2>&1

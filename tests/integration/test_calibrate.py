@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.model.profile import Profile
+from tuner.profiles import Profile
 from tuner.upstream.launch import default_model_path
 
 pytestmark = pytest.mark.llama

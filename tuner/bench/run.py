@@ -55,7 +55,7 @@ from tuner.daemon.capacity import instances_that_fit
 from tuner.daemon.plan import draft_kind, pool_members, sized, tuning_config, write_presets
 from tuner.errors import ConfigError, UpstreamError
 from tuner.model.gguf_facts import read_facts
-from tuner.model.profile import hardware_fingerprint
+from tuner.profiles import hardware_fingerprint
 from tuner.settings import Settings
 from tuner.tuning.variants import BASELINE, Variant, parse_name, unavailable
 from tuner.upstream.client import UpstreamClient

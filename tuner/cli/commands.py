@@ -68,8 +68,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     """Leviathan's equation, one keystroke away (with MoE and recurrent-state terms)."""
     from tuner.model.describe import gamma_table
     from tuner.model.envelope import cost_model
-    from tuner.model.profile import load_target
     from tuner.model.speedup import speedup
+    from tuner.profiles import load_target
 
     inputs = {
         "draft_step": args.c,
@@ -99,7 +99,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from tuner.model.describe import envelope_text, facts_dict, facts_text
     from tuner.model.envelope import cost_model_from_facts, envelope
     from tuner.model.gguf_facts import draft_compatibility, read_facts
-    from tuner.model.profile import fingerprint_key, hardware_fingerprint, load_profile, model_key
+    from tuner.profiles import fingerprint_key, hardware_fingerprint, load_profile, model_key
 
     target = read_facts(Path(args.model))
     draft = read_facts(Path(args.draft)) if args.draft else None
@@ -143,7 +143,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _profile_dirs(settings: Settings) -> list[Path]:
-    from tuner.model.profile import profile_dirs
+    from tuner.profiles import profile_dirs
 
     return profile_dirs(settings.state_dir)
 
@@ -154,7 +154,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     from tuner.calibrate import DEFAULT_VARIANTS, calibrate
     from tuner.model.describe import profile_text
-    from tuner.model.profile import save_profile
+    from tuner.profiles import save_profile
     from tuner.upstream.launch import prepare
     from tuner.workload import DEFAULT_WORKLOAD, load_workload
 
@@ -255,10 +255,11 @@ def _bench_progress(message: str) -> None:
 
 
 def _bench_sessions(args: argparse.Namespace) -> int:
-    """``tuner bench --sessions FILE``: conversations side by side (``tuner.bench.sessions``)."""
+    """``tuner bench --sessions FILE``: conversations side by side
+    (``tuner.bench.conversations``)."""
     import asyncio
 
-    from tuner.bench.sessions import SessionOptions, load_sessions, run_sessions
+    from tuner.bench.conversations import SessionOptions, load_sessions, run_sessions
 
     sessions = load_sessions(Path(args.sessions))[: args.prompts]
     defaults = SessionOptions(out=Path(args.out))
@@ -290,7 +291,7 @@ def _bench_sessions(args: argparse.Namespace) -> int:
 def cmd_classify(args: argparse.Namespace) -> int:
     """Classify each line of a workload file and show the class and features."""
     from tuner.classify import classify, load_definitions
-    from tuner.render import text_table
+    from tuner.tables import text_table
     from tuner.workload import load_workload, parse_workload
 
     settings = settings_from_args(args)

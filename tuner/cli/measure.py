@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from tuner.cli.commands import settings_from_args
 from tuner.model.speedup import effective_draft_cost
 from tuner.records import RequestRecord, read_records
-from tuner.render import text_table
 from tuner.stats import Interval, mean_interval, ratio_interval, wilson
+from tuner.tables import text_table
 from tuner.tuning.variants import BASELINE
 
 __all__ = ["ArmStats", "Comparison", "arm_stats", "cmd_measure", "compare"]

@@ -79,8 +79,8 @@ def add_model_commands(sub: Any, positive: Callable[[str], int]) -> None:
 def cmd_synth(args: argparse.Namespace) -> int:
     """Write a random-weight small-active MoE GGUF (its dense twin, or the hybrid recurrent
     ``qwen35moe`` with MTP blocks) for experiments."""
-    from tuner.model.synth import SynthSpec, write_moe
-    from tuner.model.synth_hybrid import HybridShape, write_qwen35moe
+    from tuner.synthetic.hybrid import HybridShape, write_qwen35moe
+    from tuner.synthetic.moe import SynthSpec, write_moe
     from tuner.upstream.provision import default_vocab
 
     hybrid = args.arch == "qwen35moe"
@@ -116,8 +116,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
 def cmd_derive_draft(args: argparse.Namespace) -> int:
     """Cut a draft for ``draft-simple`` from the target's own file."""
-    from tuner.model.derive import derive_draft, parse_layers
     from tuner.model.gguf_facts import read_facts
+    from tuner.synthetic.draft import derive_draft, parse_layers
     from tuner.upstream.launch import resolve_model
 
     source, _ = resolve_model(settings_from_args(args))  # --model, else configured or default

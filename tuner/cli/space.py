@@ -20,8 +20,8 @@ from tuner.daemon.plan import (
 )
 from tuner.model.gguf_facts import ModelFacts
 from tuner.model.speedup import CostModel
-from tuner.render import text_table
 from tuner.settings import Settings
+from tuner.tables import text_table
 from tuner.tuning.config import TuningConfig
 from tuner.tuning.policy.prior import rank
 from tuner.tuning.variants import PARAMS, Variant, unavailable
@@ -122,7 +122,7 @@ def show_space(settings: Settings, fmt: str = "table") -> str:
     """``tuner variants``: the configured model, draft and tuning file on this machine's
     llama-server (a draft that cannot pair with the target is refused, as at start)."""
     from tuner.model.gguf_facts import read_facts
-    from tuner.model.profile import fingerprint_key, hardware_fingerprint
+    from tuner.profiles import fingerprint_key, hardware_fingerprint
     from tuner.upstream.launch import prepare
 
     config = tuning_config(settings)  # a bad tuning file is refused before the build

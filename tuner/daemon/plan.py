@@ -27,7 +27,8 @@ from tuner.fleet.sync import FleetSync
 from tuner.logs import get_logger
 from tuner.model.envelope import cost_model_from_facts
 from tuner.model.gguf_facts import ModelFacts, draft_type, read_facts
-from tuner.model.profile import (
+from tuner.model.speedup import CostModel
+from tuner.profiles import (
     Profile,
     fingerprint_key,
     hardware_fingerprint,
@@ -35,7 +36,6 @@ from tuner.model.profile import (
     model_key,
     profile_dirs,
 )
-from tuner.model.speedup import CostModel
 from tuner.settings import Settings
 from tuner.tuning.config import TuningConfig, check_overrides, load_tuning
 from tuner.tuning.pricing.prices import prior_cost

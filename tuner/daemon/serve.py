@@ -29,7 +29,7 @@ from tuner.errors import ConfigError
 from tuner.fleet.collector import FleetCollector
 from tuner.logs import configure_logging, get_logger
 from tuner.metrics import Metrics, RequestMetrics
-from tuner.proxy.app import Service, create_app
+from tuner.proxy.app import Lifecycle, create_app
 from tuner.proxy.gate import VariantGate
 from tuner.records import RecordStore
 from tuner.settings import Settings
@@ -98,7 +98,7 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
         restarts=lambda: client.health.restarts,
     )
     # the supervisor after the pool, where there is one: it polls the pool
-    services: list[Service] = [*topology.services, topology.supervisor]
+    services: list[Lifecycle] = [*topology.services, topology.supervisor]
     services += ([tuning] if tuning else []) + [notifier]
     replayer: Replayer | None = None
     if tuning is not None and tuning.tuner.per_class:  # one variant at a time: no replays

@@ -22,7 +22,7 @@ from typing import Literal
 import httpx
 
 from tuner.daemon.plan import TuningPlan, plan_tuning, sized, tuning_config
-from tuner.proxy.app import Service
+from tuner.proxy.app import Lifecycle
 from tuner.settings import Settings
 from tuner.tuning.variants import BASELINE
 from tuner.upstream.capabilities import Capabilities
@@ -56,7 +56,7 @@ class Topology:
     client: UpstreamClient
     supervisor: ManagedServer | ExternalMonitor
     served: str  # what it serves, for the log and systemd's status
-    services: Sequence[Service] = ()
+    services: Sequence[Lifecycle] = ()
     public_models: Sequence[str] = ()  # the model ids /v1/models shows (router and pool)
     capabilities: Capabilities | None = None
     plan: TuningPlan | None = None  # None: the daemon proxies without tuning

@@ -6,9 +6,9 @@ from typing import Any
 
 from tuner.model.envelope import Envelope
 from tuner.model.gguf_facts import ModelFacts
-from tuner.model.profile import Profile
 from tuner.model.speedup import CostModel, speedup, verdict
-from tuner.render import text_table
+from tuner.profiles import Profile
+from tuner.tables import text_table
 
 __all__ = ["envelope_text", "facts_dict", "facts_text", "gamma_table", "profile_text"]
 

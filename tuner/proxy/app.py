@@ -48,7 +48,7 @@ from tuner.records import RecordStore
 from tuner.sessions.prefix import Prompt, prompt_of
 from tuner.upstream.client import UpstreamClient
 
-__all__ = ["Service", "create_app"]
+__all__ = ["Lifecycle", "create_app"]
 
 log = get_logger(__name__)
 
@@ -80,7 +80,7 @@ Router = Callable[[str | None, Prompt], Routing]
 Fallback = Callable[[str, str, str], Routing | None]
 
 
-class Service(Protocol):
+class Lifecycle(Protocol):
     """Something started and stopped with the app (supervisor, record writer, ...)."""
 
     async def start(self) -> None: ...
@@ -328,7 +328,7 @@ def create_app(
     upstream: UpstreamClient,
     records: RecordStore,
     *,
-    services: Sequence[Service] = (),
+    services: Sequence[Lifecycle] = (),
     max_body_bytes: int = 16 * 1024 * 1024,
     classifier: Classifier | None = None,
     metrics: Metrics | None = None,

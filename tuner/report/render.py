@@ -7,8 +7,8 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from tuner.render import markdown_table, text_table
 from tuner.report.data import ClassRow, Report
+from tuner.tables import markdown_table, text_table
 
 if TYPE_CHECKING:
     from tuner.tuning.search.studies import TrialRecord

@@ -359,6 +359,6 @@ def _install(binary: Path, target: Path, cuda: bool, source: Source = LLAMA_CPP)
 def default_vocab(cache_dir: Path, name: str = "llama-spm") -> Path:
     """A llama.cpp test vocabulary (``llama-spm``, ``qwen35``, ...) from the cached sources
     (downloaded once if absent)."""
-    from tuner.model.synth import vocab_from_sdist
+    from tuner.synthetic.moe import vocab_from_sdist
 
     return vocab_from_sdist(llama_cpp_sources(cache_dir), cache_dir / "vocab", name)

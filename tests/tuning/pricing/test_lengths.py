@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tuner.model.speedup import CostModel
-from tuner.tuning.pricing.calibration import Calibration
+from tuner.tuning.pricing.costfit import CostFit
 from tuner.tuning.pricing.lengths import by_length
 from tuner.tuning.pricing.prices import Pricing
 from tuner.tuning.variants import parse_name
@@ -40,7 +40,7 @@ def test_a_variant_with_too_few_drafts_stays_out_of_the_fit() -> None:
     assert fit is not None and fit(8) == pytest.approx(0.45)
 
 
-def _served(cal: Calibration, variant: str, c: float, requests: int, rng: random.Random) -> None:
+def _served(cal: CostFit, variant: str, c: float, requests: int, rng: random.Random) -> None:
     for _ in range(requests):
         n, d = rng.randint(60, 120), rng.randint(10, 50)
         a = rng.randint(0, d)
@@ -54,7 +54,7 @@ def test_an_unserved_variant_is_priced_at_its_length_and_a_served_one_by_its_own
     lengths, is whatever mix of the two served most."""
     speed = lambda key: 100.0  # noqa: E731
     lengths = {"short": 16, "long": 64, "middle": 32, "own": 32}
-    cal, plain = Calibration(0.2, 0.25, lengths), Calibration(0.2, 0.25)
+    cal, plain = CostFit(0.2, 0.25, lengths), CostFit(0.2, 0.25)
     for each in (cal, plain):
         rng = random.Random(5)
         _served(each, "short", 0.45, 20, rng)
@@ -76,5 +76,5 @@ def test_the_engines_autotune_is_not_priced_by_its_most_tokens_per_round() -> No
     names = ["none", "ngram-mod.match12.max16", "ngram-mod.match12.auto1", "ngram-simple.n3.m8"]
     variants = {v.name: v for v in map(parse_name, names)}
     pricing = Pricing({}, variants, CostModel(), 0.0, confidence=0.9)
-    lengths = pricing.calibration.lengths
+    lengths = pricing.costfit.lengths
     assert lengths == {"ngram-mod.match12.max16": 16, "ngram-simple.n3.m8": 8}

@@ -12,7 +12,7 @@ from tests.tuning.sim import CODE, PROSE, SimUpstream, config, drive, make, sche
 from tuner.model.envelope import cost_model
 from tuner.model.speedup import CostModel
 from tuner.tuning.config import Budget, Override
-from tuner.tuning.pricing.calibration import Calibration
+from tuner.tuning.pricing.costfit import CostFit
 from tuner.tuning.runtime.engine import Decision, Engine
 from tuner.tuning.runtime.policy_file import load_policies, save_policies
 from tuner.upstream.capabilities import Capabilities
@@ -59,12 +59,12 @@ def test_the_convergence_check_fails_when_the_engine_prices_with_a_wrong_cost(
     """The check above can fail: an engine that takes a drafted token for a tenth of what it
     costs (0.045 of a step against 0.45) serves code a variant that drafts more than it
     pays for, and speculation on prose."""
-    real = Calibration.costs
+    real = CostFit.costs
 
-    def wrong(self: Calibration, *args: Any, **kw: Any) -> dict[str, tuple[float, float]]:
+    def wrong(self: CostFit, *args: Any, **kw: Any) -> dict[str, tuple[float, float]]:
         return {name: (0.045, se) for name, (_, se) in real(self, *args, **kw).items()}
 
-    monkeypatch.setattr(Calibration, "costs", wrong)
+    monkeypatch.setattr(CostFit, "costs", wrong)
     engine = make(tmp_path, config(explore_share=0.5), caps)
     sim = SimUpstream.realistic(truth(list(engine.variants.values())))
     with pytest.raises(AssertionError):
@@ -311,10 +311,10 @@ def test_policies_survive_a_restart(tmp_path: Path, caps: Capabilities) -> None:
     assert again.classes[PROSE].converged
     # The calibration of what a drafted token costs is rebuilt from the kept requests, and
     # the file says what each variant measured, as the engine decided.
-    names = engine.calibration.variants()
-    assert names and again.calibration.variants() == names
-    was = engine.calibration.costs(names, engine.pricing.baseline_speed)
-    now = again.calibration.costs(names, again.pricing.baseline_speed)
+    names = engine.costfit.variants()
+    assert names and again.costfit.variants() == names
+    was = engine.costfit.costs(names, engine.pricing.baseline_speed)
+    now = again.costfit.costs(names, again.pricing.baseline_speed)
     for name in names:  # the same requests (the kept ones): the same costs
         assert now[name][0] == pytest.approx(was[name][0], abs=0.02)
     with engine._lock, again._lock:  # and the plain speed they are priced against
@@ -653,11 +653,11 @@ def test_a_drafted_tokens_cost_before_any_request_is_the_verify_guess(
     cost = CostModel(verify=lambda n: 1.0 + 0.2 * (n - 1))
     engine = make(tmp_path, config(), caps, cost=cost, draft_step=draft_step)
     prior = pytest.approx(expected), pytest.approx(0.25)
-    assert (engine.calibration.prior, engine.calibration.prior_se) == prior
+    assert (engine.costfit.prior, engine.costfit.prior_se) == prior
     name = next(n for n in engine.variants if n != "none")
     assert engine.pricing.costs([name])[name] == prior  # nothing served yet: the prior alone
     engine.restore({})
-    assert (engine.calibration.prior, engine.calibration.prior_se) == prior
+    assert (engine.costfit.prior, engine.costfit.prior_se) == prior
 
 
 def test_a_class_counts_its_prompt_tokens_cached_and_processed(

@@ -72,7 +72,7 @@ def test_a_replay_keeps_every_variants_counts_of_the_request_side_by_side() -> N
     """With the served variant's own counts, a replayed request is one row of every
     variant's counts at each level of its class, and the row survives a restart."""
     from tuner.tuning.evidence.classes import ClassState, levels, parse_class
-    from tuner.tuning.pricing.calibration import Calibration
+    from tuner.tuning.pricing.costfit import CostFit
 
     states: dict[str, ClassState] = {}
 
@@ -82,7 +82,7 @@ def test_a_replay_keeps_every_variants_counts_of_the_request_side_by_side() -> N
     event = pooling.replayed(CODE, {"b": (64, 30, 20), "c": (64, 8, 1)}, ("a", (64, 40, 25)))
     parsed = pooling.parse(json.loads(json.dumps(pooling.dump(event))))
     assert parsed is not None
-    pooling.apply(parsed, state, Calibration(), lambda name: name != "c")
+    pooling.apply(parsed, state, CostFit(), lambda name: name != "c")
     row = {"a": (64, 40, 25), "b": (64, 30, 20)}  # c: a variant this daemon does not run
     assert set(states) == set(levels(CODE))
     assert all(list(s.pairs) == [row] for s in states.values())
@@ -95,7 +95,7 @@ def test_a_replay_keeps_every_variants_counts_of_the_request_side_by_side() -> N
     # an event without the served counts: evidence for the replayed variants, no row
     old_event = pooling.replayed(CODE, {"b": (64, 30, 20)})
     assert pooling.parse(pooling.dump(old_event)) == old_event
-    pooling.apply(old_event, state, Calibration(), lambda name: True)
+    pooling.apply(old_event, state, CostFit(), lambda name: True)
     assert len(states[CODE].pairs) == 1 and states[CODE].arms["b"].replayed == 2
     wrong = {**pooling.dump(event), "served": {"variant": "a", "counts": [64, 2, 3]}}
     assert pooling.parse(wrong) is None  # more accepted than drafted
@@ -157,7 +157,7 @@ valid_events = st.one_of(
 @given(valid_events)
 def test_every_event_survives_storage_and_applies(event: pooling.Event) -> None:
     from tuner.tuning.evidence.classes import ClassState
-    from tuner.tuning.pricing.calibration import Calibration
+    from tuner.tuning.pricing.costfit import CostFit
 
     stored = pooling.parse(json.loads(json.dumps(pooling.dump(event))))
     assert stored == event
@@ -166,6 +166,6 @@ def test_every_event_survives_storage_and_applies(event: pooling.Event) -> None:
     def state(key: str) -> ClassState:
         return engine_state.setdefault(key, ClassState(key))
 
-    applied = pooling.apply(stored, state, Calibration(), lambda _: True)
+    applied = pooling.apply(stored, state, CostFit(), lambda _: True)
     assert applied == (not isinstance(event, pooling.Replayed) or bool(event.counts))
     assert event.class_key in engine_state or not applied

@@ -11,7 +11,7 @@ The counts come from llama-server's ``timings`` and carry no timing noise (greed
 decoding repeats them exactly), and the formula needs no baseline request on the same
 prompt. What it needs is ``c`` per variant: a property of the model, the machine and
 the variant more than of the prompt, so it is calibrated on every class's requests
-pooled (``tuner.tuning.pricing.calibration``), from each request's decode time against
+pooled (``tuner.tuning.pricing.costfit``), from each request's decode time against
 one plain step's time. A trial judged this way compares variants by what they accept on the class's
 prompts, not by a ratio of two small samples of wall-clock speeds on different prompts
 (docs/tuning.md has the measurements behind this choice).

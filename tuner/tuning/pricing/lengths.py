@@ -3,7 +3,7 @@
 One round of speculation verifies its drafts in one batch: part of what the round costs
 comes once per round, the rest per drafted token, so a variant that may draft long rounds
 (``ngram-mod`` to 64 tokens) pays less per drafted token than one capped at 16. Its own
-served requests price each variant (``tuner.tuning.evidence.counts.Calibration``); before a
+served requests price each variant (``tuner.tuning.evidence.counts.CostFit``); before a
 variant has served, the served variants' costs, fitted as ``c = s + j / L`` on their most
 tokens per round ``L``, price it better than their plain average does (measured in
 docs/benchmarks.md, "Pricing against time").

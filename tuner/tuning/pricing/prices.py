@@ -3,7 +3,7 @@
 A request that generated ``n`` tokens, drafted ``d`` and had ``a`` accepted is priced at
 ``n / (n - a + c d)`` (``tuner.tuning.evidence.counts``). ``c``, what a drafted token costs in plain
 decode steps, is calibrated per variant on every class's requests against one plain
-step's time fitted on all traffic (``Calibration.step_time``), and in a class priced by
+step's time fitted on all traffic (``CostFit.step_time``), and in a class priced by
 that class's own requests of the variant, shrunk toward all traffic's cost. Before any
 served draft prices it, ``c`` is the cost model's extra verify time per drafted token.
 What a conversation's move costs and saves is priced here too: the prefill speed and a
@@ -22,7 +22,7 @@ from tuner.model.speedup import CostModel
 from tuner.stats import Interval, ratio_interval, z_for
 from tuner.tuning.evidence.classes import SAMPLED, Arm, ClassState, Trial, levels, under
 from tuner.tuning.evidence.counts import Counts, count_speedup, log_interval, ratio_of_sums
-from tuner.tuning.pricing.calibration import GUESS_SE, Calibration, Row
+from tuner.tuning.pricing.costfit import GUESS_SE, CostFit, Row
 from tuner.tuning.variants import BASELINE, Variant
 
 __all__ = ["MAX_COST", "Pricing", "answer_tokens", "paired_speedup", "prior_cost"]
@@ -120,7 +120,7 @@ class Pricing:
         # the n-gram types' most tokens per round: an unserved one is priced by its length;
         # not the engine's autotune, whose rounds the engine sets (most far below its cap)
         lengths = {n: v.draft_length for n, v in variants.items() if v.copies and not v.autotuned}
-        self.calibration = Calibration(*prior_cost(cost, draft_step), lengths)
+        self.costfit = CostFit(*prior_cost(cost, draft_step), lengths)
 
     def configure(self, confidence: float) -> None:
         """The confidence of every interval (a reloaded tuning file may change it)."""
@@ -129,8 +129,8 @@ class Pricing:
     # -- the plain decode speed ---------------------------------------------------------
 
     def fitted_speed(self) -> float | None:
-        """Plain decode steps per second, fitted on all traffic (``Calibration.step_time``)."""
-        tau = self.calibration.step_time()
+        """Plain decode steps per second, fitted on all traffic (``CostFit.step_time``)."""
+        tau = self.costfit.step_time()
         return 1.0 / tau if tau is not None else None
 
     def baseline_arm(self, key: str) -> Arm | None:
@@ -208,7 +208,7 @@ class Pricing:
         standard error: over all traffic, or in class ``key`` (its requests and those of the
         classes under it, shrunk toward all traffic's)."""
         within = functools.partial(under, key) if key is not None and key != ROOT else None
-        return self.calibration.costs(variants, self.baseline_speed, within)
+        return self.costfit.costs(variants, self.baseline_speed, within)
 
     def priced(self, state: ClassState, need: int) -> dict[str, Arm]:
         """A class's speculative arms of ``need`` requests (served or replayed)."""
@@ -303,6 +303,6 @@ class Pricing:
                     for tok_s, counts in kept
                     if counts.tokens > 0 and tok_s > 0
                 ]
-        self.calibration = Calibration.rebuilt(
-            rows, *prior_cost(self.cost, self.draft_step), self.calibration.lengths
+        self.costfit = CostFit.rebuilt(
+            rows, *prior_cost(self.cost, self.draft_step), self.costfit.lengths
         )

@@ -48,7 +48,7 @@ from tuner.tuning.evidence.counts import Counts, served_counts
 from tuner.tuning.evidence.drift import drift
 from tuner.tuning.policy.guard import Decision, Policy
 from tuner.tuning.policy.prior import PriorView
-from tuner.tuning.pricing.calibration import Calibration
+from tuner.tuning.pricing.costfit import CostFit
 from tuner.tuning.pricing.prices import Pricing
 from tuner.tuning.runtime.events import Event, Served, apply, replayed, served, trial_done
 from tuner.tuning.runtime.routing import Router, recount, table_of
@@ -139,8 +139,8 @@ class Engine:
         return {}
 
     @property
-    def calibration(self) -> Calibration:
-        return self.pricing.calibration
+    def costfit(self) -> CostFit:
+        return self.pricing.costfit
 
     # -- the request path (``routing``: reads the published table, no lock) -----------
 
@@ -309,7 +309,7 @@ class Engine:
 
     def own(self, event: Event) -> None:
         """Apply one of this daemon's events and publish it (caller holds the lock)."""
-        apply(event, self.rules.state, self.calibration, self.variants.__contains__)
+        apply(event, self.rules.state, self.costfit, self.variants.__contains__)
         if self.publish is not None:
             self.publish(event)
 
@@ -319,7 +319,7 @@ class Engine:
         applied, touched = 0, set()
         with self._learning():
             for event in events:
-                if apply(event, self.rules.state, self.calibration, self.variants.__contains__):
+                if apply(event, self.rules.state, self.costfit, self.variants.__contains__):
                     applied += 1
                     touched.add(event.class_key)
                     self._served += isinstance(event, Served) and event.variant != BASELINE.name

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from tuner.tuning.evidence.classes import ClassState, levels
 from tuner.tuning.evidence.counts import Counts, StoredCounts
-from tuner.tuning.pricing.calibration import Calibration
+from tuner.tuning.pricing.costfit import CostFit
 
 __all__ = [
     "VERSION",
@@ -160,7 +160,7 @@ def parse(data: object) -> Served | Replayed | TrialDone | None:
 def apply(
     event: Served | Replayed | TrialDone,
     state: Callable[[str], ClassState],
-    calibration: Calibration,
+    calibration: CostFit,
     known: Callable[[str], bool],
 ) -> bool:
     """Add an event to the evidence (the caller holds the engine's lock); False when it

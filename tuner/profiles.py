@@ -163,7 +163,7 @@ def load_target(name: str, directories: list[Path]) -> TargetFacts:
 
 def profile_dirs(state_dir: Path) -> list[Path]:
     """Where profiles are looked up: the state dir, then a checkout's profiles/."""
-    return [state_dir / "profiles", Path(__file__).resolve().parents[2] / "profiles"]
+    return [state_dir / "profiles", Path(__file__).resolve().parents[1] / "profiles"]
 
 
 def load_profile(directories: list[Path], model: str, hardware: str) -> Profile | None:

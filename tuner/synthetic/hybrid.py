@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tuner.model.synth import SynthSpec, Writer
+from tuner.synthetic.moe import SynthSpec, Writer
 
 __all__ = ["HybridShape", "write_qwen35moe"]
 

@@ -1,6 +1,7 @@
 """A sessions bench's sums: per number of clients and arm, the history processed again, prefill
 and decode apart, whole time, throughput and time to first token; the tuner against the
-best static arm. Pure functions of the turns' rows (``tuner.bench.sessions`` makes them)."""
+best static arm. Pure functions of the turns' rows (``tuner.bench.conversations`` makes
+them)."""
 
 from __future__ import annotations
 

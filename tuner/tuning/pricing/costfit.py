@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from tuner.tuning.evidence.counts import Counts, ratio_se
 from tuner.tuning.pricing.lengths import by_length
 
-__all__ = ["GUESS_SE", "Calibration", "Row"]
+__all__ = ["GUESS_SE", "CostFit", "Row"]
 
 Row = tuple[str, str, Counts, float]  # a kept request: class, variant, counts, decode seconds
 PRIOR_REQUESTS = 4.0  # weight of the pooled (or prior) cost against a variant's own
@@ -102,7 +102,7 @@ class _Raw:
 
 
 @dataclass(slots=True)
-class Calibration:
+class CostFit:
     """What one drafted token costs, per variant, from requests of every class.
 
     ``add`` takes one speculative request: its class, counts and decode time; its time in
@@ -130,7 +130,7 @@ class Calibration:
         prior: float = 0.0,
         prior_se: float = GUESS_SE,
         lengths: Mapping[str, int] | None = None,
-    ) -> Calibration:
+    ) -> CostFit:
         """A calibration from kept requests whose order is lost (a restart): the stall cap
         judges each against the fit of all of them, uncapped, not against a fit of whichever
         came first (the requests of one class and variant, often with the same counts, fit
@@ -156,7 +156,7 @@ class Calibration:
         variant: str,
         counts: Counts,
         seconds: float,
-        fit: Calibration | None,
+        fit: CostFit | None,
     ) -> None:
         """``add``, its stalls judged against ``fit`` (the running fit; None: not capped)."""
         n, d, a = counts
@@ -168,7 +168,7 @@ class Calibration:
             self.raw.setdefault((class_key, variant), _Raw()).add(seconds, float(n - a), float(d))
 
     def _add_step(
-        self, variant: str | None, m: float, d: float, seconds: float, fit: Calibration | None
+        self, variant: str | None, m: float, d: float, seconds: float, fit: CostFit | None
     ) -> float:
         """One request for the step-time fit; the time it counts. A request far slower than
         ``fit`` expects (the machine stalled it: a router loading another instance on a
@@ -219,7 +219,7 @@ class Calibration:
         request of every class; a stalled request counts at most ``STALL`` times its
         expected time (``_add_step``); None until the sums determine it.
 
-        >>> cal = Calibration()
+        >>> cal = CostFit()
         >>> for n, d, a in [(100, 40, 30), (100, 60, 20), (80, 20, 18), (90, 0, 0)]:
         ...     cal.add("c", "v" if d else "none", (n, d, a), 0.01 * (n - a) + 0.004 * d)
         >>> round(cal.step_time(), 6)
@@ -252,7 +252,7 @@ class Calibration:
         ``PRIOR_REQUESTS`` requests' worth (what a drafted token costs can depend on the
         prompts: an ``ngram-simple`` lookup scans the whole context each round).
 
-        >>> cal = Calibration()
+        >>> cal = CostFit()
         >>> for key, c in [("a", 0.3), ("b", 0.6)]:
         ...     for n, d, a in [(100, 40, 30), (100, 60, 20), (80, 20, 18), (90, 0, 0)] * 20:
         ...         cal.add(key, "v" if d else "none", (n, d, a), 0.01 * (n - a + c * d))

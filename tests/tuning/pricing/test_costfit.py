@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tuner.tuning.pricing.calibration import Calibration
+from tuner.tuning.pricing.costfit import CostFit
 
 
 def test_calibration_recovers_each_variant_cost_from_noisy_requests() -> None:
@@ -20,7 +20,7 @@ def test_calibration_recovers_each_variant_cost_from_noisy_requests() -> None:
     rng = random.Random(1)
     truth = {"ngram-simple.n3.m48": 0.45, "ngram-cache": 0.65}
     speeds = {"code/echo/greedy": 60.0, "prose/fresh/greedy": 45.0}
-    calibration = Calibration(prior=0.0)
+    calibration = CostFit(prior=0.0)
     for _ in range(100):
         for key, speed in speeds.items():
             for name, c in truth.items():
@@ -39,10 +39,10 @@ def test_calibration_recovers_each_variant_cost_from_noisy_requests() -> None:
     assert only[0] == pytest.approx(0.65, abs=0.07) and only[1] > found["ngram-cache"][1]
 
 
-def _served(seed: int, plan: list[tuple[str, str, float, int]]) -> Calibration:
+def _served(seed: int, plan: list[tuple[str, str, float, int]]) -> CostFit:
     """A calibration fed, per (class, variant, cost, count) of ``plan``, ``count`` requests
     of 128 tokens with random drafts, decoding ``n - a + cost * d`` steps at 60 a second."""
-    rng, calibration = random.Random(seed), Calibration()
+    rng, calibration = random.Random(seed), CostFit()
     for key, variant, c, count in plan:
         for _ in range(count):
             n, d = 128, rng.randint(20, 120)
@@ -78,7 +78,7 @@ def test_a_class_prices_a_variant_by_its_own_requests_shrunk_toward_all_traffic(
 def test_the_baseline_speed_is_applied_when_asked_not_when_added() -> None:
     """The class's baseline speed is an estimate that improves: the cost uses the latest,
     so an early guess of it (two noisy requests) is not baked in."""
-    calibration = Calibration()
+    calibration = CostFit()
     for _ in range(10):
         calibration.add("k", "v", (100, 100, 50), (50 + 0.4 * 100) / 60.0)  # at 60 tok/s
     # 0.4, a touch lower: the prior (0) still weighs one request's worth
@@ -101,7 +101,7 @@ def test_the_step_time_is_fitted_on_speculative_requests(
     baseline request needed. (At 30 requests of one variant it lands within 1-2 % as a
     rule, 6-9 % at worst; dearer drafts leave the step less determined.)"""
     rng = random.Random(seed)
-    calibration = Calibration()
+    calibration = CostFit()
     for _ in range(plain):
         calibration.add("k", "none", (128, 0, 0), 128 * tau * rng.lognormvariate(0, 0.05))
     for i, c in enumerate(costs):
@@ -121,8 +121,8 @@ def test_a_few_stalled_requests_do_not_move_the_step_time() -> None:
     tau = 0.011
 
     def fitted(stall: float) -> float | None:
-        rng, calibration = random.Random(2), Calibration(prior=0.4)
-        with patch("tuner.tuning.pricing.calibration.STALL", stall):
+        rng, calibration = random.Random(2), CostFit(prior=0.4)
+        with patch("tuner.tuning.pricing.costfit.STALL", stall):
             for i in range(200):
                 n, d = 128, rng.randint(10, 120)
                 a = rng.randint(0, min(d, n - 1))
@@ -162,20 +162,20 @@ def test_a_rebuilt_step_time_does_not_depend_on_the_order_of_the_kept_requests()
                 seconds = (tau * (n - a) + kappa[variant] * d) * rng.lognormvariate(0, 0.01)
                 slow = 1.1 if (variant, a) == ("cache", 47) else 1.0
                 rows.append((key, variant, (n, d, a), seconds * slow))
-        in_order = Calibration()
+        in_order = CostFit()
         for row in rows:
             in_order.add(*row)
-        found, rebuilt = in_order.step_time(), Calibration.rebuilt(rows).step_time()
+        found, rebuilt = in_order.step_time(), CostFit.rebuilt(rows).step_time()
         assert found is not None and tau / found > 1.3, found  # what a restart did
         assert rebuilt is not None and rebuilt == pytest.approx(tau, rel=0.02)
-        assert Calibration.rebuilt(reversed(rows)).step_time() == pytest.approx(rebuilt)
+        assert CostFit.rebuilt(reversed(rows)).step_time() == pytest.approx(rebuilt)
 
 
 def test_the_step_time_needs_steps_that_vary_apart_from_drafts() -> None:
     """Nothing measured, or every request of a variant with steps in proportion to its
     drafts (the same counts each time): the step time cannot be told from the drafted
     token's cost, and is not guessed. One plain request fixes it."""
-    calibration = Calibration()
+    calibration = CostFit()
     assert calibration.step_time() is None
     for _ in range(5):
         calibration.add("k", "v", (128, 100, 50), 78 * 0.01 + 100 * 0.004)
@@ -185,7 +185,7 @@ def test_the_step_time_needs_steps_that_vary_apart_from_drafts() -> None:
 
 
 def test_calibration_starts_at_its_prior_and_ignores_what_cannot_count() -> None:
-    calibration = Calibration(prior=0.2, prior_se=0.3)
+    calibration = CostFit(prior=0.2, prior_se=0.3)
     speed = lambda _: 50.0  # noqa: E731
     assert calibration.costs(["x"], speed)["x"] == (0.2, 0.3)
     calibration.add("k", "x", (128, 0, 0), 2.0)  # nothing drafted: says nothing about c
@@ -202,7 +202,7 @@ def _cost_after(first: list[tuple[str, float, float]], seed: int = 3) -> dict[st
     variant (cost 0.3) and 20 plain ones: the costs the calibration prices them at. ``new``
     is an n-gram type too; ``draft`` (a draft model) is not."""
     tau, rng = 0.011, random.Random(seed)
-    calibration = Calibration(prior=0.2, lengths={"settled": 16, "new": 24})
+    calibration = CostFit(prior=0.2, lengths={"settled": 16, "new": 24})
 
     def add(variant: str, c: float, slow: float = 1.0) -> None:
         n, d = 128, rng.randint(20, 120)
@@ -226,7 +226,7 @@ def test_an_early_stall_does_not_price_an_ngram_variant_out_for_good() -> None:
     counted whole it read 6.6x (over six seeds: 0.5-0.8 against 2.0-4.6)."""
     plan = [("new", 0.3, 1.0), ("new", 0.3, 5.0), ("new", 0.3, 1.0)]
     capped = _cost_after(plan)["new"]
-    with patch("tuner.tuning.pricing.calibration.STALL", math.inf):
+    with patch("tuner.tuning.pricing.costfit.STALL", math.inf):
         whole = _cost_after(plan)["new"]
     assert capped < 0.6, capped
     assert whole > 1.5, whole
@@ -239,6 +239,6 @@ def test_a_draft_models_dearer_cost_is_not_clipped_to_the_ngram_ones(seed: int) 
     if nothing were capped (within the shrink toward the pooled cost)."""
     plan = [("draft", 2.0, 1.0)] * 12
     found = _cost_after(plan, seed)["draft"]
-    with patch("tuner.tuning.pricing.calibration.STALL", math.inf):
+    with patch("tuner.tuning.pricing.costfit.STALL", math.inf):
         whole = _cost_after(plan, seed)["draft"]
     assert found == pytest.approx(whole, rel=0.02) and found > 1.5, (found, whole)

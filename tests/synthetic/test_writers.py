@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tuner.model.gguf_facts import read_facts
-from tuner.model.synth import SynthSpec, write_moe
+from tuner.synthetic.moe import SynthSpec, write_moe
 
 TINY = SynthSpec(
     experts=8, active=2, layers=2, hidden=64, expert_ffn=32, heads=2, kv_heads=1, head_dim=32
@@ -66,7 +66,7 @@ def test_the_hybrid_has_recurrent_attention_expert_and_mtp_layers(
     vocab: Path, tmp_path: Path
 ) -> None:
     """Every fourth trunk layer attends, the others are recurrent; the MTP block follows."""
-    from tuner.model.synth_hybrid import HybridShape, write_qwen35moe
+    from tuner.synthetic.hybrid import HybridShape, write_qwen35moe
 
     spec = replace(TINY, layers=8)
     shape = HybridShape(mtp_layers=1, state_size=16, key_heads=2, value_heads=4, shared_ffn=32)
@@ -84,7 +84,7 @@ def test_the_hybrid_has_recurrent_attention_expert_and_mtp_layers(
 
 
 def test_the_hybrid_refuses_shapes_llama_cpp_cannot_run() -> None:
-    from tuner.model.synth_hybrid import HybridShape
+    from tuner.synthetic.hybrid import HybridShape
 
     with pytest.raises(ValueError, match="one MTP block"):
         HybridShape(mtp_layers=2)

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from tuner.bench.conversation_summary import looping, messages_for, summarise
+from tuner.bench.conversations import load_sessions
 from tuner.bench.schedule import TUNER
-from tuner.bench.session_summary import looping, messages_for, summarise
-from tuner.bench.sessions import load_sessions
 from tuner.classify import classify, load_definitions
 from tuner.errors import ConfigError
 from tuner.settings import Settings

@@ -12,9 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tuner.cli.main import main
-from tuner.model.derive import derive_draft, parse_layers
 from tuner.model.gguf_facts import draft_compatibility, read_facts
-from tuner.model.synth import SynthSpec, write_moe
+from tuner.synthetic.draft import derive_draft, parse_layers
+from tuner.synthetic.moe import SynthSpec, write_moe
 
 SPEC = SynthSpec(
     experts=4, active=2, layers=4, hidden=64, expert_ffn=32, heads=2, kv_heads=1, head_dim=32

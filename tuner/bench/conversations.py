@@ -8,7 +8,7 @@ static arms are the bench's matrix server (llama-server's router, or the daemon'
 the engine has none: one instance per arm, so each keeps its own prompt cache). At one
 client, sessions run one after another, each through every arm in turn (the order rotated
 per session); at more, each arm runs the whole workload from that many clients at once.
-``tuner.bench.session_summary`` makes the sums.
+``tuner.bench.conversation_summary`` makes the sums.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from typing import Any
 import httpx
 
 from tuner.atomic import write_atomic
+from tuner.bench.conversation_summary import looping, messages_for, summarise
 from tuner.bench.daemons import BenchOptions, Quiet, tuner_daemon
 from tuner.bench.run import cancelled_by_sigterm, matrix_server, matrix_variants
 from tuner.bench.schedule import TUNER
-from tuner.bench.session_summary import looping, messages_for, summarise
 from tuner.daemon.plan import sized
 from tuner.errors import ConfigError
 from tuner.records import Timings

@@ -9,7 +9,8 @@ import pytest
 
 from tuner.errors import ConfigError
 from tuner.model.envelope import cost_model
-from tuner.model.profile import (
+from tuner.model.speedup import verdict
+from tuner.profiles import (
     Profile,
     TargetFacts,
     VariantCheck,
@@ -19,9 +20,8 @@ from tuner.model.profile import (
     model_key,
     save_profile,
 )
-from tuner.model.speedup import verdict
 
-PROFILES = Path(__file__).resolve().parents[2] / "profiles"
+PROFILES = Path(__file__).resolve().parents[1] / "profiles"
 
 
 def test_every_checked_in_file_validates() -> None:
