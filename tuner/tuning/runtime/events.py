@@ -40,6 +40,7 @@ __all__ = [
     "replayed",
     "served",
     "trial_done",
+    "upgrade",
 ]
 
 VERSION = 2
@@ -132,6 +133,21 @@ def _from_v1(data: dict[str, Any]) -> dict[str, Any]:
 MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _from_v1}
 
 
+def upgrade(
+    data: dict[str, Any],
+    migrations: Mapping[int, Callable[[dict[str, Any]], dict[str, Any]]],
+    *,
+    unversioned: int | None = None,
+) -> dict[str, Any]:
+    """``data`` taken through each migration from its ``version`` (``unversioned`` where it
+    has none) to the newest; the caller checks the version it ends at."""
+    version = data.get("version", unversioned)
+    while isinstance(version, int) and version in migrations:
+        data = migrations[version](data)
+        version = data.get("version")
+    return data
+
+
 def parse(data: object) -> Served | Replayed | TrialDone | None:
     """The event read back from storage, migrated to this version; None when it is not a
     well-formed event of a known version.
@@ -147,10 +163,7 @@ def parse(data: object) -> Served | Replayed | TrialDone | None:
     """
     if not isinstance(data, dict):
         return None
-    version = data.get("version", 1)
-    while isinstance(version, int) and version in MIGRATIONS:
-        data = MIGRATIONS[version](data)
-        version = data.get("version")
+    data = upgrade(data, MIGRATIONS, unversioned=1)
     try:
         return _EVENT.validate_python(data)
     except (ValidationError, ValueError, TypeError):

@@ -25,7 +25,7 @@ from typing import Any
 
 from tuner.atomic import write_atomic
 from tuner.logs import get_logger
-from tuner.tuning.runtime.events import dump, parse
+from tuner.tuning.runtime.events import dump, parse, upgrade
 
 __all__ = [
     "POLICY_FILE",
@@ -95,11 +95,8 @@ def migrate(data: object) -> dict[str, Any] | None:
     """
     if not isinstance(data, dict):
         return None
-    version = data.get("version")
-    while isinstance(version, int) and version in MIGRATIONS:
-        data = MIGRATIONS[version](data)
-        version = data.get("version")
-    return data if version == VERSION else None
+    data = upgrade(data, MIGRATIONS)
+    return data if data.get("version") == VERSION else None
 
 
 def set_aside(path: Path, why: str, **context: Any) -> Path | None:

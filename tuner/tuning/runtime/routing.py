@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from tuner.classify.classes import ROOT
 from tuner.sessions.moves import Turn, move_pays
 from tuner.tuning.config import Override, TuningConfig
-from tuner.tuning.evidence.classes import levels
+from tuner.tuning.evidence.classes import ClassState, levels
 from tuner.tuning.policy.guard import Decision, Policy
 from tuner.tuning.pricing.prices import Pricing, answer_tokens
 from tuner.tuning.runtime.rules import Rules
@@ -399,9 +399,9 @@ def table_of(
             and not policy.speculation
             and not policy.settled
             and not rules.forbidden(key, opening or ""),
-            trial=(trial.variant.name, trial.number) if trial is not None else None,
+            trial=_trial(state),
             trial_cost=prices.trial_cost,
-            wants_trial=searching and trial is None and not state.converged and not state.preparing,
+            wants_trial=_wants_trial(state, searching),
             plain=prices.plain,
             prefill=prices.prefill,
             answer=prices.answer,
@@ -428,16 +428,12 @@ def recount(
     classes = dict(table.classes)
     for key in routed:
         state = rules.classes[key]
-        trial = state.trial
         classes[key] = replace(
             classes[key],
             seen=state.seen,
             spent=state.spent,
-            trial=(trial.variant.name, trial.number) if trial is not None else None,
-            wants_trial=table.searching
-            and trial is None
-            and not state.converged
-            and not state.preparing,
+            trial=_trial(state),
+            wants_trial=_wants_trial(state, table.searching),
         )
     return replace(
         table,
@@ -457,6 +453,16 @@ class _Prices:
     prefill: float
     answer: float | None
     speeds: Mapping[str, float]
+
+
+def _trial(state: ClassState) -> tuple[str, int] | None:
+    trial = state.trial
+    return (trial.variant.name, trial.number) if trial is not None else None
+
+
+def _wants_trial(state: ClassState, searching: bool) -> bool:
+    """A trial should be asked for: none running or being prepared, the class searching."""
+    return searching and state.trial is None and not state.converged and not state.preparing
 
 
 def _served(policy_class: str, policy: Policy) -> Served:
