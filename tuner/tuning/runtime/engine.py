@@ -51,8 +51,9 @@ from tuner.tuning.policy.prior import PriorView
 from tuner.tuning.pricing.costfit import CostFit
 from tuner.tuning.pricing.prices import Pricing
 from tuner.tuning.runtime.events import Event, Served, apply, replayed, served, trial_done
-from tuner.tuning.runtime.routing import Router, recount, table_of
+from tuner.tuning.runtime.routing import Router
 from tuner.tuning.runtime.rules import Rules
+from tuner.tuning.runtime.table import recount, table_of
 from tuner.tuning.search.studies import StudyBook
 from tuner.tuning.search.trials import TrialSearch
 from tuner.tuning.variants import BASELINE, Variant
