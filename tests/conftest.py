@@ -19,6 +19,7 @@ from tests.tuning.sim import HELP
 from tuner.consumers import Consumer
 from tuner.metrics import Metrics, RequestMetrics
 from tuner.proxy.app import create_app
+from tuner.proxy.backend import Backend
 from tuner.records import RecordStore
 from tuner.upstream.capabilities import Capabilities, parse_capabilities
 from tuner.upstream.client import UpstreamClient
@@ -80,8 +81,8 @@ async def proxy(
     upstream: UpstreamClient, store: RecordStore, request_metrics: RequestMetrics
 ) -> AsyncIterator[httpx.AsyncClient]:
     """An HTTP client talking to the proxy app, which talks to the fake llama-server."""
-    metrics = Metrics(request_metrics, upstream, store)
-    app = create_app(upstream, store, max_body_bytes=64 * 1024, metrics=metrics)
+    metrics = Metrics(request_metrics, lambda: upstream, store)
+    app = create_app(Backend(upstream), store, max_body_bytes=64 * 1024, metrics=metrics)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
         yield client

@@ -75,7 +75,8 @@ async def test_a_full_queue_drops_for_its_consumer_alone_and_counts(tmp_path: Pa
         linger_s=0,
         consumers=[learner, Consumer("metrics", requests.observe), Consumer("all", every.append)],
     )
-    metrics = Metrics(requests, UpstreamClient("http://fake"), store)
+    upstream = UpstreamClient("http://fake")
+    metrics = Metrics(requests, lambda: upstream, store)
     await store.start()
     try:
         store.submit(record(0))

@@ -26,7 +26,7 @@ The tuner's per-class and replay metrics are collectors of their own
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -45,29 +45,30 @@ _TOKENS_PER_S = (5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000)
 class _StateCollector(Collector):
     """Values owned by other objects, read when Prometheus scrapes."""
 
-    def __init__(self, upstream: UpstreamClient, records: RecordStore) -> None:
-        self.upstream = upstream
+    def __init__(self, upstream: Callable[[], UpstreamClient], records: RecordStore) -> None:
+        self.upstream = upstream  # the one serving now (a topology swap replaces it)
         self.records = records
 
     def collect(self) -> Iterator[Metric]:
+        upstream = self.upstream()
         yield GaugeMetricFamily(
-            "tuner_upstream_ready", "1 when llama-server answers /health", value=self.upstream.ready
+            "tuner_upstream_ready", "1 when llama-server answers /health", value=upstream.ready
         )
         yield CounterMetricFamily(
             "tuner_upstream_restarts",
             "Restarts of the managed llama-server",
-            value=self.upstream.health.restarts,
+            value=upstream.health.restarts,
         )
         yield CounterMetricFamily(
             "tuner_upstream_stalls",
             "Requests cut because their instance stopped answering (it is reloaded; "
             "those with nothing back yet are sent again without speculation)",
-            value=self.upstream.health.stalls,
+            value=upstream.health.stalls,
         )
         yield GaugeMetricFamily(
             "tuner_upstream_recovering",
             "Router presets reloaded after a stall that have not answered since",
-            value=len(self.upstream.health.recovering_now()),
+            value=len(upstream.health.recovering_now()),
         )
         yield CounterMetricFamily(
             "tuner_records_dropped",
@@ -158,7 +159,7 @@ class Metrics:
     def __init__(
         self,
         requests: RequestMetrics,
-        upstream: UpstreamClient,
+        upstream: Callable[[], UpstreamClient],
         records: RecordStore,
         collectors: Iterable[Collector] = (),
     ) -> None:

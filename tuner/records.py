@@ -109,6 +109,7 @@ class RequestRecord(BaseModel):
     # moved:<reason>; and the prompt's length in characters (routing's unit)
     session: str | None = None
     prompt_chars: int | None = None
+    engine: str | None = None  # llama.cpp or ik_llama.cpp (None: a server the user runs)
     replay: bool = False  # an idle-time replay of a sampled prompt, not a live request
 
     @property

@@ -12,6 +12,7 @@ import pytest
 
 from tests.fake_llama import TIMINGS, FakeLlamaServer
 from tuner.proxy.app import create_app
+from tuner.proxy.backend import Backend
 from tuner.records import RecordStore
 from tuner.upstream.client import UpstreamClient
 
@@ -120,7 +121,9 @@ async def test_answers_name_the_offered_model_not_the_variants_preset(
 ) -> None:
     """In router mode the body goes upstream with the preset as its ``model`` and
     llama-server names it in the answer; the client sees the model it was offered."""
-    app = create_app(upstream, store, router=lambda key, prompt: _Routed(), public_models=["gemma"])
+    app = create_app(
+        Backend(upstream, router=lambda key, prompt: _Routed(), public_models=["gemma"]), store
+    )
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
         response = await client.post("/v1/chat/completions", json={**CHAT, "stream": stream})
@@ -150,7 +153,7 @@ async def test_the_router_gets_the_prompt_and_the_record_says_how_the_turn_went(
         seen.append(prompt)
         return _Routed(session="stayed")
 
-    app = create_app(upstream, store, router=router, public_models=["gemma"])
+    app = create_app(Backend(upstream, router=router, public_models=["gemma"]), store)
     transport = httpx.ASGITransport(app=app)
     body = {**CHAT, "user": "u1", "messages": [{"role": "user", "content": "x" * 600}]}
     async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
@@ -166,7 +169,7 @@ async def test_the_router_gets_the_prompt_and_the_record_says_how_the_turn_went(
 async def test_a_stream_past_the_drain_bound_ends_with_an_error_event(
     upstream: UpstreamClient, store: RecordStore
 ) -> None:
-    app = create_app(upstream, store)
+    app = create_app(Backend(upstream), store)
     app.state.handlers.drain.cut = True  # what the daemon sets once the drain bound has passed
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
@@ -251,7 +254,7 @@ async def test_unreachable_upstream_gives_503_not_500(
 
     client = UpstreamClient("http://fake", transport=httpx.MockTransport(refuse))
     client.health.answering(True)
-    app = create_app(client, store)
+    app = create_app(Backend(client), store)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://p") as c:
         response = await c.post("/v1/completions", json=COMPLETION)
     assert_openai_error(response, 503)
@@ -367,7 +370,9 @@ async def test_records_carry_the_class_and_features(
     from tuner.classify import classify, load_definitions
     from tuner.proxy.app import create_app
 
-    app = create_app(upstream, store, classifier=partial(classify, definitions=load_definitions()))
+    app = create_app(
+        Backend(upstream), store, classifier=partial(classify, definitions=load_definitions())
+    )
     body = {
         "prompt": "Rename x to y and keep the rest identical:\n\ndef f(x):\n    return x + 1\n",
         "temperature": 0,

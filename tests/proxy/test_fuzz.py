@@ -16,6 +16,7 @@ from starlette.testclient import TestClient
 
 from tests.fake_llama import FakeLlamaServer
 from tuner.proxy.app import create_app
+from tuner.proxy.backend import Backend
 from tuner.records import RecordStore
 from tuner.upstream.client import UpstreamClient
 
@@ -94,7 +95,7 @@ def test_no_request_gets_a_server_error(tmp_path: Any) -> None:
     upstream = UpstreamClient("http://fake", transport=fake.transport(), default_model="m")
     upstream.health.answering(True)
     store = RecordStore(tmp_path / "records", linger_s=0)
-    app = create_app(upstream, store, max_body_bytes=64 * 1024)
+    app = create_app(Backend(upstream), store, max_body_bytes=64 * 1024)
     seen: list[int] = []
     with TestClient(app, raise_server_exceptions=False) as client:
 

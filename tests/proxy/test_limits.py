@@ -11,6 +11,7 @@ import pytest
 
 from tests.fake_llama import FakeLlamaServer
 from tuner.proxy.app import create_app
+from tuner.proxy.backend import Backend
 from tuner.records import RecordStore
 from tuner.upstream.client import UpstreamClient
 
@@ -24,7 +25,7 @@ def client_for(app: Any) -> httpx.AsyncClient:
 async def test_api_keys_guard_everything_but_health(
     upstream: UpstreamClient, store: RecordStore
 ) -> None:
-    app = create_app(upstream, store, api_keys=["k1", "k2"])
+    app = create_app(Backend(upstream), store, api_keys=["k1", "k2"])
     async with client_for(app) as c:
         for headers in ({}, {"authorization": "Bearer nope"}, {"authorization": "Basic k1"}):
             response = await c.post("/v1/completions", json=BODY, headers=headers)
@@ -57,7 +58,7 @@ async def test_requests_beyond_the_limit_get_429_and_slots_come_back(store: Reco
 
     upstream = UpstreamClient("http://fake", transport=httpx.MockTransport(slow))
     upstream.health.answering(True)
-    app = create_app(upstream, store, max_concurrent=1)
+    app = create_app(Backend(upstream), store, max_concurrent=1)
     async with client_for(app) as c:
         first = asyncio.create_task(c.post("/v1/completions", json=BODY))
         await asyncio.sleep(0.05)
@@ -76,7 +77,7 @@ async def test_requests_beyond_the_limit_get_429_and_slots_come_back(store: Reco
 async def test_client_gone_before_the_stream_starts(
     upstream: UpstreamClient, store: RecordStore
 ) -> None:
-    app = create_app(upstream, store, max_concurrent=4)
+    app = create_app(Backend(upstream), store, max_concurrent=4)
     body = json.dumps({**BODY, "stream": True}).encode()
     messages = [
         {"type": "http.request", "body": body, "more_body": False},
@@ -121,7 +122,7 @@ async def test_a_client_that_closes_at_done_had_the_whole_answer(
     fake.hold_stream = asyncio.Event()  # upstream pauses: at its end, or before [DONE]
     fake.hold_stream_at = None if at_done else 5
     gone_after = b"[DONE]" if at_done else b"timings"
-    app = create_app(upstream, store, max_concurrent=4)
+    app = create_app(Backend(upstream), store, max_concurrent=4)
     body = json.dumps({**BODY, "stream": True}).encode()
     seen = asyncio.Event()
     sent: list[bytes] = []
@@ -165,7 +166,7 @@ async def test_unwritable_state_dir_keeps_serving(upstream: UpstreamClient, tmp_
     blocker.write_text("x")
     store = RecordStore(blocker / "records", linger_s=0)  # every write fails
     await store.start()
-    app = create_app(upstream, store)
+    app = create_app(Backend(upstream), store)
     async with client_for(app) as c:
         for _ in range(3):
             assert (await c.post("/v1/completions", json=BODY)).status_code == 200

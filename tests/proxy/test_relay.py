@@ -18,6 +18,7 @@ from tests.fake_llama import FakeLlamaServer
 from tests.proxy.test_app import CHAT, next_record
 from tuner.proxy import relay
 from tuner.proxy.app import create_app
+from tuner.proxy.backend import Backend
 from tuner.proxy.gate import VariantGate
 from tuner.records import RecordStore
 from tuner.upstream.client import UpstreamClient
@@ -121,7 +122,7 @@ async def test_a_stream_that_goes_silent_is_cut_and_its_instance_reloaded(
     upstream = UpstreamClient("http://fake", transport=fake.transport(), stall_timeout_s=0.2)
     upstream.model_ids = ("none", "ngram-mod")  # a router's presets
     upstream.health.answering(True)
-    app = create_app(upstream, store)
+    app = create_app(Backend(upstream), store)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://p") as p:
         body = {"model": "ngram-mod", "prompt": "hi", "stream": True}
         response = await p.post("/v1/completions", json=body)
@@ -161,13 +162,13 @@ def _to_ngram_mod(
 ) -> Starlette:
     """The proxy routing every request to ``ngram-mod`` through the variant gate, with
     ``fallback`` for a second try."""
-    return create_app(
+    backend = Backend(
         upstream,
-        store,
         router=lambda key, prompt: _Routed("ngram-mod"),
         fallback=fallback,
         gate=VariantGate(),
     )
+    return create_app(backend, store)
 
 
 async def test_a_variant_that_fails_before_answering_is_tried_again_without_speculation(
@@ -226,7 +227,7 @@ async def test_a_whole_answer_that_takes_long_is_probed_and_cut_only_if_stuck(
     )
     upstream.model_ids = ("none", "ngram-mod")
     upstream.health.answering(True)
-    app = create_app(upstream, store)
+    app = create_app(Backend(upstream), store)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://p") as p:
         if alive:
             asyncio.get_running_loop().call_later(0.7, finish.set)
@@ -295,9 +296,8 @@ async def test_a_second_try_that_fails_is_recorded_too(
         upstream.health.answering(False)  # gone between the two tries
         return _Routed("none", "fallback")
 
-    app = create_app(
-        upstream, store, router=lambda key, prompt: _Routed("ngram-mod"), fallback=fallback
-    )
+    backend = Backend(upstream, router=lambda key, prompt: _Routed("ngram-mod"), fallback=fallback)
+    app = create_app(backend, store)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://p") as p:
         response = await p.post("/v1/completions", json={"prompt": "hi"})
     assert response.status_code == 503

@@ -144,8 +144,7 @@ async def matrix_server(
         finally:
             await pool.stop()
         return
-    presets = workdir / "matrix-presets.ini"
-    write_presets(presets, arms, settings, prepared)
+    presets = write_presets(workdir, arms, settings, prepared)
     port = free_port()
     client = UpstreamClient(f"http://127.0.0.1:{port}", read_timeout_s=settings.request_timeout_s)
     argv = router_argv(

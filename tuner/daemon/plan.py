@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -81,7 +82,7 @@ class TuningPlan:
     mode: Mode
     build_engine: EngineFactory  # wired by the service that runs it
     meta: PolicyMeta
-    presets: Path
+    presets: Path | None  # the router's presets file (None: a pool)
     capacity: int
     gpu: bool  # a CUDA build: instances share a GPU, not the CPU cores
     reload_guess_s: float  # loading the model again, until a reload is measured
@@ -116,10 +117,11 @@ def shared_flags(settings: Settings, caps: Capabilities, model: Path) -> list[st
 
 
 def write_presets(
-    path: Path, variants: Sequence[Variant], settings: Settings, prepared: Prepared
-) -> None:
+    folder: Path, variants: Sequence[Variant], settings: Settings, prepared: Prepared
+) -> Path:
     """The router's presets file: the shared flags, then one section per variant (with
-    ``TUNER_SPEC_ARGS`` in every speculative one)."""
+    ``TUNER_SPEC_ARGS`` in every speculative one). Named by its content, so a router
+    being replaced keeps reading its own while the new one starts."""
     caps = prepared.capabilities
     text = presets_ini(
         variants,
@@ -128,7 +130,9 @@ def write_presets(
         draft_model=prepared.draft,
         speculative=settings.spec_args,
     )
+    path = folder / f"presets-{hashlib.sha256(text.encode()).hexdigest()[:12]}.ini"
     write_atomic(path, text)
+    return path
 
 
 def machine_profile(facts: ModelFacts, settings: Settings, hardware_key: str) -> Profile | None:
@@ -222,9 +226,9 @@ def plan_tuning(settings: Settings, prepared: Prepared, config: TuningConfig) ->
     }
     gpu = prepared.gpu
     capacity = instances_that_fit(facts, settings.ctx_size, gpu=gpu, limit=settings.max_instances)
-    presets = settings.state_dir / "router" / "presets.ini"
+    presets = None
     if mode == "router":
-        write_presets(presets, variants, settings, prepared)
+        presets = write_presets(settings.state_dir / "router", variants, settings, prepared)
     members = pool_members(variants, settings, prepared) if mode == "pool" else ()
     scope = f"{meta['model_key']}@{meta['hardware_key']}"
     url = settings.storage_url

@@ -18,50 +18,43 @@ from functools import partial
 from typing import Any
 
 import uvicorn
-from prometheus_client.registry import Collector
 from starlette.applications import Starlette
 
 from tuner.classify import classify, load_definitions
 from tuner.consumers import Consumer
+from tuner.daemon.deployment import Serving, deploy
 from tuner.daemon.plan import tuning_config
 from tuner.daemon.topology import topology_for
 from tuner.errors import ConfigError
-from tuner.fleet.collector import FleetCollector
 from tuner.logs import configure_logging, get_logger
 from tuner.metrics import Metrics, RequestMetrics
-from tuner.proxy.app import Lifecycle, create_app
-from tuner.proxy.gate import VariantGate
+from tuner.proxy.app import create_app
 from tuner.records import RecordStore
 from tuner.settings import Settings
 from tuner.statedir import state_dir_lock
 from tuner.systemd import Notifier, notify
-from tuner.tuning.replay.worker import Replayer
-from tuner.tuning.runtime.collectors import ReplayCollector, TuningCollector
-from tuner.tuning.runtime.service import TuningService
-from tuner.tuning.runtime.single import one_at_a_time
-from tuner.upstream.capabilities import Capabilities
-from tuner.upstream.client import UpstreamClient
-from tuner.upstream.process import ExternalMonitor, ManagedServer
 from tuner.upstream.provision import Progress, stderr_progress
 
 __all__ = ["Daemon", "build_daemon", "reload", "serve"]
 
 log = get_logger(__name__)
 
-# Settings a SIGHUP applies; any other change is logged as needing a restart.
+# Settings a SIGHUP applies in place; the ones it cannot apply at all (the proxy's own
+# socket, limits and state); any other change is served by a new topology (``Serving``).
 RELOADABLE = frozenset({"api_keys", "classes_file", "tuning_file", "explore_share", "log_level"})
+RESTART = frozenset(
+    {"host", "port", "state_dir", "log_format", "max_body_bytes", "max_concurrent"}
+    | {"drain_timeout_s"}
+)
 
 
 @dataclass(slots=True)
 class Daemon:
-    settings: Settings
+    settings: Settings  # as loaded (the topology holds them sized for the model)
     app: Starlette
-    upstream: UpstreamClient
-    supervisor: ManagedServer | ExternalMonitor  # pool mode: the pool's readiness
+    serving: Serving
     records: RecordStore
-    capabilities: Capabilities | None
     notifier: Notifier
-    tuning: TuningService | None = None
 
 
 def _progress(message: str) -> None:
@@ -72,97 +65,77 @@ def _progress(message: str) -> None:
 
 def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon:
     """Choose the way of serving (``topology``: locate or build llama-server, pick the
-    model), and assemble the app on it."""
+    model), deploy the tuner on it, and assemble the app."""
     topology = topology_for(settings, progress or _progress)
-    settings, client, plan = topology.settings, topology.client, topology.plan
-    tuning: TuningService | None = None
-    gate: VariantGate | None = None
-    if plan is not None and (
-        settings.exclusive_variants == "on"
-        or (settings.exclusive_variants == "auto" and not plan.gpu)
-    ):
-        gate = VariantGate()
-    if plan is not None:
-        tuning = TuningService(
-            plan.build_engine,
-            settings.state_dir,
-            plan.meta,
-            strategy=one_at_a_time(plan.reload_guess_s) if plan.single else lambda e: e,
-            unavailable=client.health.is_recovering,
-            instances={m.name: repr(m.flags) for m in plan.members},
-            fleet=plan.fleet,
-        )
-    notifier = Notifier(
-        lambda: client.ready,
-        f"{topology.served} on http://{settings.host}:{settings.port}",
-        restarts=lambda: client.health.restarts,
+    serving = Serving(
+        deploy(topology),
+        startup_timeout_s=settings.startup_timeout_s,
+        drain_timeout_s=settings.drain_timeout_s,
     )
-    # the supervisor after the pool, where there is one: it polls the pool
-    services: list[Lifecycle] = [*topology.services, topology.supervisor]
-    services += ([tuning] if tuning else []) + [notifier]
-    replayer: Replayer | None = None
-    if tuning is not None and tuning.tuner.per_class:  # one variant at a time: no replays
-        replayer = Replayer(tuning.engine, client.base_url, transport=topology.tokenizer)
-        services.append(replayer)
-    definitions = load_definitions(settings.classes_file)
-    collectors: list[Collector] = (
-        [TuningCollector(tuning.engine, tuning.quarantine)] if tuning else []
-    ) + ([ReplayCollector(replayer)] if replayer else [])
-    if plan is not None and plan.fleet is not None:
-        collectors.append(FleetCollector(plan.fleet))
     requests = RequestMetrics()
-    consumers = [Consumer("metrics", requests.observe)]
-    if tuning is not None:
-        consumers.append(Consumer("learner", tuning.observe))
+    consumers = [Consumer("metrics", requests.observe), Consumer("learner", serving.observe)]
     records = RecordStore(settings.records_dir, consumers=consumers)
-    metrics = Metrics(requests, client, records, collectors)
+    notifier = Notifier(
+        lambda: serving.current.backend.upstream.ready,
+        f"{topology.served} on http://{settings.host}:{settings.port}",
+        restarts=lambda: serving.current.backend.upstream.health.restarts,
+    )
+    metrics = Metrics(requests, lambda: serving.current.backend.upstream, records, [serving])
+    definitions = load_definitions(settings.classes_file)
     app = create_app(
-        client,
+        serving.slot,
         records,
-        services=services,
+        services=[serving, notifier],
         max_body_bytes=settings.max_body_bytes,
         classifier=partial(classify, definitions=definitions),
         api_keys=settings.api_keys,
         max_concurrent=settings.max_concurrent,
         metrics=metrics,
-        router=tuning.route if tuning else None,
-        public_models=list(topology.public_models),
-        gate=gate,
-        keep=replayer.submit if replayer else None,
-        fallback=tuning.fallback if tuning else None,
-        engine=caps.engine if (caps := topology.capabilities) else None,
     )
-    return Daemon(settings, app, client, topology.supervisor, records, caps, notifier, tuning)
+    return Daemon(settings, app, serving, records, notifier)
 
 
 def reload(daemon: Daemon, load: Callable[[], Settings]) -> dict[str, Any]:
     """Apply fresh settings (from ``load``) to a running daemon: API keys, classes, tuning
-    file, log level.
+    file and log level in place; the engine, model and llama-server's flags by serving on
+    a new topology (built in the background, switched to without a failed request).
 
     Everything is loaded and validated first; on any error nothing changes (logged).
-    Settings that need a restart (the model, ports, llama-server flags) are named.
+    Settings that need a restart (the proxy's address, limits, state dir) are named.
     """
     old = daemon.settings
+    serving = daemon.serving
     try:
         settings = load()
         definitions = load_definitions(settings.classes_file)
-        tuning = tuning_config(settings) if daemon.tuning is not None else None
+        tuning = tuning_config(settings) if serving.current.tuning is not None else None
     except ConfigError as exc:
         log.error("reload_failed", error=str(exc), detail="the running configuration is kept")
         return {"ok": False, "error": str(exc)}
     changed = sorted(n for n in Settings.model_fields if getattr(settings, n) != getattr(old, n))
     daemon.app.state.keys.set(settings.api_keys)
     daemon.app.state.handlers.classifier = partial(classify, definitions=definitions)
+    current = serving.current.tuning
     tuning_changed = (
-        daemon.tuning.engine.reconfigure(tuning)
-        if daemon.tuning is not None and tuning is not None
-        else []
+        current.engine.reconfigure(tuning) if current is not None and tuning is not None else []
     )
     if settings.log_level != old.log_level:
         configure_logging(settings.log_format, settings.log_level)
-    restart = [n for n in changed if n not in RELOADABLE]
-    daemon.settings = settings.model_copy(update={n: getattr(old, n) for n in restart})
-    result = {"ok": True, "changed": changed, "tuning": tuning_changed, "needs_restart": restart}
+    restart = [n for n in changed if n in RESTART]
+    kept = settings.model_copy(update={n: getattr(old, n) for n in restart})
+    topology = [n for n in changed if n not in RELOADABLE and n not in RESTART]
+    replacing = bool(topology) and serving.request(
+        partial(topology_for, kept, _progress), daemon.records
+    )
+    if replacing or not topology:
+        daemon.settings = kept
+    result = {
+        "ok": True,
+        "changed": changed,
+        "tuning": tuning_changed,
+        "needs_restart": restart,
+        "new_topology": topology if replacing else [],
+    }
     log.info("reloaded", **result)
     daemon.notifier.send("STATUS=reloaded configuration")
     return result

@@ -128,6 +128,7 @@ def _router(settings: Settings, prepared: Prepared, plan: TuningPlan) -> Topolog
     alias = model_alias(settings, prepared.model)
     client = _client(settings, f"http://127.0.0.1:{port}", routes_models=True)
     caps = prepared.capabilities
+    assert plan.presets is not None  # a router plan writes its presets
     argv = router_argv(prepared.binary, settings, caps, plan.presets, plan.capacity, port)
     return Topology(
         "router",

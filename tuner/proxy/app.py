@@ -35,6 +35,7 @@ from tuner.errors import RequestError, TunerError
 from tuner.logs import get_logger
 from tuner.metrics import Metrics, RequestMetrics
 from tuner.proxy.auth import BearerAuth, KeyRing
+from tuner.proxy.backend import Backend, BackendSlot, Routing
 from tuner.proxy.gate import VariantGate
 from tuner.proxy.openai_errors import (
     OpenAIError,
@@ -42,11 +43,10 @@ from tuner.proxy.openai_errors import (
     translate_upstream_error,
 )
 from tuner.proxy.relay import Drain, RelayResponse, error_response, forward
-from tuner.proxy.trace import Keep, Trace
+from tuner.proxy.trace import Trace
 from tuner.proxy.validation import CHAT, COMPLETIONS, NATIVE, parse_body, validate
 from tuner.records import RecordStore
-from tuner.sessions.prefix import Prompt, prompt_of
-from tuner.upstream.client import UpstreamClient
+from tuner.sessions.prefix import prompt_of
 
 __all__ = ["Lifecycle", "create_app"]
 
@@ -56,28 +56,6 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
 Classifier = Callable[[dict[str, Any]], Classification]
-
-
-class Routing(Protocol):
-    """What the tuner decided for one request (see ``tuner.tuning.runtime.service.Routed``)."""
-
-    @property
-    def variant(self) -> str: ...
-    @property
-    def role(self) -> str: ...
-    @property
-    def trial(self) -> int | None: ...
-    @property
-    def model(self) -> str | None: ...
-    @property
-    def session(self) -> str | None: ...
-
-
-# a request's class and prompt -> what to send it to
-Router = Callable[[str | None, Prompt], Routing]
-# a routed request's variant failed on the server: the routing for a second try, or None
-# (given the variant, the request's id and the error's message)
-Fallback = Callable[[str, str, str], Routing | None]
 
 
 class Lifecycle(Protocol):
@@ -107,36 +85,28 @@ class _Hold:
 
 
 class _Handlers:
-    """The route handlers, sharing one upstream client and one record store."""
+    """The route handlers, sharing one record store; each request is sent to the backend
+    serving when it arrived (``slot``'s), to its last byte."""
 
     def __init__(
         self,
-        upstream: UpstreamClient,
+        slot: BackendSlot,
         records: RecordStore,
         max_body_bytes: int,
         classifier: Classifier | None,
         max_concurrent: int,
-        router: Router | None = None,
-        public_models: Sequence[str] = (),
-        gate: VariantGate | None = None,
-        keep: Keep | None = None,
-        fallback: Fallback | None = None,
-        engine: str | None = None,
     ):
-        self.engine = engine  # the llama-server engine beneath (None: one the user runs)
-        self.router = router
-        self.gate = gate
-        self.public_models = tuple(public_models)
-        self.upstream = upstream
+        self.slot = slot
         self.records = records
         self.max_body_bytes = max_body_bytes
         self.classifier = classifier
         self.max_concurrent = max_concurrent
         self.in_flight = 0
-        # counterfactual replays (tuner.tuning.replay.worker): get each answered request
-        self.keep = keep
-        self.fallback = fallback
         self.drain = Drain()
+
+    @property
+    def backend(self) -> Backend:
+        return self.slot.backend
 
     async def read_body(self, request: Request) -> bytes:
         too_large = RequestError(
@@ -169,21 +139,30 @@ class _Handlers:
                 )
                 trace.finish(429, error=busy.message)
                 return error_response(busy, request_id)
+            backend = self.backend  # this request's, to its last byte
+            trace.engine = backend.engine
             self.in_flight += 1
-            handed_over, hold = False, _Hold(self.gate)
+            backend.begin()
+            handed_over, hold = False, _Hold(backend.gate)
+
+            async def release() -> None:
+                self.in_flight -= 1
+                backend.end()
+
             try:
                 raw = await self.read_body(request)
                 body = parse_body(raw)
                 trace.note_body(body)
-                validate(endpoint, body, self.upstream.modalities)
+                validate(endpoint, body, backend.upstream.modalities)
                 if self.classifier is not None:
                     found = self.classifier(body)
                     trace.class_key, trace.features = found.key, found.features.as_dict()
-                if self.router is not None:
-                    raw = self._route(trace, body, request.headers.get("x-session-id")) or raw
-                response = await self._send(trace, body, raw, hold)
+                if backend.router is not None:
+                    session = request.headers.get("x-session-id")
+                    raw = self._route(backend, trace, body, session) or raw
+                response = await self._send(backend, trace, body, raw, hold)
                 if isinstance(response, RelayResponse):
-                    response.close_hooks += [self._release, hold.release]  # until it ends
+                    response.close_hooks += [release, hold.release]  # until it ends
                     handed_over = True
                 return response
             except TunerError as exc:
@@ -192,28 +171,33 @@ class _Handlers:
                 return error_response(error, request_id)
             finally:
                 if not handed_over:
-                    await self._release()
+                    await release()
                     await hold.release()
                 structlog.contextvars.unbind_contextvars("request_id")
 
         return handler
 
-    def _route(self, trace: Trace, body: dict[str, Any], session: str | None) -> bytes | None:
+    def _route(
+        self, backend: Backend, trace: Trace, body: dict[str, Any], session: str | None
+    ) -> bytes | None:
         """Apply the tuner's decision to the body; the new body bytes when it changed."""
-        assert self.router is not None
+        assert backend.router is not None
         prompt = prompt_of(body, session)
         trace.prompt_chars = prompt.chars
-        changed = self._apply(trace, body, self.router(trace.class_key, prompt))
-        self._keep_answer(trace, body)
+        changed = self._apply(trace, body, backend.router(trace.class_key, prompt))
+        self._keep_answer(backend, trace, body)
         return changed
 
-    def _keep_answer(self, trace: Trace, body: dict[str, Any]) -> None:
+    @staticmethod
+    def _keep_answer(backend: Backend, trace: Trace, body: dict[str, Any]) -> None:
         """A routed request's answer goes to ``keep`` (the replays) once it is recorded."""
-        if self.keep is not None and trace.variant is not None:
-            trace.keep, trace.request_body = self.keep, body
+        if backend.keep is not None and trace.variant is not None:
+            trace.keep, trace.request_body = backend.keep, body
             trace.chunks = [] if trace.stream else None
 
-    async def _send(self, trace: Trace, body: dict[str, Any], raw: bytes, hold: _Hold) -> Response:
+    async def _send(
+        self, backend: Backend, trace: Trace, body: dict[str, Any], raw: bytes, hold: _Hold
+    ) -> Response:
         """Forward (through the variant gate); where the variant failed on the server before
         answering, once more as ``fallback`` routes it (no speculation), recorded apart."""
         for attempt in range(2):
@@ -223,7 +207,7 @@ class _Handlers:
                     trace.wait_ms = (time.perf_counter() - queued) * 1000
             try:
                 response = await forward(
-                    self.upstream, trace, body, raw, self.drain, self._shown_model()
+                    backend.upstream, trace, body, raw, self.drain, backend.shown_model
                 )
             except TunerError as exc:
                 if attempt == 0:
@@ -231,32 +215,34 @@ class _Handlers:
                 error = error_for_exception(exc)  # the second try's trace is ours to finish
                 trace.finish(error.status, error=error.message)
                 return error_response(error, trace.request_id)
-            retry = self._second_try(trace, response) if attempt == 0 else None
+            retry = self._second_try(backend, trace, response) if attempt == 0 else None
             if retry is None:
                 return response
             await hold.release()
             trace = self._retrace(trace, body)
             raw = self._apply(trace, body, retry) or raw
-            self._keep_answer(trace, body)
+            self._keep_answer(backend, trace, body)
         raise AssertionError("unreachable: the second try returns")
 
-    def _second_try(self, trace: Trace, response: Response) -> Routing | None:
+    @staticmethod
+    def _second_try(backend: Backend, trace: Trace, response: Response) -> Routing | None:
         """Where a routed request's variant failed on the server before any byte went back
         (its preset did not load, its instance died or could not be reached), the routing
         to send it again with; None otherwise."""
-        if self.fallback is None or trace.variant is None or isinstance(response, RelayResponse):
+        fallback = backend.fallback
+        if fallback is None or trace.variant is None or isinstance(response, RelayResponse):
             return None
         if response.status_code < 500:
             return None
         reason = trace.error or f"status {response.status_code}"
-        return self.fallback(trace.variant, trace.request_id, reason)
+        return fallback(trace.variant, trace.request_id, reason)
 
     def _retrace(self, failed: Trace, body: dict[str, Any]) -> Trace:
         """A new trace for the second try (the failed one is recorded as it was)."""
         trace = Trace(self.records, failed.endpoint, failed.request_id)
         trace.note_body(body)
         trace.class_key, trace.features = failed.class_key, failed.features
-        trace.prompt_chars = failed.prompt_chars
+        trace.prompt_chars, trace.engine = failed.prompt_chars, failed.engine
         return trace
 
     @staticmethod
@@ -270,22 +256,16 @@ class _Handlers:
         body["model"] = routed.model
         return json.dumps(body, ensure_ascii=False).encode()
 
-    def _shown_model(self) -> str | None:
-        """The model name answers carry (router mode: the model, not the variant's preset)."""
-        return self.public_models[0] if self.public_models else None
-
-    async def _release(self) -> None:
-        self.in_flight -= 1
-
     async def models(self, request: Request) -> Response:
-        if self.public_models:  # router mode: the presets are variants, not models
+        backend = self.backend
+        if backend.public_models:  # router and pool: the presets are variants, not models
             data = [
                 {"id": m, "object": "model", "created": 0, "owned_by": "spec-tuner"}
-                for m in self.public_models
+                for m in backend.public_models
             ]
             return JSONResponse({"object": "list", "data": data})
         try:
-            response = await self.upstream.open("GET", "/v1/models")
+            response = await backend.upstream.open("GET", "/v1/models")
             raw = await response.aread()
             await response.aclose()
         except TunerError as exc:
@@ -298,15 +278,17 @@ class _Handlers:
         return JSONResponse({"status": "ok"})
 
     async def ready(self, request: Request) -> Response:
-        if self.upstream.ready:
-            found: dict[str, object] = {"status": "ready", "models": list(self.upstream.model_ids)}
-            if self.engine is not None:
-                found["engine"] = self.engine
-            if recovering := self.upstream.health.recovering_now():  # reloaded after a stall
+        backend = self.backend
+        upstream = backend.upstream
+        if upstream.ready:
+            found: dict[str, object] = {"status": "ready", "models": list(upstream.model_ids)}
+            if backend.engine is not None:
+                found["engine"] = backend.engine
+            if recovering := upstream.health.recovering_now():  # reloaded after a stall
                 found["recovering"] = recovering
             return JSONResponse(found)
         return JSONResponse(
-            {"status": "starting", "restarts": self.upstream.health.restarts},
+            {"status": "starting", "restarts": upstream.health.restarts},
             status_code=503,
             headers={"retry-after": "2"},
         )
@@ -325,7 +307,7 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
 
 
 def create_app(
-    upstream: UpstreamClient,
+    backend: Backend | BackendSlot,
     records: RecordStore,
     *,
     services: Sequence[Lifecycle] = (),
@@ -334,34 +316,17 @@ def create_app(
     metrics: Metrics | None = None,
     api_keys: Sequence[str] = (),
     max_concurrent: int = 256,
-    router: Router | None = None,
-    public_models: Sequence[str] = (),
-    gate: VariantGate | None = None,
-    keep: Keep | None = None,
-    fallback: Fallback | None = None,
-    engine: str | None = None,
 ) -> Starlette:
-    """Build the proxy app around one upstream client and one record store.
+    """Build the proxy app around a backend (a slot's: replaced while serving) and one
+    record store.
 
     ``classifier`` (body -> class and features, pure) labels each request's record;
-    ``metrics`` (created here when not given) serves ``GET /metrics``; ``keep`` gets each
-    answered request that the tuner routed (the counterfactual replayer).
+    ``metrics`` (created here when not given) serves ``GET /metrics``.
     """
-    handlers = _Handlers(
-        upstream,
-        records,
-        max_body_bytes,
-        classifier,
-        max_concurrent,
-        router,
-        public_models,
-        gate,
-        keep,
-        fallback,
-        engine,
-    )
+    slot = backend if isinstance(backend, BackendSlot) else BackendSlot(backend)
+    handlers = _Handlers(slot, records, max_body_bytes, classifier, max_concurrent)
     # without a ``metrics`` fed by a consumer of ``records``, requests are not counted
-    metrics = metrics or Metrics(RequestMetrics(), upstream, records)
+    metrics = metrics or Metrics(RequestMetrics(), lambda: handlers.backend.upstream, records)
 
     async def exposition(request: Request) -> Response:
         # the collectors read the tuner's state under its lock: never on the event loop
@@ -380,7 +345,7 @@ def create_app(
             for service in reversed(services):
                 await service.stop()
             await records.stop()
-            await upstream.aclose()
+            await handlers.backend.upstream.aclose()
 
     routes = [
         Route(CHAT, handlers.generation(CHAT), methods=["POST"]),

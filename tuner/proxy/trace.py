@@ -49,6 +49,7 @@ class Trace:
     session: str | None = None
     prompt_chars: int | None = None
     wait_ms: float | None = None
+    engine: str | None = None  # the llama-server engine it was sent to
     finished: bool = False
     error: str | None = None  # what it finished with, for the second try's caller
     # Replayer replays: who gets the answered request (with its body and text)
@@ -116,6 +117,7 @@ class Trace:
             trial=self.trial,
             session=self.session,
             prompt_chars=self.prompt_chars,
+            engine=self.engine,
         )
         log.info(
             "request",

@@ -16,6 +16,7 @@ from tests.fake_llama import FakeLlamaServer
 from tests.tuning.sim import CODE, SimUpstream, config, make
 from tuner.model.speedup import CostModel
 from tuner.proxy.app import create_app
+from tuner.proxy.backend import Backend
 from tuner.records import RecordStore, RequestRecord, Timings
 from tuner.tuning.evidence.classes import Arm
 from tuner.tuning.evidence.counts import Counts
@@ -374,7 +375,9 @@ async def test_the_proxy_hands_over_answered_requests_with_their_text(
     client = UpstreamClient("http://fake", transport=fake.transport(), default_model="fake-model")
     client.health.answering(True)
     kept: list[tuple[RequestRecord, str, dict[str, Any], str]] = []
-    app = create_app(client, records, router=service.route, keep=lambda *args: kept.append(args))
+    app = create_app(
+        Backend(client, router=service.route, keep=lambda *args: kept.append(args)), records
+    )
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as proxy:
         for stream in (False, True):

@@ -445,7 +445,7 @@ def test_per_class_decisions_are_prometheus_gauges(tmp_path: Path, caps: Capabil
     sim = SimUpstream(truth(list(engine.variants.values())))
     collectors = [TuningCollector(engine)]
     upstream, records = UpstreamClient("http://127.0.0.1:9"), RecordStore(tmp_path / "r")
-    metrics = Metrics(RequestMetrics(), upstream, records, collectors)
+    metrics = Metrics(RequestMetrics(), lambda: upstream, records, collectors)
     drive(engine, sim, schedule(800))
     found = {
         (s.name, tuple(sorted(s.labels.items()))): s.value

@@ -260,6 +260,10 @@ class TuningService:
             return False
         return True
 
+    async def save_now(self) -> bool:
+        """Write the policy file on the service's own thread, after the work queued there."""
+        return await asyncio.wrap_future(self._pool.submit(self.save))
+
     def sync(self) -> None:
         """Trade evidence with the fleet; renew the heartbeats of running trials."""
         if self.fleet is None:
@@ -333,24 +337,28 @@ class TuningService:
             )
         self.scheduler.start()
 
-    async def stop(self) -> None:
+    async def stop(self, *, save: bool = True) -> None:
         """Finish the queued work, sync and save once more, within ``stop_s``: a database
         or disk that hangs must not hold the daemon's exit (the last policy file written
         every ``save_every_s`` stands). The app flushes the records first, so the last
-        requests reach the engine before this."""
+        requests reach the engine before this. ``save=False``: leave the policy file to
+        the service that replaced this one (``tuner.daemon.deployment``)."""
         if self.scheduler is not None:
             self.scheduler.shutdown(wait=False)
             self.scheduler = None
-        closing = threading.Thread(target=self._close, name="tuning-stop", daemon=True)
+        closing = threading.Thread(
+            target=self._close, args=(save,), name="tuning-stop", daemon=True
+        )
         closing.start()
         await asyncio.to_thread(closing.join, self.stop_s)
         if closing.is_alive():
             log.error("tuning_stop_timed_out", seconds=self.stop_s, path=str(self.path))
 
-    def _close(self) -> None:
+    def _close(self, save: bool) -> None:
         self._pool.shutdown(wait=True)
         self.sync()  # the fleet gets what is left in the outbox
-        self.save()
+        if save:
+            self.save()
         if self.fleet is not None:
             self.publish_document()
             self.fleet.close()

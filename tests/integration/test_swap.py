@@ -1,0 +1,130 @@
+"""Swapping the engine under a serving daemon, on the real builds: the configuration names
+ik_llama.cpp instead of llama.cpp, SIGHUP, and the daemon brings the new engine up beside
+the old one, sends the next request to it, lets the old one finish what it serves and
+stops it. Clients streaming and not streaming all through see no failed request."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+from openai import OpenAI
+
+from tests.integration.conftest import RunningDaemon, start_daemon
+from tuner.records import read_records
+
+pytestmark = pytest.mark.llama
+
+SPACE = "[search.ngram-simple]\nsize_n = [3]\nsize_m = [8]\n"
+
+
+class _Clients:
+    """Two clients sending completions back to back (one streams) until stopped; every
+    answer that was not a whole 200 is kept."""
+
+    def __init__(self, running: RunningDaemon) -> None:
+        self.client = OpenAI(base_url=running.v1, api_key="none", timeout=120, max_retries=0)
+        self.stop = threading.Event()
+        self.done = Counter[str]()
+        self.failures: list[str] = []
+        self.threads = [threading.Thread(target=self._loop, args=(s,)) for s in (False, True)]
+
+    def __enter__(self) -> _Clients:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(180)
+
+    def _loop(self, stream: bool) -> None:
+        while not self.stop.is_set():
+            try:
+                self._one(stream)
+                self.done["stream" if stream else "plain"] += 1
+            except Exception as exc:  # every failure is the finding
+                self.failures.append(f"{'stream' if stream else 'plain'}: {exc!r}")
+
+    def _one(self, stream: bool) -> None:
+        messages = [{"role": "user", "content": "Write a Python function that adds two numbers."}]
+        if not stream:
+            answer = self.client.chat.completions.create(
+                model="gemma",
+                messages=messages,
+                max_tokens=24,
+                temperature=0,  # type: ignore[arg-type]
+            )
+            assert answer.choices[0].message.content
+            return
+        chunks = self.client.chat.completions.create(
+            model="gemma",
+            messages=messages,  # type: ignore[arg-type]
+            max_tokens=24,
+            temperature=0,
+            stream=True,
+        )
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text
+
+
+def _engine(running: RunningDaemon) -> str | None:
+    try:
+        found = httpx.get(running.url + "/ready", timeout=5)
+    except httpx.HTTPError:
+        return None
+    engine: str | None = found.json().get("engine") if found.status_code == 200 else None
+    return engine
+
+
+def _servers(running: RunningDaemon) -> list[psutil.Process]:
+    children = psutil.Process(running.process.pid).children(recursive=True)
+    return [c for c in children if "llama-server" in c.name()]
+
+
+def test_sighup_swaps_the_engine_without_a_failed_request(tmp_path: Path) -> None:
+    tuning = tmp_path / "tuning.toml"
+    tuning.write_text(SPACE)
+    config = tmp_path / "spec-tuner.toml"
+    config.write_text(f'engine = "llama.cpp"\ntuning_file = "{tuning}"\n')
+    state = tmp_path / "state"
+    state.mkdir()
+    running = start_daemon(state, env={"TUNER_CONFIG": str(config)})
+    try:
+        assert _engine(running) == "llama.cpp"
+        before = {p.pid for p in _servers(running)}
+        with _Clients(running) as clients:
+            time.sleep(3)
+            config.write_text(f'engine = "ik_llama.cpp"\ntuning_file = "{tuning}"\n')
+            running.process.send_signal(signal.SIGHUP)
+            deadline = time.monotonic() + 300
+            while _engine(running) != "ik_llama.cpp" and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert _engine(running) == "ik_llama.cpp", running.log.read_text()[-3000:]
+            switched = sum(clients.done.values())
+            time.sleep(5)  # served on the new engine for a while
+        assert clients.failures == []
+        assert sum(clients.done.values()) > switched and min(clients.done.values()) > 0
+        log = running.log.read_text()
+        assert "topology_replaced" in log and "topology_retired" in log
+        # the old engine's server is gone: the only llama-server left is a new process
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and {p.pid for p in _servers(running)} & before:
+            time.sleep(0.5)
+        assert _servers(running) and not {p.pid for p in _servers(running)} & before
+    finally:
+        assert running.stop() == 0
+    records = sorted(read_records(state / "records"), key=lambda r: r.ts)
+    engines = Counter(r.engine for r in records)
+    assert engines["llama.cpp"] > 0 and engines["ik_llama.cpp"] > 0, engines
+    assert records[-1].engine == "ik_llama.cpp"
+    errors = [r.model_dump(mode="json") for r in records if r.status != 200 or r.error]
+    assert errors == [], json.dumps(errors)[:2000]
