@@ -23,7 +23,7 @@ from pydantic_settings import (
 )
 
 from tuner.errors import ConfigError
-from tuner.upstream.sources import EngineName
+from tuner.upstream.sources import EngineSetting
 
 __all__ = ["Settings", "load_settings"]
 
@@ -60,10 +60,10 @@ class Settings(BaseSettings):
     llama_server: Path | None = Field(
         None, description="llama-server binary; default: PATH, then a cached build"
     )
-    engine: EngineName = Field(
+    engine: EngineSetting = Field(
         "llama.cpp",
-        description="the llama-server engine to build and run when no binary is named: "
-        "llama.cpp (mainline) or ik_llama.cpp",
+        description="the llama-server engine when no binary is named: llama.cpp (mainline), "
+        "ik_llama.cpp, or auto (both built and measured here; the faster one serves)",
     )
     llama_cuda: Literal["auto", "on", "off"] = Field(
         "auto", description="build llama-server for CUDA: auto = nvcc and a GPU present"

@@ -11,8 +11,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from typing import Any
 import httpx
 import psutil
 import pytest
+from openai import OpenAI
 
 from tuner.upstream.process import free_port
 
@@ -64,6 +67,62 @@ class RunningDaemon:
         return self.process.wait()
 
 
+# the engine the suite runs beneath the daemon (TUNER_ENGINE=ik_llama.cpp make integration
+# for the other); a test of TUNER_ENGINE=auto sets it itself
+TEST_ENGINE = os.environ.get("TUNER_ENGINE", "llama.cpp")
+
+
+class Clients:
+    """Two clients sending completions back to back (one streams) until stopped; every
+    answer that was not a whole 200 is kept."""
+
+    def __init__(self, running: RunningDaemon) -> None:
+        self.client = OpenAI(base_url=running.v1, api_key="none", timeout=120, max_retries=0)
+        self.stop = threading.Event()
+        self.done = Counter[str]()
+        self.failures: list[str] = []
+        self.threads = [threading.Thread(target=self._loop, args=(s,)) for s in (False, True)]
+
+    def __enter__(self) -> Clients:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(180)
+
+    def _loop(self, stream: bool) -> None:
+        while not self.stop.is_set():
+            try:
+                self._one(stream)
+                self.done["stream" if stream else "plain"] += 1
+            except Exception as exc:  # every failure is the finding
+                self.failures.append(f"{'stream' if stream else 'plain'}: {exc!r}")
+
+    def _one(self, stream: bool) -> None:
+        messages = [{"role": "user", "content": "Write a Python function that adds two numbers."}]
+        if not stream:
+            answer = self.client.chat.completions.create(
+                model="gemma",
+                messages=messages,
+                max_tokens=24,
+                temperature=0,  # type: ignore[arg-type]
+            )
+            assert answer.choices[0].message.content
+            return
+        chunks = self.client.chat.completions.create(
+            model="gemma",
+            messages=messages,  # type: ignore[arg-type]
+            max_tokens=24,
+            temperature=0,
+            stream=True,
+        )
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text
+
+
 _STARTED: list[RunningDaemon] = []  # started by the running test (``_stop_daemons``)
 
 
@@ -81,7 +140,7 @@ def _stop_daemons() -> Iterator[None]:
 def start_daemon(
     tmp: Path,
     *args: str,
-    env: dict[str, str] | None = None,
+    env: Mapping[str, str | None] | None = None,
     log: Path | None = None,
     owned: bool = True,
 ) -> RunningDaemon:
@@ -90,7 +149,8 @@ def start_daemon(
     and stops its own)."""
     port = free_port()
     log = log or tmp / "daemon.log"
-    full_env = {**os.environ, "TUNER_LOG_FORMAT": "json", **(env or {})}
+    merged = {**os.environ, "TUNER_LOG_FORMAT": "json", "TUNER_ENGINE": TEST_ENGINE, **(env or {})}
+    full_env = {k: v for k, v in merged.items() if v is not None}  # None: unset it
     with log.open("wb") as sink:  # the child keeps its own descriptor
         process = subprocess.Popen(
             [

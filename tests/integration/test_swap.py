@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import signal
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -15,65 +14,13 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-from openai import OpenAI
 
-from tests.integration.conftest import RunningDaemon, start_daemon
+from tests.integration.conftest import Clients, RunningDaemon, start_daemon
 from tuner.records import read_records
 
 pytestmark = pytest.mark.llama
 
 SPACE = "[search.ngram-simple]\nsize_n = [3]\nsize_m = [8]\n"
-
-
-class _Clients:
-    """Two clients sending completions back to back (one streams) until stopped; every
-    answer that was not a whole 200 is kept."""
-
-    def __init__(self, running: RunningDaemon) -> None:
-        self.client = OpenAI(base_url=running.v1, api_key="none", timeout=120, max_retries=0)
-        self.stop = threading.Event()
-        self.done = Counter[str]()
-        self.failures: list[str] = []
-        self.threads = [threading.Thread(target=self._loop, args=(s,)) for s in (False, True)]
-
-    def __enter__(self) -> _Clients:
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(180)
-
-    def _loop(self, stream: bool) -> None:
-        while not self.stop.is_set():
-            try:
-                self._one(stream)
-                self.done["stream" if stream else "plain"] += 1
-            except Exception as exc:  # every failure is the finding
-                self.failures.append(f"{'stream' if stream else 'plain'}: {exc!r}")
-
-    def _one(self, stream: bool) -> None:
-        messages = [{"role": "user", "content": "Write a Python function that adds two numbers."}]
-        if not stream:
-            answer = self.client.chat.completions.create(
-                model="gemma",
-                messages=messages,
-                max_tokens=24,
-                temperature=0,  # type: ignore[arg-type]
-            )
-            assert answer.choices[0].message.content
-            return
-        chunks = self.client.chat.completions.create(
-            model="gemma",
-            messages=messages,  # type: ignore[arg-type]
-            max_tokens=24,
-            temperature=0,
-            stream=True,
-        )
-        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-        assert text
 
 
 def _engine(running: RunningDaemon) -> str | None:
@@ -97,11 +44,11 @@ def test_sighup_swaps_the_engine_without_a_failed_request(tmp_path: Path) -> Non
     config.write_text(f'engine = "llama.cpp"\ntuning_file = "{tuning}"\n')
     state = tmp_path / "state"
     state.mkdir()
-    running = start_daemon(state, env={"TUNER_CONFIG": str(config)})
+    running = start_daemon(state, env={"TUNER_CONFIG": str(config), "TUNER_ENGINE": None})
     try:
         assert _engine(running) == "llama.cpp"
         before = {p.pid for p in _servers(running)}
-        with _Clients(running) as clients:
+        with Clients(running) as clients:
             time.sleep(3)
             config.write_text(f'engine = "ik_llama.cpp"\ntuning_file = "{tuning}"\n')
             running.process.send_signal(signal.SIGHUP)

@@ -256,3 +256,17 @@ def test_replayed_evidence_shows_per_arm(tmp_path: Path) -> None:
     assert arm.requests == 0 and arm.replayed == 6
     assert arm.alpha == pytest.approx(0.9, abs=0.01)
     assert arm.speedup is not None and arm.speedup > 1.0
+
+
+def test_the_engine_measurement_is_in_the_report(tmp_path: Path) -> None:
+    from tuner.engines.choice import CHOICE_FILE, EngineResult, new_choice, save_choice
+
+    results = (
+        EngineResult(engine="llama.cpp", build="0c1e570", tok_s=100.0, setting="none"),
+        EngineResult(engine="ik_llama.cpp", build="55d3c05", tok_s=150.0, setting="none"),
+    )
+    save_choice(tmp_path / CHOICE_FILE, new_choice("m", "h", results, "llama.cpp"))
+    document = json.loads(as_json(load_report(tmp_path)))
+    assert document["engine"] == "ik_llama.cpp"  # no policies yet: the engine chosen
+    assert [r["tok_s"] for r in document["engines"]["results"]] == [100.0, 150.0]
+    assert "measured fastest" in document["engines"]["why"]

@@ -24,6 +24,7 @@ from tuner.cli.commands import (
     cmd_variants,
     cmd_version,
 )
+from tuner.cli.engines import add_engines_command
 from tuner.cli.measure import cmd_measure
 from tuner.cli.model_commands import add_model_commands
 from tuner.errors import TunerError
@@ -267,6 +268,8 @@ def build_parser() -> argparse.ArgumentParser:
     policies.add_argument("--state-dir", dest="state_dir")
     policies.add_argument("--model", help="target GGUF the import is checked against")
     policies.set_defaults(func=cmd_policies)
+
+    add_engines_command(sub)
 
     version = sub.add_parser("version", help="print the version")
     version.set_defaults(func=cmd_version)

@@ -18,6 +18,7 @@ from functools import partial
 from typing import Any
 
 import uvicorn
+from prometheus_client.registry import Collector
 from starlette.applications import Starlette
 
 from tuner.classify import classify, load_definitions
@@ -25,6 +26,7 @@ from tuner.consumers import Consumer
 from tuner.daemon.deployment import Serving, deploy
 from tuner.daemon.plan import tuning_config
 from tuner.daemon.topology import topology_for
+from tuner.engines.auto import EngineSelector, first_engine
 from tuner.errors import ConfigError
 from tuner.logs import configure_logging, get_logger
 from tuner.metrics import Metrics, RequestMetrics
@@ -65,8 +67,11 @@ def _progress(message: str) -> None:
 
 def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon:
     """Choose the way of serving (``topology``: locate or build llama-server, pick the
-    model), deploy the tuner on it, and assemble the app."""
-    topology = topology_for(settings, progress or _progress)
+    model), deploy the tuner on it, and assemble the app. ``TUNER_ENGINE=auto``: start on
+    ``first_engine`` and let the ``EngineSelector`` find the faster one in the background."""
+    auto = chooses_engine(settings)
+    start = settings.model_copy(update={"engine": first_engine(settings)}) if auto else settings
+    topology = topology_for(start, progress or _progress)
     serving = Serving(
         deploy(topology),
         startup_timeout_s=settings.startup_timeout_s,
@@ -75,24 +80,49 @@ def build_daemon(settings: Settings, progress: Progress | None = None) -> Daemon
     requests = RequestMetrics()
     consumers = [Consumer("metrics", requests.observe), Consumer("learner", serving.observe)]
     records = RecordStore(settings.records_dir, consumers=consumers)
+    selector = (
+        EngineSelector(
+            topology.settings,
+            serving=lambda: serving.current.engine,
+            switch=lambda engine: serving.request(
+                partial(topology_for, on_engine(settings, engine), _progress), records
+            ),
+        )
+        if auto
+        else None
+    )
     notifier = Notifier(
         lambda: serving.current.backend.upstream.ready,
         f"{topology.served} on http://{settings.host}:{settings.port}",
         restarts=lambda: serving.current.backend.upstream.health.restarts,
     )
-    metrics = Metrics(requests, lambda: serving.current.backend.upstream, records, [serving])
+    collectors: list[Collector] = [serving, *([selector] if selector else [])]
+    metrics = Metrics(requests, lambda: serving.current.backend.upstream, records, collectors)
     definitions = load_definitions(settings.classes_file)
     app = create_app(
         serving.slot,
         records,
-        services=[serving, notifier],
+        services=[serving, notifier, *([selector] if selector else [])],
         max_body_bytes=settings.max_body_bytes,
         classifier=partial(classify, definitions=definitions),
         api_keys=settings.api_keys,
         max_concurrent=settings.max_concurrent,
         metrics=metrics,
+        status=selector.status if selector else None,
     )
     return Daemon(settings, app, serving, records, notifier)
+
+
+def chooses_engine(settings: Settings) -> bool:
+    """``TUNER_ENGINE=auto`` with nothing that names the server: the daemon measures."""
+    return settings.engine == "auto" and settings.llama_server is None and not settings.upstream_url
+
+
+def on_engine(settings: Settings, engine: str | None) -> Settings:
+    """The settings for a topology on ``engine`` (where ``auto`` leaves it to the daemon)."""
+    if not chooses_engine(settings) or engine is None:
+        return settings
+    return settings.model_copy(update={"engine": engine})
 
 
 def reload(daemon: Daemon, load: Callable[[], Settings]) -> dict[str, Any]:
@@ -124,8 +154,9 @@ def reload(daemon: Daemon, load: Callable[[], Settings]) -> dict[str, Any]:
     restart = [n for n in changed if n in RESTART]
     kept = settings.model_copy(update={n: getattr(old, n) for n in restart})
     topology = [n for n in changed if n not in RELOADABLE and n not in RESTART]
+    serve_on = on_engine(kept, serving.current.engine)  # auto: the engine serving now
     replacing = bool(topology) and serving.request(
-        partial(topology_for, kept, _progress), daemon.records
+        partial(topology_for, serve_on, _progress), daemon.records
     )
     if replacing or not topology:
         daemon.settings = kept

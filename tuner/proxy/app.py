@@ -17,7 +17,7 @@ import json
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
@@ -95,8 +95,10 @@ class _Handlers:
         max_body_bytes: int,
         classifier: Classifier | None,
         max_concurrent: int,
+        status: Callable[[], Mapping[str, object]] | None = None,
     ):
         self.slot = slot
+        self.status = status  # more of what /ready says (the engines, where measured)
         self.records = records
         self.max_body_bytes = max_body_bytes
         self.classifier = classifier
@@ -286,9 +288,10 @@ class _Handlers:
                 found["engine"] = backend.engine
             if recovering := upstream.health.recovering_now():  # reloaded after a stall
                 found["recovering"] = recovering
-            return JSONResponse(found)
+            return JSONResponse({**found, **(self.status() if self.status else {})})
+        starting = {"status": "starting", "restarts": upstream.health.restarts}
         return JSONResponse(
-            {"status": "starting", "restarts": upstream.health.restarts},
+            {**starting, **(self.status() if self.status else {})},
             status_code=503,
             headers={"retry-after": "2"},
         )
@@ -316,15 +319,17 @@ def create_app(
     metrics: Metrics | None = None,
     api_keys: Sequence[str] = (),
     max_concurrent: int = 256,
+    status: Callable[[], Mapping[str, object]] | None = None,
 ) -> Starlette:
     """Build the proxy app around a backend (a slot's: replaced while serving) and one
     record store.
 
     ``classifier`` (body -> class and features, pure) labels each request's record;
-    ``metrics`` (created here when not given) serves ``GET /metrics``.
+    ``metrics`` (created here when not given) serves ``GET /metrics``; ``status``: more
+    keys for ``GET /ready``.
     """
     slot = backend if isinstance(backend, BackendSlot) else BackendSlot(backend)
-    handlers = _Handlers(slot, records, max_body_bytes, classifier, max_concurrent)
+    handlers = _Handlers(slot, records, max_body_bytes, classifier, max_concurrent, status)
     # without a ``metrics`` fed by a consumer of ``records``, requests are not counted
     metrics = metrics or Metrics(RequestMetrics(), lambda: handlers.backend.upstream, records)
 

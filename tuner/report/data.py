@@ -8,12 +8,14 @@ readers never block the daemon).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.classify.classes import ROOT
+from tuner.engines.choice import CHOICE_FILE, load_choice
 from tuner.errors import TunerError
 from tuner.stats import Z90, Interval, ratio_interval, wilson
 from tuner.tuning.runtime.policy_file import POLICY_FILE, read_document
@@ -108,6 +110,7 @@ class Report:
     # variants out of routing and search because they failed on the server, and why
     quarantine: dict[str, Any] = field(default_factory=dict)
     fleet: dict[str, Any] | None = None  # read from a fleet's database (``report.fleet``)
+    engines: dict[str, Any] | None = None  # TUNER_ENGINE=auto: the engines measured, the choice
 
     @property
     def requests(self) -> int:
@@ -142,6 +145,7 @@ class Report:
             "unreadable": self.unreadable,
             "model": self.model,
             "engine": self.engine,
+            "engines": self.engines,
             "build": self.build,
             "hardware": self.hardware,
             "saved": self.saved,
@@ -271,9 +275,14 @@ def build_report(document: Mapping[str, Any] | None, state_dir: str = "") -> Rep
 def load_report(state_dir: Path) -> Report:
     path = state_dir / POLICY_FILE
     document = read_document(path)
+    choice = load_choice(state_dir / CHOICE_FILE)
+    engines = choice.model_dump(mode="json", exclude={"version"}) if choice else None
     if document is None and path.exists():
-        return Report(state_dir=str(state_dir), found=False, unreadable=True)
-    return build_report(document, str(state_dir))
+        return Report(state_dir=str(state_dir), found=False, unreadable=True, engines=engines)
+    report = build_report(document, str(state_dir))
+    # the engine the policies were learned on; without policies yet, the one chosen
+    engine = report.engine or (choice.engine if choice else None)
+    return dataclasses.replace(report, engines=engines, engine=engine)
 
 
 def load_history(state_dir: Path, class_key: str) -> list[TrialRecord]:

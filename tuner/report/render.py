@@ -136,12 +136,24 @@ def _header(report: Report) -> list[str]:
         *held,
         *shared,
         f"model: {report.model}  engine: {report.engine or 'llama.cpp'}  build: {report.build}",
+        *_engines(report.engines),
         f"hardware: {_hardware(report.hardware)}",
         f"state: {report.state_dir}  saved: {when(report.saved) or '-'} UTC",
         f"traffic: {report.requests} requests in {traffic} classes; expected speedup of the "
         "current policies over no speculation (traffic-weighted): "
         + (f"{expected:.2f}x" if expected is not None else "-"),
     ]
+
+
+def _engines(choice: dict[str, Any] | None) -> list[str]:
+    """TUNER_ENGINE=auto's measurement: each engine's tok/s and why one serves."""
+    if not choice:
+        return []
+    speeds = ", ".join(
+        f"{r['engine']} {r['tok_s']:.1f} tok/s" if r.get("tok_s") else f"{r['engine']} -"
+        for r in choice.get("results", [])
+    )
+    return [f"engines (auto): {speeds}; {choice.get('engine')}: {choice.get('why')}"]
 
 
 def _rows(report: Report) -> tuple[tuple[str, ...], list[list[object]]]:

@@ -9,7 +9,12 @@ from pathlib import Path
 from tuner.errors import ConfigError
 from tuner.settings import Settings
 from tuner.upstream.capabilities import Capabilities, probe_capabilities
-from tuner.upstream.provision import Progress, locate_llama_server, stderr_progress
+from tuner.upstream.provision import (
+    Progress,
+    built_engines,
+    locate_llama_server,
+    stderr_progress,
+)
 
 __all__ = [
     "Prepared",
@@ -138,11 +143,15 @@ class Prepared:
 
 
 def prepare(settings: Settings, progress: Progress = stderr_progress) -> Prepared:
-    """Locate (or build) llama-server, read what it supports, and resolve the model files."""
+    """Locate (or build) llama-server, read what it supports, and resolve the model files.
+    ``engine = "auto"`` outside the daemon: the first engine built (the daemon measures)."""
+    engine = settings.engine
+    if engine == "auto":
+        engine = (built_engines(settings.cache_dir, settings.llama_cuda) or ["llama.cpp"])[0]
     binary = locate_llama_server(
         settings.llama_server,
         settings.cache_dir,
-        engine=settings.engine,
+        engine=engine,
         cuda=settings.llama_cuda,
         progress=progress,
     )

@@ -30,13 +30,14 @@ from typing import Literal
 
 from tuner.errors import ProvisionError
 from tuner.upstream.capabilities import BUILD_INFO, engine_of
-from tuner.upstream.sources import LLAMA_CPP, EngineName, Source, source_for
+from tuner.upstream.sources import ENGINES, LLAMA_CPP, EngineName, Source, source_for
 
 __all__ = [
     "NO_AMX",
     "amx_off_flags",
     "build_key",
     "build_llama_server",
+    "built_engines",
     "cached_binary",
     "default_vocab",
     "gpu_count",
@@ -125,6 +126,19 @@ def build_key(cuda: bool | None = None, source: Source = LLAMA_CPP) -> str:
 
 def cached_binary(cache_dir: Path, cuda: bool, source: Source = LLAMA_CPP) -> Path:
     return cache_dir / "llama-server" / build_key(cuda, source) / "llama-server"
+
+
+def built_engines(cache_dir: Path, cuda: CudaMode = "auto") -> list[EngineName]:
+    """The engines there is a binary of without building (on PATH or cached), in
+    ``ENGINES`` order."""
+    use_cuda = want_cuda(cuda)
+    on_path = shutil.which("llama-server")
+    path_engine = engine_of(Path(on_path)) if on_path else None
+    return [
+        e
+        for e in ENGINES
+        if e == path_engine or cached_binary(cache_dir, use_cuda, source_for(e)).is_file()
+    ]
 
 
 def _check_executable(path: Path, what: str) -> Path:

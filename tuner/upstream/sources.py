@@ -11,10 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-__all__ = ["ENGINES", "SOURCES", "EngineName", "Source", "source_for"]
+__all__ = ["ENGINES", "SOURCES", "EngineName", "EngineSetting", "Source", "source_for"]
 
 EngineName = Literal["llama.cpp", "ik_llama.cpp"]
 ENGINES: tuple[EngineName, ...] = get_args(EngineName)
+# TUNER_ENGINE: one of them, or "auto": the faster one on this machine, measured
+EngineSetting = Literal["auto", "llama.cpp", "ik_llama.cpp"]
 
 
 @dataclass(frozen=True, slots=True)

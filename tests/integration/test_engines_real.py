@@ -1,0 +1,108 @@
+"""TUNER_ENGINE=auto on the real builds of both engines: ``tuner engines --measure``
+measures each side by side, and a daemon started on mainline measures both in the
+background and ends serving on the one measured faster, with no failed request while it
+switches; what it found is in ``/ready``, ``/metrics``, ``tuner report`` and ``tuner
+engines``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.integration.conftest import Clients, report_json, start_daemon
+from tuner.engines.choice import CHOICE_FILE, EngineResult, load_choice, new_choice, save_choice
+from tuner.records import read_records
+from tuner.upstream.provision import built_engines
+from tuner.upstream.sources import ENGINES
+
+pytestmark = pytest.mark.llama
+
+
+@pytest.fixture(autouse=True)
+def _both_engines_built() -> None:
+    from tuner.settings import Settings
+
+    built = built_engines(Settings().cache_dir)
+    if len(built) < 2:
+        pytest.skip(f"both engines are needed (built: {built}); make provision builds them")
+
+
+def _engines(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tuner", "engines", "--state-dir", str(state), *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
+def test_tuner_engines_measures_both_side_by_side(tmp_path: Path) -> None:
+    done = _engines(tmp_path, "--measure", "--format", "json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout)
+    speeds = {r["engine"]: r["tok_s"] for r in found["results"]}
+    assert set(speeds) == set(ENGINES) and all(s and s > 0 for s in speeds.values())
+    for result in found["results"]:  # no speculation and at least one n-gram setting
+        assert "none" in result["settings"] and len(result["settings"]) >= 2
+        assert result["prompt_tok_s"] > 0 and result["decode_tok_s"] > 0
+    assert found["engine"] == max(speeds, key=speeds.__getitem__)
+    table = _engines(tmp_path)
+    assert table.returncode == 0 and f"*{found['engine']}" in table.stdout
+
+
+def test_auto_switches_to_the_engine_measured_faster_without_a_failed_request(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    # a measurement of other builds that chose mainline: it starts there, then measures again
+    stale = (
+        EngineResult(engine="llama.cpp", build="old", tok_s=100.0, setting="none"),
+        EngineResult(engine="ik_llama.cpp", build="old", tok_s=10.0, setting="none"),
+    )
+    save_choice(state / CHOICE_FILE, new_choice("m", "h", stale, None))
+    running = start_daemon(state, env={"TUNER_ENGINE": "auto"})
+    try:
+        assert httpx.get(running.url + "/ready").json()["engine"] == "llama.cpp"
+        with Clients(running) as clients:
+            deadline = time.monotonic() + 900
+            ready: dict[str, object] = {}
+            while time.monotonic() < deadline:
+                ready = httpx.get(running.url + "/ready", timeout=10).json()
+                choice = load_choice(state / CHOICE_FILE)
+                if (
+                    ready.get("engine_selection") == "done"
+                    and choice is not None
+                    and ready.get("engine") == choice.engine
+                ):
+                    break
+                time.sleep(1)
+            time.sleep(3)  # served on the chosen engine a while
+        assert clients.failures == [], clients.failures[:5]
+        choice = load_choice(state / CHOICE_FILE)
+        assert choice is not None and choice.builds() != {"llama.cpp": "old"}
+        assert ready.get("engine") == choice.engine, ready
+        engines = ready["engines"]
+        assert isinstance(engines, dict)
+        assert all(engines[e]["tok_s"] > 0 for e in ENGINES), engines
+        assert ready["engine_why"] == choice.why
+        metrics = httpx.get(running.url + "/metrics").text
+        assert 'tuner_engine_tokens_per_second{engine="ik_llama.cpp"' in metrics
+        log = running.log.read_text()
+        assert "engine_chosen" in log
+        if choice.engine != "llama.cpp":
+            assert "topology_replaced" in log
+    finally:
+        assert running.stop() == 0
+    served = {r.engine for r in read_records(state / "records")}
+    assert choice.engine in served
+    errors = [r.id for r in read_records(state / "records") if r.status != 200]
+    assert errors == []
+    report = report_json(state)
+    assert report["engines"]["engine"] == choice.engine

@@ -1,0 +1,151 @@
+"""Which engine serves: what was measured of each, the choice made from it, and the file
+that keeps both (``engines.json`` in the state dir, valid for one model file, machine and
+set of engine builds).
+
+``choose`` is pure: measurements in, the engine and why out. An engine is only left for
+another that measured clearly faster (``MARGIN``): two engines within the noise of one
+short calibration run are not worth a switch.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from tuner.atomic import write_atomic
+from tuner.logs import get_logger
+from tuner.upstream.sources import EngineName
+
+__all__ = [
+    "CHOICE_FILE",
+    "MARGIN",
+    "EngineChoice",
+    "EngineResult",
+    "choose",
+    "load_choice",
+    "save_choice",
+]
+
+log = get_logger(__name__)
+
+CHOICE_FILE = "engines.json"
+MARGIN = 0.03  # the faster engine must be this much faster to replace the serving one
+
+
+class EngineResult(BaseModel):
+    """One engine on this model and machine: its tokens per second on the calibration
+    set at its best setting, or why it was not measured."""
+
+    model_config = ConfigDict(frozen=True)
+
+    engine: EngineName
+    build: str | None = None  # the binary's commit
+    tok_s: float | None = None  # generated tokens over prefill and decode time, best setting
+    setting: str | None = None  # the variant that gave ``tok_s``
+    prompt_tok_s: float | None = None  # prefill without speculation
+    decode_tok_s: float | None = None  # decode without speculation
+    settings: dict[str, float] = {}  # every setting measured: tok/s
+    unavailable: str | None = None  # why not measured (not built, cannot load the model ...)
+
+    @property
+    def measured(self) -> bool:
+        return self.tok_s is not None and self.unavailable is None
+
+
+class EngineChoice(BaseModel):
+    """The persisted choice (version 1)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    version: Literal[1] = 1
+    model_key: str
+    hardware_key: str
+    measured_at: float
+    results: tuple[EngineResult, ...]
+    engine: EngineName
+    why: str
+
+    def builds(self) -> dict[str, str | None]:
+        """The builds measured or tried (an engine not built then has no build)."""
+        return {r.engine: r.build for r in self.results if r.build is not None}
+
+    def valid_for(
+        self, model_key: str, hardware_key: str, builds: dict[EngineName, str | None]
+    ) -> bool:
+        """Made on this model and machine, with these engines' builds: measured engines
+        unchanged, and no engine available now that was not then."""
+        if (self.model_key, self.hardware_key) != (model_key, hardware_key):
+            return False
+        return self.builds() == dict(builds)
+
+
+def choose(results: tuple[EngineResult, ...], serving: EngineName | None) -> tuple[EngineName, str]:
+    """The engine to serve on and why. Raises ``ValueError`` when none was measured.
+
+    >>> a = EngineResult(engine="llama.cpp", tok_s=100.0, setting="ngram-mod")
+    >>> b = EngineResult(engine="ik_llama.cpp", tok_s=150.0, setting="ngram-simple.n3.m16")
+    >>> choose((a, b), "llama.cpp")
+    ('ik_llama.cpp', 'measured fastest: 150.0 tok/s (ngram-simple.n3.m16) against llama.cpp 100.0')
+    >>> choose((a, b.model_copy(update={"tok_s": 102.0})), "llama.cpp")[0]
+    'llama.cpp'
+    """
+    measured = sorted(
+        (r for r in results if r.measured), key=lambda r: r.tok_s or 0.0, reverse=True
+    )
+    if not measured:
+        raise ValueError("no engine was measured")
+    best, *others = measured
+    why_not = {r.engine: r.unavailable for r in results if not r.measured}
+    if not others:
+        reasons = "; ".join(f"{e}: {w}" for e, w in why_not.items())
+        return best.engine, f"the only engine that runs here ({reasons})" if reasons else ""
+    held = next((r for r in measured if r.engine == serving), None)
+    if (
+        held is not None
+        and held is not best
+        and (held.tok_s or 0.0) * (1 + MARGIN) >= (best.tok_s or 0.0)
+    ):
+        return held.engine, (
+            f"within {MARGIN:.0%} of the fastest ({best.engine} {best.tok_s:.1f} tok/s, "
+            f"{held.engine} {held.tok_s:.1f}): kept"
+        )
+    against = ", ".join(f"{r.engine} {r.tok_s:.1f}" for r in others)
+    return (
+        best.engine,
+        f"measured fastest: {best.tok_s:.1f} tok/s ({best.setting}) against {against}",
+    )
+
+
+def load_choice(path: Path) -> EngineChoice | None:
+    """The persisted choice, or None when absent, unreadable or of another version."""
+    try:
+        return EngineChoice.model_validate_json(path.read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValidationError, ValueError) as exc:
+        log.warning("engine_choice_unreadable", path=str(path), error=str(exc)[:300])
+        return None
+
+
+def save_choice(path: Path, choice: EngineChoice) -> None:
+    write_atomic(path, choice.model_dump_json(indent=1) + "\n")
+
+
+def new_choice(
+    model_key: str,
+    hardware_key: str,
+    results: tuple[EngineResult, ...],
+    serving: EngineName | None,
+) -> EngineChoice:
+    engine, why = choose(results, serving)
+    return EngineChoice(
+        model_key=model_key,
+        hardware_key=hardware_key,
+        measured_at=time.time(),
+        results=results,
+        engine=engine,
+        why=why,
+    )
