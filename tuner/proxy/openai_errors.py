@@ -75,6 +75,13 @@ _UPSTREAM_TYPES: dict[str, tuple[int, str, str | None]] = {
 }
 
 
+# what an engine says with a server error's type for a client's mistake: (text, mapping);
+# ik_llama.cpp 55d3c05 on a prompt longer than the context (mainline: its own type)
+_UPSTREAM_MESSAGES: tuple[tuple[str, tuple[int, str, str | None]], ...] = (
+    ("exceeds the available context size", _UPSTREAM_TYPES["exceed_context_size_error"]),
+)
+
+
 def translate_upstream_error(status: int, raw: bytes) -> OpenAIError:
     """Turn a llama-server error response into the OpenAI shape."""
     message = raw.decode(errors="replace").strip()[:2000] or f"upstream answered {status}"
@@ -88,8 +95,11 @@ def translate_upstream_error(status: int, raw: bytes) -> OpenAIError:
             message = error
     except (ValueError, KeyError, TypeError):
         pass
-    if upstream_type in _UPSTREAM_TYPES:
-        mapped_status, openai_type, code = _UPSTREAM_TYPES[upstream_type]
+    mapped = _UPSTREAM_TYPES.get(upstream_type or "") or next(
+        (m for text, m in _UPSTREAM_MESSAGES if text in message), None
+    )
+    if mapped is not None:
+        mapped_status, openai_type, code = mapped
         retry = 2 if mapped_status == 503 else None
         return OpenAIError(mapped_status, message, openai_type, code=code, retry_after=retry)
     if 400 <= status < 500:

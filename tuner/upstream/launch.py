@@ -90,6 +90,9 @@ def server_argv(
         argv.append("--metrics")
     if caps.has_flag("--no-webui"):
         argv.append("--no-webui")
+    if caps.engine == "ik_llama.cpp" and caps.has_flag("--no-context-shift"):
+        # mainline's default: a prompt longer than the context is refused, not cut
+        argv.append("--no-context-shift")
     if settings.threads is not None:
         argv += ["--threads", str(settings.threads)]
     if draft is not None:
