@@ -28,6 +28,7 @@ from tuner.proxy.openai_errors import (
     sse_error_event,
     translate_upstream_error,
 )
+from tuner.proxy.quirks import CUT_CHARACTER_TRIES, cut_character, one_token_fewer
 from tuner.proxy.sse import ModelRename, TimingsSniffer
 from tuner.proxy.trace import Trace
 from tuner.upstream.client import UpstreamClient, UpstreamDisconnected, UpstreamResponse
@@ -106,7 +107,7 @@ async def forward(
     trace.t_send = time.perf_counter()
     stall = _Stall.of(upstream, sent)
     try:
-        response, data = await _watched(stall, trace.endpoint, raw)
+        response, data = await _whole_characters(stall, trace.endpoint, body, raw)
     except UpstreamStalled as exc:  # nothing went back: the proxy may send it elsewhere
         error = error_for_exception(exc)
         trace.finish(error.status, error=error.message)
@@ -229,6 +230,24 @@ class _Stall:
 
 
 _BACKGROUND: set[asyncio.Task[None]] = set()  # unloads in flight (kept from the collector)
+
+
+async def _whole_characters(
+    stall: _Stall, path: str, body: dict[str, Any], raw: bytes
+) -> tuple[UpstreamResponse, bytes | None]:
+    """``_watched``; where the engine failed on a reply that ends inside a character, the
+    same request again a token shorter (``quirks``)."""
+    response, data = await _watched(stall, path, raw)
+    for _ in range(CUT_CHARACTER_TRIES):
+        if not cut_character(response.status_code, data):
+            break
+        shorter = one_token_fewer(body)
+        if shorter is None:
+            break
+        log.info("upstream_resend_shorter", reason="the reply ended inside a character")
+        body, raw = shorter, json.dumps(shorter, ensure_ascii=False).encode()
+        response, data = await _watched(stall, path, raw)
+    return response, data
 
 
 async def _watched(stall: _Stall, path: str, raw: bytes) -> tuple[UpstreamResponse, bytes | None]:

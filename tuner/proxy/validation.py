@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from tuner.errors import RequestError
+from tuner.proxy.grammar import grammar_error
 
 __all__ = ["ENDPOINTS", "Endpoint", "parse_body", "validate"]
 
@@ -202,3 +203,6 @@ def validate(
                 f"{json.dumps(body[field])[:40]}",
                 param=field,
             )
+    grammar = body.get("grammar")
+    if isinstance(grammar, str) and (problem := grammar_error(grammar)):
+        raise RequestError(f"'grammar' does not parse: {problem}", param="grammar")

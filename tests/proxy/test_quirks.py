@@ -1,0 +1,39 @@
+"""What an engine answers otherwise, made the same by the proxy (on the fake server; the
+real ik_llama.cpp: ``tests/integration/test_fuzz_real.py``): a whole answer the engine
+failed to write because its reply ended inside a UTF-8 character is asked again a token
+shorter, and the client gets the answer, not a 5xx."""
+
+from __future__ import annotations
+
+import httpx
+
+from tests.fake_llama import FakeLlamaServer
+from tests.proxy.test_app import next_record
+from tuner.records import RecordStore
+
+CUT = (
+    b'{"error":{"code":500,"message":"[json.exception.type_error.316] invalid UTF-8 byte '
+    b'at index 3: 0xE0","type":"server_error"}}'
+)
+
+
+async def test_a_reply_cut_inside_a_character_is_asked_again_a_token_shorter(
+    proxy: httpx.AsyncClient, fake: FakeLlamaServer, store: RecordStore
+) -> None:
+    fake.plain_error, fake.plain_error_times = (500, CUT), 2
+    answer = await proxy.post("/v1/completions", json={"prompt": "\u0cf0", "max_tokens": 4})
+    assert answer.status_code == 200, answer.text
+    assert [r["body"]["max_tokens"] for r in fake.requests] == [4, 3, 2]
+    assert (await next_record(store)).status == 200
+
+
+async def test_it_gives_up_after_three_shorter_tries_or_with_nothing_to_shorten(
+    proxy: httpx.AsyncClient, fake: FakeLlamaServer, store: RecordStore
+) -> None:
+    fake.plain_error = (500, CUT)
+    answer = await proxy.post("/v1/completions", json={"prompt": "x", "max_tokens": 9})
+    assert answer.status_code == 502
+    assert [r["body"]["max_tokens"] for r in fake.requests] == [9, 8, 7, 6]
+    fake.requests.clear()
+    answer = await proxy.post("/v1/completions", json={"prompt": "x"})
+    assert answer.status_code == 502 and len(fake.requests) == 1
