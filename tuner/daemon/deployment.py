@@ -174,7 +174,7 @@ class Serving(Collector):
         new = deploy(topology)
         shared = _same_file(old, new)
         if shared and old.tuning is not None:  # the new learner starts where the old one is
-            await old.tuning.save_now()
+            await old.tuning.hand_over()
         self._live = (new, old)
         try:
             await self._bring_up(new)
@@ -189,7 +189,7 @@ class Serving(Collector):
         drained = await old.backend.drained(self.drain_timeout_s)
         await records.flush()  # the old one's last records reach its learner
         self._live = (new,)
-        await _stop(old, save=not shared)
+        await _stop(old)
         log.info("topology_retired", kind=old.topology.kind, drained=drained)
         return True
 
@@ -214,12 +214,8 @@ def _same_file(old: Deployment, new: Deployment) -> bool:
     return old.tuning is not None and new.tuning is not None and old.tuning.path == new.tuning.path
 
 
-async def _stop(deployment: Deployment, *, save: bool = True) -> None:
-    """Stop a deployment's services in reverse; ``save=False``: its learner does not write
-    the policy file, which a newer learner now owns."""
+async def _stop(deployment: Deployment) -> None:
+    """Stop a deployment's services in reverse, then close its client."""
     for service in reversed(deployment.services):
-        if service is deployment.tuning and not save:
-            await deployment.tuning.stop(save=False)
-        else:
-            await service.stop()
+        await service.stop()
     await deployment.backend.upstream.aclose()

@@ -41,7 +41,7 @@ from tuner.settings import Settings
 from tuner.tuning.config import TuningConfig, check_overrides, load_tuning
 from tuner.tuning.pricing.prices import prior_cost
 from tuner.tuning.runtime.engine import Engine
-from tuner.tuning.runtime.policy_file import PolicyMeta
+from tuner.tuning.runtime.policy_file import PolicyMeta, study_scope
 from tuner.tuning.runtime.service import EngineFactory
 from tuner.tuning.search.studies import StudyBook
 from tuner.tuning.variants import Variant, grid, parse_name, presets_ini, request_fields
@@ -230,13 +230,13 @@ def plan_tuning(settings: Settings, prepared: Prepared, config: TuningConfig) ->
     if mode == "router":
         presets = write_presets(settings.state_dir / "router", variants, settings, prepared)
     members = pool_members(variants, settings, prepared) if mode == "pool" else ()
-    scope = f"{meta['model_key']}@{meta['hardware_key']}"
+    scope = study_scope(meta)
     url = settings.storage_url
     fleet = None
     if url is None:
         studies = StudyBook(settings.state_dir / "studies.db", scope, seed=settings.seed)
     else:  # one study per class for the fleet, of this build only
-        scope = f"{scope}@{caps.commit}"
+        scope = f"{meta['model_key']}@{meta['hardware_key']}@{caps.commit}"
         studies = StudyBook(url, scope, seed=settings.seed)
         node = f"{socket.gethostname()}:{settings.state_dir.resolve()}"
         fleet = FleetSync(Ledger(url), scope, node)

@@ -18,7 +18,7 @@ from tuner.classify.classes import ROOT
 from tuner.engines.choice import CHOICE_FILE, load_choice
 from tuner.errors import TunerError
 from tuner.stats import Z90, Interval, ratio_interval, wilson
-from tuner.tuning.runtime.policy_file import POLICY_FILE, read_document
+from tuner.tuning.runtime.policy_file import POLICY_FILE, read_document, study_scope
 from tuner.tuning.variants import BASELINE
 
 if TYPE_CHECKING:
@@ -302,7 +302,7 @@ def load_histories(state_dir: Path, class_keys: Sequence[str]) -> dict[str, list
     from tuner.tuning.search.studies import StudyBook  # Optuna: imported only when asked
 
     document = read_document(state_dir / POLICY_FILE)
-    scope = f"{document.get('model_key')}@{document.get('hardware_key')}" if document else ""
+    scope = study_scope(document) if document else ""
     try:
         book = StudyBook(path, scope)
         return {key: book.history(key, any_scope=document is None) for key in class_keys}

@@ -131,3 +131,17 @@ def test_stopping_is_bounded_when_the_shared_database_hangs(tmp_path: Path) -> N
     assert time.monotonic() - started < 5.0
     assert [e["event"] for e in logs if e["log_level"] == "error"] == ["tuning_stop_timed_out"]
     assert read_document(tmp_path / POLICY_FILE) is not None
+
+
+def test_a_service_that_handed_its_file_over_never_writes_it_again(tmp_path: Path) -> None:
+    """The service of a topology being replaced saves once more for its successor to load,
+    then serves its last requests without touching the file the successor now owns."""
+    service, _ = _learned(tmp_path)
+    assert asyncio.run(service.hand_over()) is True
+    handed = (tmp_path / POLICY_FILE).read_bytes()
+    (tmp_path / POLICY_FILE).write_text('{"written": "by the successor"}')
+    drive(service.engine, SimUpstream(truth(list(service.engine.variants.values()))), schedule(50))
+    assert service.save() is True
+    asyncio.run(service.stop())
+    assert (tmp_path / POLICY_FILE).read_text() == '{"written": "by the successor"}'
+    assert b'"classes"' in handed

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +33,11 @@ __all__ = [
     "PolicyMeta",
     "load_policies",
     "migrate",
+    "parked",
     "read_document",
     "save_policies",
     "set_aside",
+    "study_scope",
 ]
 
 log = get_logger(__name__)
@@ -112,13 +114,46 @@ def set_aside(path: Path, why: str, **context: Any) -> Path | None:
     return aside
 
 
+def study_scope(meta: Mapping[str, Any]) -> str:
+    """The local Optuna studies' scope: model and machine, and the engine where it is not
+    mainline (whose studies were scoped before a second engine was)."""
+    scope = f"{meta.get('model_key')}@{meta.get('hardware_key')}"
+    engine = meta.get("engine")
+    return scope if engine in (None, "llama.cpp") else f"{scope}@{engine}"
+
+
+def parked(path: Path, engine: str) -> Path:
+    """Where the policy file of an engine that is not serving waits for it."""
+    return path.parent / "engines" / engine / path.name
+
+
+def _swap_engines(path: Path, engine: str | None) -> None:
+    """Each engine learns apart: a policy file of another engine is parked for it, and
+    this engine's parked one (if any) takes its place."""
+    if engine is None:
+        return
+    data = read_document(path)
+    other = data.get("engine") if data is not None else None
+    if isinstance(other, str) and other != engine:
+        target = parked(path, other)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        path.replace(target)
+        log.info("policies_parked", engine=other, path=str(target))
+    mine = parked(path, engine)
+    if not path.exists() and mine.is_file():
+        mine.replace(path)
+        log.info("policies_unparked", engine=engine, path=str(path))
+
+
 def load_policies(path: Path, meta: PolicyMeta) -> dict[str, Any]:
-    """The learned classes, if the file was learned on this model, build and machine.
+    """The learned classes, if the file was learned on this model, build and machine
+    (another engine's file is parked for it, and this engine's own comes back).
 
     Also removes temporary files a crash left mid-write (the policy file itself is whole).
     """
     for stale in path.parent.glob(f".{path.stem}-*.tmp"):
         stale.unlink(missing_ok=True)
+    _swap_engines(path, meta.get("engine"))
     data = read_document(path)
     if data is None:
         if path.is_file():  # there, readable or not, but no policy file of this version

@@ -109,6 +109,7 @@ class TuningService:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tuning")
         self._dirty = threading.Event()
         self._last_save = 0.0
+        self._handed_over = False
         self.save_errors = 0
         self.scheduler: AsyncIOScheduler | None = None
         # variants that fail on the server side, out of routing and search for a while
@@ -240,7 +241,10 @@ class TuningService:
             self._submit(self.save)
 
     def save(self) -> bool:
-        """Write the policy file now (atomically); False (and logged) when it cannot."""
+        """Write the policy file now (atomically); False (and logged) when it cannot.
+        Once handed over (``hand_over``) the file is another service's: nothing is written."""
+        if self._handed_over:
+            return True
         self._dirty.clear()
         self._last_save = time.monotonic()
         try:
@@ -260,9 +264,17 @@ class TuningService:
             return False
         return True
 
-    async def save_now(self) -> bool:
-        """Write the policy file on the service's own thread, after the work queued there."""
-        return await asyncio.wrap_future(self._pool.submit(self.save))
+    async def hand_over(self) -> bool:
+        """Write the policy file a last time, then leave it to the service that replaces
+        this one and loads it next (``tuner.daemon.deployment``): this one keeps serving
+        its last requests but never writes the file again."""
+
+        def last_save() -> bool:
+            saved = self.save()
+            self._handed_over = True
+            return saved
+
+        return await asyncio.wrap_future(self._pool.submit(last_save))
 
     def sync(self) -> None:
         """Trade evidence with the fleet; renew the heartbeats of running trials."""
@@ -337,28 +349,24 @@ class TuningService:
             )
         self.scheduler.start()
 
-    async def stop(self, *, save: bool = True) -> None:
+    async def stop(self) -> None:
         """Finish the queued work, sync and save once more, within ``stop_s``: a database
         or disk that hangs must not hold the daemon's exit (the last policy file written
         every ``save_every_s`` stands). The app flushes the records first, so the last
-        requests reach the engine before this. ``save=False``: leave the policy file to
-        the service that replaced this one (``tuner.daemon.deployment``)."""
+        requests reach the engine before this."""
         if self.scheduler is not None:
             self.scheduler.shutdown(wait=False)
             self.scheduler = None
-        closing = threading.Thread(
-            target=self._close, args=(save,), name="tuning-stop", daemon=True
-        )
+        closing = threading.Thread(target=self._close, name="tuning-stop", daemon=True)
         closing.start()
         await asyncio.to_thread(closing.join, self.stop_s)
         if closing.is_alive():
             log.error("tuning_stop_timed_out", seconds=self.stop_s, path=str(self.path))
 
-    def _close(self, save: bool) -> None:
+    def _close(self) -> None:
         self._pool.shutdown(wait=True)
         self.sync()  # the fleet gets what is left in the outbox
-        if save:
-            self.save()
+        self.save()
         if self.fleet is not None:
             self.publish_document()
             self.fleet.close()
