@@ -27,6 +27,7 @@ from tuner.proxy.app import Lifecycle
 from tuner.proxy.backend import Backend, BackendSlot
 from tuner.proxy.gate import VariantGate
 from tuner.records import RecordStore, RequestRecord
+from tuner.tuning.replay.drafters import replayable
 from tuner.tuning.replay.worker import Replayer
 from tuner.tuning.runtime.collectors import ReplayCollector, TuningCollector
 from tuner.tuning.runtime.service import TuningService
@@ -58,6 +59,7 @@ class Deployment:
 def deploy(topology: Topology) -> Deployment:
     """The tuner, replayer and gate a topology's plan asks for, wired to its client."""
     settings, client, plan = topology.settings, topology.client, topology.plan
+    engine = topology.capabilities.engine if topology.capabilities else None
     tuning: TuningService | None = None
     replayer: Replayer | None = None
     gate: VariantGate | None = None
@@ -77,7 +79,10 @@ def deploy(topology: Topology) -> Deployment:
         )
         collectors.append(TuningCollector(tuning.engine, tuning.quarantine))
         if tuning.tuner.per_class:  # one variant at a time: no replays
-            replayer = Replayer(tuning.engine, client.base_url, transport=topology.tokenizer)
+            replays = replayable(engine)
+            replayer = Replayer(
+                tuning.engine, client.base_url, spec_types=replays, transport=topology.tokenizer
+            )
             collectors.append(ReplayCollector(replayer))
         if plan.fleet is not None:
             collectors.append(FleetCollector(plan.fleet))
@@ -91,7 +96,7 @@ def deploy(topology: Topology) -> Deployment:
         gate=gate,
         keep=replayer.submit if replayer else None,
         public_models=topology.public_models,
-        engine=caps.engine if (caps := topology.capabilities) else None,
+        engine=engine,
     )
     return Deployment(topology, backend, services, collectors, tuning)
 

@@ -310,6 +310,18 @@ def test_replay_mod_off_leaves_ngram_mod_to_trials(tmp_path: Path, caps: Capabil
     assert replayer.enabled and not replayer.mod and replayer.variants
 
 
+def test_on_ik_llama_cpp_ngram_simple_is_left_to_trials(tmp_path: Path, caps: Capabilities) -> None:
+    """Its ngram-simple drafts otherwise than the replay (5 of 8 agreed): priced by serving."""
+    from tuner.tuning.replay.drafters import replayable
+
+    engine = make(tmp_path, config(), caps)
+    ik = Replayer(engine, "http://fake", spec_types=replayable("ik_llama.cpp"))
+    assert not ik.variants and ik.mod and ik.enabled
+    mainline = Replayer(engine, "http://fake", spec_types=replayable("llama.cpp"))
+    assert mainline.variants and mainline.mod
+    assert replayable(None) == replayable("llama.cpp")
+
+
 def test_a_lookup_length_the_drafter_cannot_model_is_not_replayed(
     tmp_path: Path, caps: Capabilities
 ) -> None:

@@ -33,13 +33,26 @@ __all__ = [
     "EXACT",
     "MOD_SIZE",
     "REPLAYABLE",
+    "REPLAYS_ON",
     "ModDrafter",
     "draft_simple",
     "mod_index",
     "replay_simple",
+    "replayable",
 ]
 
 REPLAYABLE = frozenset({"ngram-simple", "ngram-mod"})
+# per engine, the spec types whose drafter the replay reproduces: ik_llama.cpp 55d3c05's
+# ngram-simple drafted what the replay says on 5 of 8 requests, so there it is priced by
+# serving it (trials), not by a replay known to disagree
+REPLAYS_ON = {"llama.cpp": REPLAYABLE, "ik_llama.cpp": frozenset({"ngram-mod"})}
+
+
+def replayable(engine: str | None) -> frozenset[str]:
+    """The spec types replayed on ``engine`` (all of them behind an unknown server)."""
+    return REPLAYS_ON.get(engine or "", REPLAYABLE)
+
+
 # replays that give exactly the server's counts (ngram-mod's table depends on what that one
 # instance has served since it was loaded: its replay is an estimate)
 EXACT = frozenset({"ngram-simple"})

@@ -33,7 +33,7 @@ from tuner.logs import get_logger
 from tuner.records import RequestRecord
 from tuner.tuning.config import TuningConfig
 from tuner.tuning.evidence.counts import Counts, served_counts
-from tuner.tuning.replay.drafters import ModDrafter, replay_simple
+from tuner.tuning.replay.drafters import REPLAYABLE, ModDrafter, replay_simple
 from tuner.tuning.replay.tokenizer import Tokenizer
 from tuner.tuning.variants import Variant
 
@@ -69,7 +69,8 @@ class _Job:
 
 
 class Replayer:
-    """Replays finished requests through the engine's n-gram variants it can replay."""
+    """Replays finished requests through the engine's n-gram variants it can replay
+    (``spec_types``: those whose drafter the replay reproduces on the serving engine)."""
 
     def __init__(
         self,
@@ -77,6 +78,7 @@ class Replayer:
         base_url: str,
         *,
         router: bool = True,
+        spec_types: frozenset[str] = REPLAYABLE,
         queue_size: int = 64,
         timeout_s: float = 10.0,
         transport: httpx.BaseTransport | None = None,
@@ -88,7 +90,9 @@ class Replayer:
         self.variants = {
             name: (int(v.param("size_n", 12) or 12), v.draft_length)
             for name, v in engine.variants.items()
-            if v.spec_type == "ngram-simple" and not v.autotuned  # its drafts change every step
+            if v.spec_type == "ngram-simple"
+            and not v.autotuned  # its drafts change every step
+            and "ngram-simple" in spec_types
         }
         # llama.cpp's defaults: n_match 24, n_max 64, n_min 48 (Variant derives n_min from
         # n_max when only n_max is set); a lookup length below 1 is not modelled (no replay)
@@ -96,6 +100,7 @@ class Replayer:
         for name, v in engine.variants.items():
             n_match = int(v.param("n_match", 24) or 0)
             modelled = engine.config.guard.replay_mod and n_match >= 1 and not v.autotuned
+            modelled = modelled and "ngram-mod" in spec_types
             if v.spec_type == "ngram-mod" and modelled:
                 n_min = int(v.param("n_min", 48 if v.param("n_max") is None else 0) or 0)
                 self.mod[name] = ModDrafter(n_match, v.draft_length, n_min)
