@@ -73,15 +73,19 @@ TEST_ENGINE = os.environ.get("TUNER_ENGINE", "llama.cpp")
 
 
 class Clients:
-    """Two clients sending completions back to back (one streams) until stopped; every
-    answer that was not a whole 200 is kept."""
+    """Clients sending completions until stopped, each ``pause_s`` after its last answer
+    (one streams, one does not; ``streams``: which run); every answer that was not a whole
+    200 is kept."""
 
-    def __init__(self, running: RunningDaemon) -> None:
+    def __init__(
+        self, running: RunningDaemon, streams: tuple[bool, ...] = (False, True), pause_s: float = 0
+    ) -> None:
         self.client = OpenAI(base_url=running.v1, api_key="none", timeout=120, max_retries=0)
         self.stop = threading.Event()
+        self.pause_s = pause_s
         self.done = Counter[str]()
         self.failures: list[str] = []
-        self.threads = [threading.Thread(target=self._loop, args=(s,)) for s in (False, True)]
+        self.threads = [threading.Thread(target=self._loop, args=(s,)) for s in streams]
 
     def __enter__(self) -> Clients:
         for thread in self.threads:
@@ -100,6 +104,7 @@ class Clients:
                 self.done["stream" if stream else "plain"] += 1
             except Exception as exc:  # every failure is the finding
                 self.failures.append(f"{'stream' if stream else 'plain'}: {exc!r}")
+            self.stop.wait(self.pause_s)
 
     def _one(self, stream: bool) -> None:
         messages = [{"role": "user", "content": "Write a Python function that adds two numbers."}]

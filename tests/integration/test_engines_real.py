@@ -1,8 +1,8 @@
 """TUNER_ENGINE=auto on the real builds of both engines: ``tuner engines --measure``
 measures each side by side, and a daemon started on mainline measures both in the
-background and ends serving on the one measured faster, with no failed request while it
-switches; what it found is in ``/ready``, ``/metrics``, ``tuner report`` and ``tuner
-engines``."""
+background while a client streams to it, and ends serving on the one measured faster with
+no failed request while it switches (two clients through a switch: ``test_swap.py``); what
+it found is in ``/ready``, ``/metrics``, ``tuner report`` and ``tuner engines``."""
 
 from __future__ import annotations
 
@@ -70,7 +70,8 @@ def test_auto_switches_to_the_engine_measured_faster_without_a_failed_request(
     running = start_daemon(state, env={"TUNER_ENGINE": "auto"})
     try:
         assert httpx.get(running.url + "/ready").json()["engine"] == "llama.cpp"
-        with Clients(running) as clients:
+        # one client, pausing: the switch is under load, the measurement not swamped by it
+        with Clients(running, streams=(True,), pause_s=1.0) as clients:
             deadline = time.monotonic() + 900
             ready: dict[str, object] = {}
             while time.monotonic() < deadline:
