@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: serve test lint unit integration provision bench clean
+.PHONY: serve test lint unit integration provision install-service bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,10 @@ serve: $(STAMP)
 provision: $(STAMP)
 	$(BIN)/tuner provision
 	$(BIN)/tuner provision --engine ik_llama.cpp
+
+# as root, from a checkout in /opt/spec-tuner: the unit, its user and files, both engines
+install-service: $(STAMP)
+	deploy/install.sh
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
