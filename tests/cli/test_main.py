@@ -102,3 +102,37 @@ def test_a_reader_that_stops_early_is_not_an_error(tmp_path: Path) -> None:
         err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141
     assert "Traceback" not in err and "BrokenPipe" not in err
+
+
+def test_the_command_line_speaks_to_a_user(capsys: pytest.CaptureFixture[str]) -> None:
+    from tuner import __version__
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.strip() == f"tuner {__version__}"
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    top = capsys.readouterr().out
+    assert "speculative-decoding" in top and "tests call" not in top
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    serve = capsys.readouterr().out
+    for option in ("--engine", "--model", "--draft-model", "--config", "docs/configuration.md"):
+        assert option in serve
+
+
+def test_config_is_taken_before_or_after_the_command(tmp_path: Path) -> None:
+    from tuner.cli.commands import settings_from_args
+    from tuner.cli.main import build_parser
+
+    config = tmp_path / "spec-tuner.toml"
+    config.write_text("port = 9191\n")
+    for argv in (["--config", str(config), "serve"], ["serve", "--config", str(config)]):
+        assert settings_from_args(build_parser().parse_args(argv)).port == 9191, argv
+
+
+def test_report_on_a_state_dir_that_is_not_there_is_an_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["report", "--state-dir", str(tmp_path / "nowhere")]) == 2
+    assert "no state dir at" in capsys.readouterr().err

@@ -346,6 +346,11 @@ def cmd_report(args: argparse.Namespace) -> int:
         return 0
     settings = settings_from_args(args)
     state_dir = settings.state_dir
+    if not state_dir.is_dir():
+        raise ConfigError(
+            f"no state dir at {state_dir}: the daemon writes one as it serves "
+            "(--state-dir or TUNER_STATE_DIR names another)"
+        )
     if args.class_key:
         trials = load_history(state_dir, args.class_key)
         if args.format == "json":

@@ -1,7 +1,5 @@
-"""``tuner``: a thin command line over functions that tests call without argv.
-
-Each command returns an exit code; 2 means the user must fix something.
-"""
+"""The ``tuner`` command line. Each command returns an exit code; 2 means the user must
+fix something (the message says what)."""
 
 from __future__ import annotations
 
@@ -11,6 +9,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from tuner import __version__
 from tuner.cli.commands import (
     cmd_bench,
     cmd_calibrate,
@@ -71,17 +70,50 @@ def _tuner_env(text: str) -> tuple[str, str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tuner", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="tuner",
+        description="spec-tuner: an OpenAI-compatible proxy in front of llama-server that "
+        "learns, per kind of prompt, which speculative-decoding setting is fastest, and "
+        "switches speculation off where it does not pay.",
+        epilog="Start with `tuner serve`; `tuner report` shows what it decided. Settings: "
+        "TUNER_* environment variables or a TOML file (docs/configuration.md).",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--config", help="TOML settings file (or TUNER_CONFIG)")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    serve = sub.add_parser("serve", help="run the proxy daemon")
-    serve.add_argument("--host")
-    serve.add_argument("--port", type=int)
-    serve.add_argument("--model", help="target GGUF (default: Gemma 3 270M)")
+    serve = sub.add_parser(
+        "serve",
+        help="run the proxy daemon",
+        description="Run the OpenAI-compatible proxy; it starts llama-server (building it "
+        "once when none is found) unless --upstream-url names a running one.",
+        epilog="Every setting is also a TUNER_* environment variable or a key of the "
+        "--config file: docs/configuration.md.",
+    )
+    # SUPPRESS: given after the command it is used, not given it leaves the one before it
+    serve.add_argument(
+        "--config", default=argparse.SUPPRESS, help="TOML settings file (or TUNER_CONFIG)"
+    )
+    serve.add_argument("--host", help="address to listen on (TUNER_HOST; default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port to listen on (TUNER_PORT; default 8088)")
+    serve.add_argument("--model", help="target GGUF (TUNER_MODEL; default: Gemma 3 270M)")
+    serve.add_argument(
+        "--draft-model",
+        dest="draft",
+        help="draft GGUF for draft-model variants (TUNER_DRAFT_MODEL)",
+    )
+    serve.add_argument(
+        "--engine",
+        choices=("auto", *ENGINES),
+        help="the llama-server engine (TUNER_ENGINE; default llama.cpp; auto: the faster here)",
+    )
     serve.add_argument("--llama-server", dest="llama_server", help="llama-server binary")
-    serve.add_argument("--upstream-url", dest="upstream_url", help="use a running llama-server")
-    serve.add_argument("--state-dir", dest="state_dir")
+    serve.add_argument(
+        "--upstream-url",
+        dest="upstream_url",
+        help="a llama-server you run: served as it is, without tuning",
+    )
+    serve.add_argument("--state-dir", dest="state_dir", help="what it learns (TUNER_STATE_DIR)")
     serve.set_defaults(func=cmd_serve)
 
     provision = sub.add_parser("provision", help="find or build llama-server and the model")
