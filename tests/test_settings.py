@@ -46,3 +46,24 @@ def test_bad_settings_raise_config_error(override: dict[str, object]) -> None:
 def test_missing_config_file_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not found"):
         load_settings(tmp_path / "absent.toml")
+
+
+def test_a_bad_value_is_one_line_naming_where_it_came_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tuner.errors import ConfigError
+    from tuner.settings import load_settings
+
+    monkeypatch.setenv("TUNER_PORT", "abc")
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    assert str(caught.value).startswith("TUNER_PORT='abc': ") and "_FromFile" not in str(
+        caught.value
+    )
+    monkeypatch.delenv("TUNER_PORT")
+    config = tmp_path / "spec-tuner.toml"
+    config.write_text("ctx_size = 5\n")
+    with pytest.raises(ConfigError, match=r"spec-tuner.toml: ctx_size=5: ctx_size is 0"):
+        load_settings(config)
+    with pytest.raises(ConfigError, match=r"^--port='x': "):
+        load_settings(port="x")

@@ -8,12 +8,13 @@ variables prefixed ``TUNER_``, an optional TOML file (``--config`` or
 
 from __future__ import annotations
 
+import os
 import shlex
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import platformdirs
-from pydantic import Field, HttpUrl, field_validator
+from pydantic import Field, HttpUrl, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -189,7 +190,28 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
     class _FromFile(Settings):
         model_config = SettingsConfigDict(toml_file=config_file)
 
+    given = {k: v for k, v in overrides.items() if v is not None}
     try:
-        return _FromFile(**{k: v for k, v in overrides.items() if v is not None})
-    except ValueError as exc:  # pydantic.ValidationError is a ValueError
+        return _FromFile(**given)
+    except ValidationError as exc:
+        raise ConfigError(_explain(exc, given, config_file)) from exc
+    except ValueError as exc:
         raise ConfigError(str(exc)) from exc
+
+
+def _explain(exc: ValidationError, given: dict[str, Any], config_file: Path | None) -> str:
+    """One line per bad value: where it came from (a ``--flag``, ``TUNER_*`` or the config
+    file), the setting, what it accepts."""
+    lines = []
+    for error in exc.errors():
+        name = str(error["loc"][0]) if error["loc"] else "?"
+        env = f"TUNER_{name.upper()}"
+        if name in given:
+            source = f"--{name.replace('_', '-')}"
+        elif env in os.environ:
+            source = env
+        else:
+            source = f"{config_file}: {name}" if config_file else name
+        message = str(error["msg"]).removeprefix("Value error, ")
+        lines.append(f"{source}={error.get('input')!r}: {message}")
+    return "\n".join(lines)
