@@ -15,6 +15,7 @@ from typing import Any
 from tuner.bench.beliefs import markdown_rows
 from tuner.bench.rows import BASELINE_ARM, Measured, item_means, succeeded
 from tuner.bench.schedule import CHALLENGER, TUNER
+from tuner.extras import require
 
 __all__ = ["markdown", "plot"]
 
@@ -286,6 +287,7 @@ def markdown(summary: Mapping[str, Any]) -> str:
 
 def plot(summary: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
     """Write the two-panel figure (PNG or any format matplotlib knows)."""
+    require("matplotlib")
     import matplotlib
 
     matplotlib.use("Agg")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from tuner import __version__
 from tuner.errors import ConfigError
+from tuner.extras import require
 from tuner.logs import configure_logging
 from tuner.settings import Settings, load_settings
 
@@ -339,6 +340,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     )
 
     if args.storage_url:
+        require("psycopg")
         from tuner.report.fleet import load_fleet_report
 
         fleet = load_fleet_report(args.storage_url)

@@ -21,7 +21,6 @@ from prometheus_client.registry import Collector
 
 from tuner.daemon.topology import Topology
 from tuner.errors import TunerError
-from tuner.fleet.collector import FleetCollector
 from tuner.logs import get_logger
 from tuner.proxy.app import Lifecycle
 from tuner.proxy.backend import Backend, BackendSlot
@@ -85,6 +84,8 @@ def deploy(topology: Topology) -> Deployment:
             )
             collectors.append(ReplayCollector(replayer))
         if plan.fleet is not None:
+            from tuner.fleet.collector import FleetCollector  # psycopg: only for a fleet
+
             collectors.append(FleetCollector(plan.fleet))
     # the supervisor after the pool, where there is one: it polls the pool
     services: list[Lifecycle] = [*topology.services, topology.supervisor]

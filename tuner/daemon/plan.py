@@ -18,13 +18,12 @@ import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from tuner.atomic import write_atomic
 from tuner.classify.classes import load_definitions
 from tuner.daemon.capacity import context_size, instances_that_fit
-from tuner.fleet.ledger import Ledger, redact
-from tuner.fleet.sync import FleetSync
+from tuner.extras import require
 from tuner.logs import get_logger
 from tuner.model.envelope import cost_model_from_facts
 from tuner.model.gguf_facts import ModelFacts, draft_type, read_facts
@@ -49,6 +48,9 @@ from tuner.upstream.capabilities import Capabilities
 from tuner.upstream.launch import Prepared, instance_argv, model_alias
 from tuner.upstream.pool import Member
 from tuner.upstream.probe import honours_request_fields
+
+if TYPE_CHECKING:  # psycopg is the [fleet] extra: imported only for a fleet
+    from tuner.fleet.sync import FleetSync
 
 __all__ = [
     "TuningPlan",
@@ -239,6 +241,10 @@ def plan_tuning(settings: Settings, prepared: Prepared, config: TuningConfig) ->
         scope = f"{meta['model_key']}@{meta['hardware_key']}@{caps.commit}"
         studies = StudyBook(url, scope, seed=settings.seed)
         node = f"{socket.gethostname()}:{settings.state_dir.resolve()}"
+        require("psycopg")
+        from tuner.fleet.ledger import Ledger, redact
+        from tuner.fleet.sync import FleetSync
+
         fleet = FleetSync(Ledger(url), scope, node)
         log.info("fleet_storage", url=redact(url), scope=scope, node=node)
     build = functools.partial(

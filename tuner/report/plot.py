@@ -14,6 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tuner.extras import require
 from tuner.report.data import ArmRow, ClassRow, Report
 
 if TYPE_CHECKING:
@@ -176,6 +177,7 @@ def _history(ax: Axes, histories: Mapping[str, Sequence[TrialRecord]]) -> None:
 
 def plot_report(report: Report, histories: Mapping[str, Sequence[TrialRecord]], path: Path) -> Path:
     """Write the four-panel figure to ``path`` (PNG, or any format matplotlib knows)."""
+    require("matplotlib")
     import matplotlib
 
     matplotlib.use("Agg")
