@@ -27,6 +27,19 @@ async def test_a_reply_cut_inside_a_character_is_asked_again_a_token_shorter(
     assert (await next_record(store)).status == 200
 
 
+async def test_an_incomplete_character_at_the_end_is_the_same_case(
+    proxy: httpx.AsyncClient, fake: FakeLlamaServer
+) -> None:
+    """What ik_llama.cpp 55d3c05 said to the prompt "\u1e94" (the real fuzz run)."""
+    incomplete = (
+        b'{"error":{"message":"[json.exception.type_error.316] incomplete UTF-8 string; '
+        b'last byte: 0xBA","type":"server_error"}}'
+    )
+    fake.plain_error, fake.plain_error_times = (500, incomplete), 1
+    answer = await proxy.post("/v1/completions", json={"prompt": "\u1e94", "max_tokens": 16})
+    assert answer.status_code == 200 and len(fake.requests) == 2
+
+
 async def test_it_gives_up_after_three_shorter_tries_or_with_nothing_to_shorten(
     proxy: httpx.AsyncClient, fake: FakeLlamaServer, store: RecordStore
 ) -> None:

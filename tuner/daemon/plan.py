@@ -43,7 +43,14 @@ from tuner.tuning.runtime.engine import Engine
 from tuner.tuning.runtime.policy_file import PolicyMeta, study_scope
 from tuner.tuning.runtime.service import EngineFactory
 from tuner.tuning.search.studies import StudyBook
-from tuner.tuning.variants import Variant, grid, parse_name, presets_ini, request_fields
+from tuner.tuning.variants import (
+    Variant,
+    grid,
+    parse_name,
+    presets_ini,
+    request_fields,
+    unavailable,
+)
 from tuner.upstream.capabilities import Capabilities
 from tuner.upstream.launch import Prepared, instance_argv, model_alias
 from tuner.upstream.pool import Member
@@ -166,7 +173,12 @@ def search_variants(
     variants = grid(config.search, caps, draft=draft, mtp_layers=mtp_layers, forbid=forbid)
     for override in config.overrides.values():
         if override.pin and override.pin not in {v.name for v in variants}:
-            variants.append(parse_name(override.pin))  # a pin outside the space still runs
+            pinned = parse_name(override.pin)
+            why = unavailable(pinned.spec_type, caps, draft=draft, mtp_layers=mtp_layers)
+            if why is None:  # a pin outside the space still runs ...
+                variants.append(pinned)
+            else:  # ... where the build can run it at all
+                log.warning("pin_unavailable", pin=override.pin, reason=why)
     return variants
 
 

@@ -14,14 +14,17 @@ from typing import Any
 __all__ = ["CUT_CHARACTER_TRIES", "cut_character", "one_token_fewer"]
 
 CUT_CHARACTER_TRIES = 3
-_CUT = b"invalid UTF-8 byte"  # nlohmann::json's type_error.316, as ik_llama.cpp reports it
+# nlohmann::json's type_error.316 ("invalid UTF-8 byte ...", "incomplete UTF-8 string ..."),
+# as ik_llama.cpp reports it
+_CUT = b"type_error.316"
 _LENGTHS = ("n_predict", "max_tokens", "max_completion_tokens")
 
 
 def cut_character(status: int, data: bytes | None) -> bool:
     """Whether an error answer is the engine failing on a reply cut inside a character.
 
-    >>> cut_character(500, b'{"error":{"message":"... invalid UTF-8 byte at index 2: 0xE0"}}')
+    >>> cut_character(500, b'{"error":{"message":"[json.exception.type_error.316] incomplete'
+    ...     b' UTF-8 string; last byte: 0xBA"}}')
     True
     >>> cut_character(500, b'{"error":{"message":"out of memory"}}')
     False
