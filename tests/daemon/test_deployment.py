@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.asgi import post_scope
 from tests.fake_llama import FakeLlamaServer
 from tuner.daemon.deployment import Deployment, Serving, deploy
 from tuner.daemon.topology import Topology
@@ -66,21 +67,7 @@ def _held_stream(app: Any, started: asyncio.Event, chunks: list[bytes]) -> async
             chunks.append(message.get("body", b""))
             started.set()
 
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0", "spec_version": "2.3"},
-        "http_version": "1.1",
-        "method": "POST",
-        "path": "/v1/completions",
-        "raw_path": b"/v1/completions",
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(b"content-type", b"application/json")],
-        "scheme": "http",
-        "server": ("proxy", 80),
-        "client": ("c", 1),
-    }
-    return asyncio.create_task(app(scope, receive, send))
+    return asyncio.create_task(app(post_scope(), receive, send))
 
 
 async def test_a_request_finishes_on_the_old_backend_and_the_next_goes_to_the_new(

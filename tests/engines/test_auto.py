@@ -45,7 +45,7 @@ class _World:
         monkeypatch.setattr(auto, "measurement_keys", lambda model: ("gemma-abc", "hw1"))
         monkeypatch.setattr(auto, "prepare_built", self.prepare_built)
         monkeypatch.setattr(auto, "measure_engines", self.measure)
-        monkeypatch.setattr("tuner.upstream.provision.locate_llama_server", self.build)
+        monkeypatch.setattr(auto, "locate_llama_server", self.build)
 
     def prepare_built(self, settings: Settings) -> list[Prepared]:
         return [Prepared(Path(f"/{e}"), CAPS[e], Path("/m.gguf"), None) for e in self.built]
@@ -130,7 +130,8 @@ async def test_with_one_engine_there_is_nothing_to_choose(
     world = _World(["llama.cpp"])
     world.install(monkeypatch)
     monkeypatch.setattr(
-        "tuner.upstream.provision.locate_llama_server",
+        auto,
+        "locate_llama_server",
         lambda *a, **kw: (_ for _ in ()).throw(auto.TunerError("cmake failed")),
     )
     selector, switched = _selector(tmp_path, "llama.cpp")

@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.asgi import post_scope
 from tests.fake_llama import FakeLlamaServer
 from tuner.proxy.app import create_app
 from tuner.proxy.backend import Backend
@@ -91,22 +92,8 @@ async def test_client_gone_before_the_stream_starts(
         if message["type"] == "http.response.start":
             raise OSError("client went away")
 
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0", "spec_version": "2.4"},
-        "http_version": "1.1",
-        "method": "POST",
-        "path": "/v1/completions",
-        "raw_path": b"/v1/completions",
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(b"content-type", b"application/json")],
-        "scheme": "http",
-        "server": ("p", 80),
-        "client": ("c", 1),
-    }
     with pytest.raises(Exception):  # noqa: B017 - Starlette turns the OSError into ClientDisconnect
-        await app(scope, receive, send)
+        await app(post_scope(), receive, send)
     assert app.state.handlers.in_flight == 0
     await store.flush()
     assert store.recent[-1].error == "client disconnected before the stream started"
@@ -138,21 +125,8 @@ async def test_a_client_that_closes_at_done_had_the_whole_answer(
         if message["type"] == "http.response.body" and gone_after in message.get("body", b""):
             seen.set()
 
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0", "spec_version": "2.3"},
-        "http_version": "1.1",
-        "method": "POST",
-        "path": "/v1/completions",
-        "raw_path": b"/v1/completions",
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(b"content-type", b"application/json")],
-        "scheme": "http",
-        "server": ("p", 80),
-        "client": ("c", 1),
-    }
-    await asyncio.wait_for(app(scope, receive, send), timeout=10)
+    # 2.3: the client's close reaches the app as http.disconnect while it streams
+    await asyncio.wait_for(app(post_scope(spec_version="2.3"), receive, send), timeout=10)
     await store.flush()
     record = store.recent[-1]
     if at_done:

@@ -32,7 +32,7 @@ from tuner.logs import get_logger
 from tuner.profiles import fingerprint_key, hardware_fingerprint, model_key
 from tuner.settings import Settings
 from tuner.upstream.launch import Prepared, prepare
-from tuner.upstream.provision import built_engines
+from tuner.upstream.provision import built_engines, locate_llama_server
 from tuner.upstream.sources import ENGINES, EngineName
 
 __all__ = ["EngineSelector", "first_engine", "measurement_keys", "prepare_built"]
@@ -137,8 +137,6 @@ class EngineSelector(Collector):
             log.error("engine_selection_failed", error=str(exc)[:300])
 
     def _build_missing(self) -> None:
-        from tuner.upstream.provision import locate_llama_server
-
         built = built_engines(self.settings.cache_dir, self.settings.llama_cuda)
         for engine in ENGINES:
             if engine in built:
