@@ -157,13 +157,21 @@ def load_target(name: str, directories: list[Path]) -> TargetFacts:
         path = directory / "targets" / f"{name}.json"
         if path.is_file():
             return TargetFacts.model_validate_json(path.read_text())
-    known = sorted({p.stem for d in directories for p in (d / "targets").glob("*.json")})
+    known = known_targets(directories)
     raise ConfigError(f"no facts for target {name!r}; known: {', '.join(known) or 'none'}")
+
+
+def known_targets(directories: list[Path]) -> list[str]:
+    """The names ``load_target`` finds in these directories."""
+    return sorted({p.stem for d in directories for p in (d / "targets").glob("*.json")})
+
+
+SHIPPED_PROFILES = Path(__file__).resolve().parents[1] / "profiles"  # a checkout's profiles/
 
 
 def profile_dirs(state_dir: Path) -> list[Path]:
     """Where profiles are looked up: the state dir, then a checkout's profiles/."""
-    return [state_dir / "profiles", Path(__file__).resolve().parents[1] / "profiles"]
+    return [state_dir / "profiles", SHIPPED_PROFILES]
 
 
 def load_profile(directories: list[Path], model: str, hardware: str) -> Profile | None:

@@ -82,7 +82,7 @@ def test_errors_are_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFi
     bad.write_text("{not json\n")
     assert main(["classify", str(bad)]) == 2
     assert capsys.readouterr().err.startswith("tuner: error:")
-    assert main(["inspect", str(bad)]) == 2
+    assert main(["inspect", "--model", str(bad)]) == 2
 
 
 def test_a_reader_that_stops_early_is_not_an_error(tmp_path: Path) -> None:

@@ -109,21 +109,21 @@ def test_tuner_variants_searches_an_eagle3_draft_as_draft_eagle3(tmp_path: Path)
 
 
 def test_a_pin_the_build_cannot_run_is_left_out_not_a_crash() -> None:
-    """ik_llama.cpp 55d3c05 has no draft-simple: a pin of it (with a draft model) used to
-    stop the daemon at start; it is logged and left out, and a runnable pin still runs."""
+    """ik_llama.cpp 55d3c05 drafts with no EAGLE3 head: a pin of one (with such a draft)
+    used to stop the daemon at start; it is logged and left out, a runnable pin still runs."""
     ik = caps_of("ik-55d3c05")
     config = load_tuning().model_copy(
         update={
             "overrides": {
                 "all": load_tuning()
                 .override_for("all")
-                .model_copy(update={"pin": "draft-simple.max3"})
+                .model_copy(update={"pin": "draft-eagle3.max3"})
             }
         }
     )
-    names = [v.name for v in search_variants(config, ik, "draft-simple", 0)]
-    assert "draft-simple.max3" not in names and "none" in names
+    names = [v.name for v in search_variants(config, ik, "draft-eagle3", 0)]
+    assert "draft-eagle3.max3" not in names and "none" in names
     mainline = caps_of("0c1e570")
-    assert "draft-simple.max3" in [
-        v.name for v in search_variants(config, mainline, "draft-simple", 0)
+    assert "draft-eagle3.max3" in [
+        v.name for v in search_variants(config, mainline, "draft-eagle3", 0)
     ]

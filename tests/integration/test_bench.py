@@ -513,7 +513,7 @@ def test_synth_moe_writes_a_hybrid_whose_mtp_head_llama_server_drafts_with(
     for path, extra in ((hybrid, ["--mtp-layers", "1"]), (twin, ["--attention-only"])):
         made = tuner("synth-moe", str(path), "--arch", "qwen35moe", *size, *extra, state=tmp_path)
         assert made.returncode == 0, made.stderr[-2000:]
-    inspected = tuner("inspect", str(hybrid), "--format", "json", state=tmp_path)
+    inspected = tuner("inspect", "--model", str(hybrid), "--format", "json", state=tmp_path)
     target = json.loads(inspected.stdout)["target"]
     assert (target["recurrent_layers"], target["mtp_layers"], target["experts"]) == (3, 1, 16)
     assert target["tokenizer"] == "gpt2" and target["vocab_size"] > 100_000  # Qwen's

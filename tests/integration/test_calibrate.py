@@ -54,13 +54,15 @@ def test_calibrate_measures_a_rising_verify_curve_and_checks_a_variant(tmp_path:
     saved = list((tmp_path / "profiles").glob("*.json"))
     assert len(saved) == 1 and Profile.model_validate_json(saved[0].read_text()) == profile
     # inspect now uses the calibrated curve for this model on this machine
-    inspect = tuner("inspect", str(default_model_path()), state=tmp_path)
+    inspect = tuner("inspect", "--model", str(default_model_path()), state=tmp_path)
     assert inspect.returncode == 0, inspect.stderr
     assert "calibrated on this machine" in inspect.stdout
 
 
 def test_inspect_json_on_gemma(tmp_path: Path) -> None:
-    result = tuner("inspect", str(default_model_path()), "--format", "json", state=tmp_path)
+    result = tuner(
+        "inspect", "--model", str(default_model_path()), "--format", "json", state=tmp_path
+    )
     data = json.loads(result.stdout)
     assert data["target"]["architecture"] == "gemma3"
     assert data["target"]["experts"] == 0

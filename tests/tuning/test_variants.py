@@ -256,6 +256,11 @@ def test_ik_llama_cpp_takes_its_own_flags_and_the_draft_settings_per_request() -
     ]
     assert request_fields(mod) == {"speculative.n_max": 16, "speculative.n_min": 12}
     assert mod.flags(caps)[-4:] == ["--draft-max", "16", "--draft-min", "12"]
+    draft = parse_name("draft-simple.max8.p75")
+    assert draft.flags(caps, Path("d.gguf"), per_request=True) == ["-md", "d.gguf"]
+    assert draft.flags(caps, Path("d.gguf")) == [
+        *["--draft-max", "8", "--draft-p-min", "0.75", "-md", "d.gguf"]
+    ]
     for variant in grid(load_tuning().search, caps):  # every flag exists in this build
         rendered = variant.flags(caps)
         assert all(caps.has_flag(f) for f in rendered if f.startswith("--")), rendered

@@ -60,7 +60,8 @@ def test_a_build_without_git_reports_its_version_but_no_commit() -> None:
 
 def test_ik_llama_cpp_is_told_from_its_help_with_its_own_spec_type_list() -> None:
     """ik_llama.cpp 55d3c05 as built by ``tuner provision --engine ik_llama.cpp``: its
-    version line has no build number words, its spec types are spelled ``ngram - mod``."""
+    version line has no build number words, its spec types are spelled ``ngram - mod``,
+    and a draft model (``-md``) is the one type its ``--spec-type`` list leaves out."""
     caps = load("ik-55d3c05")
     assert caps.engine == "ik_llama.cpp"
     assert caps.commit == "55d3c05" and caps.build == 0
@@ -71,6 +72,7 @@ def test_ik_llama_cpp_is_told_from_its_help_with_its_own_spec_type_list() -> Non
         "ngram-map-k",
         "ngram-map-k4v",
         "ngram-mod",
+        "draft-simple",
     }
     assert caps.old_draft_flags and not caps.new_spec_flags
     assert not caps.router and caps.autotune and caps.metrics

@@ -18,6 +18,8 @@ from tuner.extras import require
 from tuner.logs import configure_logging
 from tuner.settings import Settings, load_settings
 
+STATE_DIR_HELP = "what the daemon learned (TUNER_STATE_DIR; default ~/.local/state/spec-tuner)"
+
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
     config = args.config or os.environ.get("TUNER_CONFIG")
@@ -101,12 +103,15 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from tuner.model.envelope import cost_model_from_facts, envelope
     from tuner.model.gguf_facts import draft_compatibility, read_facts
     from tuner.profiles import fingerprint_key, hardware_fingerprint, load_profile, model_key
+    from tuner.upstream.launch import resolve_model
 
-    target = read_facts(Path(args.model))
-    draft = read_facts(Path(args.draft)) if args.draft else None
+    settings = settings_from_args(args)
+    target_path, draft_path = resolve_model(settings)
+    target = read_facts(target_path)
+    draft = read_facts(draft_path) if draft_path else None
     profile = load_profile(
-        _profile_dirs(settings_from_args(args)),
-        model_key(Path(args.model)),
+        _profile_dirs(settings),
+        model_key(target_path),
         fingerprint_key(hardware_fingerprint()),
     )
     cost = cost_model_from_facts(target, draft)

@@ -7,7 +7,7 @@ import argparse
 import asyncio
 import json
 
-from tuner.cli.commands import settings_from_args
+from tuner.cli.commands import STATE_DIR_HELP, settings_from_args
 from tuner.engines.choice import CHOICE_FILE, EngineChoice, load_choice, new_choice, save_choice
 from tuner.errors import ConfigError
 from tuner.settings import Settings
@@ -20,7 +20,7 @@ def add_engines_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     engines = sub.add_parser(
         "engines", help="the engines side by side on this machine and model (TUNER_ENGINE=auto)"
     )
-    engines.add_argument("--state-dir", dest="state_dir")
+    engines.add_argument("--state-dir", dest="state_dir", help=STATE_DIR_HELP)
     engines.add_argument("--model", help="target GGUF (default: the configured model)")
     engines.add_argument(
         "--measure",

@@ -11,6 +11,7 @@ from typing import TypeVar
 
 from tuner import __version__
 from tuner.cli.commands import (
+    STATE_DIR_HELP,
     cmd_bench,
     cmd_calibrate,
     cmd_classify,
@@ -28,11 +29,14 @@ from tuner.cli.measure import cmd_measure
 from tuner.cli.model_commands import add_model_commands
 from tuner.errors import TunerError
 from tuner.logs import configure_logging
+from tuner.profiles import SHIPPED_PROFILES, known_targets
 from tuner.upstream.sources import ENGINES
 
 __all__ = ["main"]
 
 N = TypeVar("N", int, float)
+# commands for measuring the tuner and the models, not for running it
+RESEARCH = ("bench", "calibrate", "predict", "measure", "synth-moe", "derive-draft")
 
 
 def _ranged(kind: Callable[[str], N], low: N, high: N | None = None) -> Callable[[str], N]:
@@ -76,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
         "learns, per kind of prompt, which speculative-decoding setting is fastest, and "
         "switches speculation off where it does not pay.",
         epilog="Start with `tuner serve`; `tuner report` shows what it decided. Settings: "
-        "TUNER_* environment variables or a TOML file (docs/configuration.md).",
+        "TUNER_* environment variables or a TOML file (docs/configuration.md). "
+        f"For benchmarks and research: {', '.join(RESEARCH)} (tuner COMMAND --help).",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--config", help="TOML settings file (or TUNER_CONFIG)")
@@ -113,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="upstream_url",
         help="a llama-server you run: served as it is, without tuning",
     )
-    serve.add_argument("--state-dir", dest="state_dir", help="what it learns (TUNER_STATE_DIR)")
+    serve.add_argument("--state-dir", dest="state_dir", help=STATE_DIR_HELP)
     serve.set_defaults(func=cmd_serve)
 
     provision = sub.add_parser("provision", help="find or build llama-server and the model")
@@ -127,7 +132,14 @@ def build_parser() -> argparse.ArgumentParser:
     predict = sub.add_parser("predict", help="predicted speedup for acceptance, length, cost")
     predict.add_argument("--alpha", type=_fraction, required=True, help="acceptance, 0..1")
     predict.add_argument("--gamma", type=int, help="draft length; omit for a table over gamma")
-    predict.add_argument("--c", type=_non_negative, default=0.0, help="draft step / target step")
+    predict.add_argument(
+        "--cost",
+        "--c",
+        dest="c",
+        type=_non_negative,
+        default=0.0,
+        help="cost c: one draft step's time over one target step's (default 0: n-gram drafting)",
+    )
     predict.add_argument("--experts", type=int, default=0, help="MoE: experts per layer (E)")
     predict.add_argument("--active", type=int, default=0, help="MoE: experts routed per token")
     predict.add_argument(
@@ -145,12 +157,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="hybrid recurrent: state checkpoint/restore cost in decode steps",
     )
     predict.add_argument("--gamma-max", type=int, default=8, dest="gamma_max")
-    predict.add_argument("--target", help="known target from profiles/targets (MoE/state terms)")
+    predict.add_argument(
+        "--target",
+        help="a known target's MoE and recurrent-state terms, from profiles/targets "
+        f"({', '.join(known_targets([SHIPPED_PROFILES])) or 'none shipped'})",
+    )
     predict.set_defaults(func=cmd_predict)
 
     inspect = sub.add_parser("inspect", help="facts and speedup envelope of a GGUF model")
-    inspect.add_argument("model", help="target GGUF")
-    inspect.add_argument("--draft", help="draft GGUF: checks vocabulary compatibility")
+    inspect.add_argument("--model", help="target GGUF (default: the configured model)")
+    inspect.add_argument(
+        "--draft", help="draft GGUF: checks vocabulary compatibility (default: TUNER_DRAFT_MODEL)"
+    )
     inspect.add_argument("--format", choices=["table", "json"], default="table")
     inspect.set_defaults(func=cmd_inspect)
 
@@ -161,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--max-tokens", type=int, default=64, dest="max_tokens")
     calibrate.add_argument("--variants", help="comma list (default: every n-gram type)")
     calibrate.add_argument("--format", choices=["table", "json"], default="table")
-    calibrate.add_argument("--state-dir", dest="state_dir")
+    calibrate.add_argument("--state-dir", dest="state_dir", help=STATE_DIR_HELP)
     calibrate.set_defaults(func=cmd_calibrate)
 
     bench = sub.add_parser("bench", help="replay a workload: baseline, static matrix, tuner")
@@ -207,13 +225,16 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--prompts", type=_positive, help="use only the first N prompts (or sessions)"
     )
-    bench.add_argument(
+    side = bench.add_argument_group(
+        "side by side", "a second tuner (other settings, code or engine) or another build"
+    )
+    side.add_argument(
         "--challenger",
         metavar="TUNING_FILE",
         help="also run a second tuner with this tuning file, sent the tuner's prompts side by "
         "side (each pair back to back), and compare the two",
     )
-    bench.add_argument(
+    side.add_argument(
         "--challenger-env",
         metavar="TUNER_KEY=VALUE",
         type=_tuner_env,
@@ -222,19 +243,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="a daemon setting for the challenger only (repeatable), e.g. "
         "TUNER_MAX_INSTANCES=8; needs --challenger",
     )
-    bench.add_argument(
+    side.add_argument(
         "--challenger-code",
         metavar="DIR",
         help="a checkout whose tuner package the challenger runs (git worktree add DIR "
         "<commit>): a code change side by side with the code before it; needs --challenger",
     )
-    bench.add_argument(
+    side.add_argument(
         "--peer",
         metavar="LLAMA_SERVER",
         help="another build's llama-server (ik_llama.cpp's, say) to run beside the matrix: "
         "its run without speculation and each --peer-arm, each arm read against the former",
     )
-    bench.add_argument(
+    side.add_argument(
         "--peer-arm",
         metavar="NAME=FLAGS",
         action="append",
@@ -262,11 +283,11 @@ def build_parser() -> argparse.ArgumentParser:
     classify.set_defaults(func=cmd_classify)
 
     measure = sub.add_parser("measure", help="live alpha and speedup per class and variant")
-    measure.add_argument("--state-dir", dest="state_dir")
+    measure.add_argument("--state-dir", dest="state_dir", help=STATE_DIR_HELP)
     measure.set_defaults(func=cmd_measure)
 
     report = sub.add_parser("report", help="the chosen policy per class, with its evidence")
-    report.add_argument("--state-dir", dest="state_dir")
+    report.add_argument("--state-dir", dest="state_dir", help=STATE_DIR_HELP)
     report.add_argument("--format", choices=["table", "json", "markdown"], default="table")
     report.add_argument(
         "--class",
@@ -293,18 +314,29 @@ def build_parser() -> argparse.ArgumentParser:
     variants.set_defaults(func=cmd_variants)
 
     policies = sub.add_parser(
-        "policies", help="export learned policies to a file, or import them on another machine"
+        "policies",
+        help="export learned policies to a file, or import them on another machine",
+        description="Move what one daemon learned to another machine with the same model.",
     )
-    policies.add_argument("action", choices=["export", "import"])
-    policies.add_argument("file", help="the JSON file to write (export) or read (import)")
-    policies.add_argument("--state-dir", dest="state_dir")
-    policies.add_argument("--model", help="target GGUF the import is checked against")
-    policies.set_defaults(func=cmd_policies)
+    actions = policies.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for action, text, file_help in (
+        ("export", "write this state dir's policies to a file", "the JSON file to write"),
+        ("import", "read a policies file into this state dir", "the JSON file to read"),
+    ):
+        one = actions.add_parser(action, help=text, description=text[0].upper() + text[1:] + ".")
+        one.add_argument("file", help=file_help)
+        one.add_argument("--state-dir", dest="state_dir", help=STATE_DIR_HELP)
+        one.add_argument(
+            "--model", help="target GGUF the policies belong to (default: the configured one)"
+        )
+        one.set_defaults(func=cmd_policies)
 
     add_engines_command(sub)
 
     version = sub.add_parser("version", help="print the version")
     version.set_defaults(func=cmd_version)
+    # The research commands run as before, listed in the epilog instead of beside serve.
+    sub._choices_actions = [a for a in sub._choices_actions if a.dest not in RESEARCH]
     return parser
 
 

@@ -109,10 +109,14 @@ def parse_capabilities(help_text: str, version_text: str = "") -> Capabilities:
         spec_types = (
             frozenset({"none", "draft-simple"}) if "--model-draft" in flags else frozenset()
         )
+    engine = _engine(flags)
+    if engine == "ik_llama.cpp" and "--model-draft" in flags:
+        # ik_llama.cpp lists only the draftless types; a draft model (-md) is one more
+        spec_types = spec_types | {"draft-simple"}
     version = _VERSION.search(version_text + "\n" + help_text)
     commit = version.group("commit") if version else None
     return Capabilities(
-        engine=_engine(flags),
+        engine=engine,
         version=version.group("version") if version else None,
         build=int(version.group("build") or version.group("version"))
         if version and (version.group("build") or version.group("version").isdigit())

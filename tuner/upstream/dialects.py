@@ -4,7 +4,8 @@
   (or ``--spec-draft-*``) flag per parameter.
 - ik_llama.cpp 55d3c05: ``--spec-type T``, one ``--spec-ngram-size-n`` for every n-gram
   type (ngram-mod's match length too), the draft settings as ``--draft-max`` and friends,
-  and its own per-step tuning as ``--spec-autotune``.
+  and its own per-step tuning as ``--spec-autotune``; a draft model is ``-md`` alone (its
+  ``--spec-type`` names only the draftless types).
 - Mainline builds from before ``--spec-type``: a draft model was the only kind, set by
   ``-md`` with ``--draft-max`` and friends.
 
@@ -81,7 +82,7 @@ def launch_flags(
     ['--spec-type', 'ngram-mod', '--spec-ngram-mod-n-match', '24']
     """
     if caps.engine == "ik_llama.cpp":
-        out = ["--spec-type", spec_type]
+        out = [] if spec_type == "draft-simple" else ["--spec-type", spec_type]
         for param, value in params:
             if param in _IK_NGRAM:
                 out += [_IK_NGRAM[param], str(value)]
