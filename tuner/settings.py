@@ -45,6 +45,22 @@ def _split_keys(value: Any) -> Any:
     return value
 
 
+# settings that moved out of the daemon's settings (0.2.0), and where they are now
+RETIRED = {
+    "explore_share": "the tuning file's [budget] explore_share",
+    "seed": "the tuning file's top-level seed",
+}
+
+
+def retired_in_environment() -> list[str]:
+    """A line for each retired ``TUNER_*`` variable still set (the daemon logs them)."""
+    return [
+        f"TUNER_{name.upper()} is no longer read: set {where}"
+        for name, where in RETIRED.items()
+        if f"TUNER_{name.upper()}" in os.environ
+    ]
+
+
 class Settings(BaseSettings):
     """Everything the daemon can be told, with its defaults."""
 
@@ -114,9 +130,6 @@ class Settings(BaseSettings):
         None,
         description="search spaces, budget, guard, overrides; default: policies/tuning.toml",
     )
-    explore_share: float | None = Field(
-        None, ge=0, le=1, description="share exploring may cost; overrides both of the file's"
-    )
     max_instances: int = Field(
         12,
         ge=1,
@@ -128,7 +141,6 @@ class Settings(BaseSettings):
         description="one variant decoding at a time (auto: on for CPU builds, whose "
         "instances compete for the same cores)",
     )
-    seed: int | None = Field(None, description="seed of the search, for reproducible runs")
 
     # Where things live.
     state_dir: Path = Field(
@@ -213,5 +225,7 @@ def _explain(exc: ValidationError, given: dict[str, Any], config_file: Path | No
         else:
             source = f"{config_file}: {name}" if config_file else name
         message = str(error["msg"]).removeprefix("Value error, ")
+        if error["type"] == "extra_forbidden" and name in RETIRED:
+            message = f"no longer a setting: set {RETIRED[name]}"
         lines.append(f"{source}={error.get('input')!r}: {message}")
     return "\n".join(lines)

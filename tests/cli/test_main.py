@@ -114,6 +114,13 @@ def test_the_command_line_speaks_to_a_user(capsys: pytest.CaptureFixture[str]) -
         main(["--help"])
     top = capsys.readouterr().out
     assert "speculative-decoding" in top and "tests call" not in top
+    listed = {line.split()[0] for line in top.splitlines() if line.startswith("    ")}
+    assert {"serve", "report", "policies", "engines"} <= listed
+    assert not listed & {"synth-moe", "derive-draft", "calibrate"}  # named in the epilog
+    assert "synth-moe" in top
+    with pytest.raises(SystemExit):
+        main(["policies", "export", "--help"])
+    assert "the JSON file to write" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["serve", "--help"])
     serve = capsys.readouterr().out
@@ -136,3 +143,28 @@ def test_report_on_a_state_dir_that_is_not_there_is_an_error(
 ) -> None:
     assert main(["report", "--state-dir", str(tmp_path / "nowhere")]) == 2
     assert "no state dir at" in capsys.readouterr().err
+
+
+def test_report_on_an_empty_state_says_what_the_daemon_will_start_with(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TUNER_TUNE", raising=False)
+    assert main(["report", "--state-dir", str(tmp_path), "--format", "json"]) == 0
+    outlook = json.loads(capsys.readouterr().out)["outlook"]
+    assert outlook["tuning_off"] is None and "code/echo/greedy" in outlook["classes"]
+    assert outlook["own_policy_after"] == 8 and outlook["explore_share"] == 0.01
+    assert main(["report", "--state-dir", str(tmp_path)]) == 0
+    table = capsys.readouterr().out
+    assert "tuning is on, over 16 classes" in table and "after 8 measured requests" in table
+    monkeypatch.setenv("TUNER_TUNE", "false")
+    assert main(["report", "--state-dir", str(tmp_path)]) == 0
+    assert "tuning is off (TUNER_TUNE=false" in capsys.readouterr().out
+
+
+def test_report_of_a_class_that_is_none_is_an_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["report", "--state-dir", str(tmp_path), "--class", "prose"]) == 2
+    assert "no class 'prose'" in capsys.readouterr().err
+    assert main(["report", "--state-dir", str(tmp_path), "--class", "code/echo"]) == 0
+    assert "no trials recorded for class 'code/echo'" in capsys.readouterr().out

@@ -9,29 +9,36 @@ import pytest
 
 from tuner.daemon.plan import tuning_config
 from tuner.errors import ConfigError
-from tuner.settings import Settings
+from tuner.settings import Settings, load_settings, retired_in_environment
 
 
 def test_the_shipped_shares_differ_per_mode(monkeypatch: pytest.MonkeyPatch) -> None:
     """Per class 0.01 (measured with every variant loaded), one instance 0.03 (reloads)."""
-    monkeypatch.delenv("TUNER_EXPLORE_SHARE", raising=False)
     monkeypatch.delenv("TUNER_TUNING_FILE", raising=False)
     config = tuning_config(Settings())
     assert config.budget.explore_share == 0.01
     assert config.single.explore_share == 0.03
+    assert config.seed is None
 
 
-def test_the_setting_overrides_both_shares(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """``TUNER_EXPLORE_SHARE`` (e.g. 0 to stop exploring) wins over both of the file's."""
+def test_the_share_and_the_seed_are_the_tuning_files_alone(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``TUNER_EXPLORE_SHARE`` and ``TUNER_SEED`` are no longer read (the daemon says so);
+    in a config file they are refused, naming where they went."""
     tuning = tmp_path / "tuning.toml"
-    tuning.write_text("[budget]\nexplore_share = 0.2\n[single]\nexplore_share = 0.4\n")
+    tuning.write_text("seed = 7\n[budget]\nexplore_share = 0.2\n")
     monkeypatch.setenv("TUNER_TUNING_FILE", str(tuning))
-    monkeypatch.delenv("TUNER_EXPLORE_SHARE", raising=False)
-    config = tuning_config(Settings())
-    assert (config.budget.explore_share, config.single.explore_share) == (0.2, 0.4)
     monkeypatch.setenv("TUNER_EXPLORE_SHARE", "0")
     config = tuning_config(Settings())
-    assert (config.budget.explore_share, config.single.explore_share) == (0.0, 0.0)
+    assert (config.budget.explore_share, config.seed) == (0.2, 7)
+    assert retired_in_environment() == [
+        "TUNER_EXPLORE_SHARE is no longer read: set the tuning file's [budget] explore_share"
+    ]
+    old = tmp_path / "spec-tuner.toml"
+    old.write_text("seed = 3\n")
+    with pytest.raises(ConfigError, match="seed=3: no longer a setting: set the tuning file"):
+        load_settings(old)
 
 
 @pytest.mark.parametrize(

@@ -24,6 +24,7 @@ import psutil
 import pytest
 from openai import OpenAI
 
+from tuner.tuning.config import tuning_text
 from tuner.upstream.process import free_port
 
 
@@ -188,6 +189,16 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]:
     running = start_daemon(tmp_path_factory.mktemp("daemon"), owned=False)
     yield running
     running.stop()
+
+
+def shipped_tuning(tmp: Path, explore_share: float) -> dict[str, str]:
+    """The daemon's environment for the shipped tuning file at another exploration share."""
+    shipped = "explore_share = 0.01 "
+    text = tuning_text()
+    assert shipped in text, "the shipped tuning file's share moved"
+    path = tmp / f"tuning-share-{explore_share}.toml"
+    path.write_text(text.replace(shipped, f"explore_share = {explore_share} ", 1))
+    return {"TUNER_TUNING_FILE": str(path)}
 
 
 def report_json(state: Path) -> dict[str, Any]:

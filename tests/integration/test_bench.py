@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from tests.bench.test_render import assert_documented
+from tests.integration.conftest import shipped_tuning
 from tuner.model.gguf_facts import read_facts
 
 pytestmark = pytest.mark.llama
@@ -22,14 +23,21 @@ ROOT = Path(__file__).resolve().parents[2]
 WORKLOAD = ROOT / "benchmarks" / "workloads" / "dev.jsonl"
 
 
-def tuner(*args: str, state: Path, timeout: int = 600) -> subprocess.CompletedProcess[str]:
+def tuner(
+    *args: str, state: Path, timeout: int = 600, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "tuner", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         check=False,
-        env={"PATH": "/usr/bin:/bin", "TUNER_STATE_DIR": str(state), "HOME": str(Path.home())},
+        env={
+            "PATH": "/usr/bin:/bin",
+            "TUNER_STATE_DIR": str(state),
+            "HOME": str(Path.home()),
+            **(env or {}),
+        },
     )
 
 
@@ -239,8 +247,8 @@ def test_a_bench_stopped_midway_leaves_nothing_running(tmp_path: Path, sig: int)
 
 def test_a_challenger_runs_side_by_side_with_its_own_tuning_file(tmp_path: Path) -> None:
     """A second daemon with its own tuning file (no exploring at all) and its own code (a copy
-    of the package that marks its state dir) gets the tuner's prompts pair by pair;
-    ``--explore-share`` reaches the tuner only."""
+    of the package that marks its state dir) gets the tuner's prompts pair by pair; the
+    bench's tuning file (every request explores) and its seed reach the tuner only."""
     tuning = tmp_path / "frozen.toml"
     tuning.write_text("[budget]\nexplore_share = 0.0\n[single]\nexplore_share = 0.0\n")
     code = tmp_path / "code"
@@ -264,8 +272,6 @@ def test_a_challenger_runs_side_by_side_with_its_own_tuning_file(tmp_path: Path)
         "16",
         "--matrix",
         "ngram-mod",
-        "--explore-share",
-        "1.0",
         "--challenger",
         str(tuning),
         "--challenger-env",
@@ -275,8 +281,10 @@ def test_a_challenger_runs_side_by_side_with_its_own_tuning_file(tmp_path: Path)
         "--out",
         str(out),
         state=tmp_path / "state",
+        env=shipped_tuning(tmp_path, 1.0),
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "seed = 0" in (out / "tuner-state" / "tuning.toml").read_text()
     assert (out / "challenger-state" / "code").read_text() == str(code / "tuner" / "__init__.py")
     assert not (out / "tuner-state" / "code").exists()
     rows = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]

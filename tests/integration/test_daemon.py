@@ -15,6 +15,7 @@ import pytest
 
 from tests.integration.conftest import RunningDaemon, report_json, start_daemon
 from tuner.records import RequestRecord, read_records
+from tuner.upstream.launch import DEFAULT_MODEL_NAME
 
 pytestmark = pytest.mark.llama
 
@@ -43,7 +44,7 @@ def client(daemon: RunningDaemon) -> openai.OpenAI:
 
 def test_models_lists_the_real_model(client: openai.OpenAI) -> None:
     ids = [m.id for m in client.models.list().data]
-    assert ids == ["gemma-3-270m-q4_k_m"]
+    assert ids == [DEFAULT_MODEL_NAME]
 
 
 def test_completion_with_sdk_records_timings(client: openai.OpenAI, daemon: RunningDaemon) -> None:

@@ -16,6 +16,7 @@ from tuner.workload import WorkloadItem
 pytestmark = pytest.mark.llama
 
 DRAFT_ONLY = """
+seed = 7
 [budget]
 explore_share = 1.0
 trial_requests = 3
@@ -41,7 +42,6 @@ def test_a_draft_that_accepts_but_costs_a_step_is_switched_off(tmp_path: Path) -
     env = {
         "TUNER_DRAFT_MODEL": str(draft),
         "TUNER_TUNING_FILE": str(tmp_path / "tuning.toml"),
-        "TUNER_SEED": "7",
         "TUNER_THREADS": "2",
     }
     running = start_daemon(state, env=env)

@@ -23,6 +23,7 @@ pytestmark = pytest.mark.llama
 
 # Every request explores until three trials are done: seconds, not the default budget's hours.
 MTP_ONLY = """
+seed = 7
 [budget]
 explore_share = 1.0
 trial_requests = 3
@@ -56,7 +57,6 @@ def _serve(
         "TUNER_MODEL": str(model),
         "TUNER_TUNING_FILE": str(tmp_path / "tuning.toml"),
         "TUNER_SPEC_ARGS": f"--spec-synth-rates {rates}",
-        "TUNER_SEED": "7",
         "TUNER_THREADS": "2",
     }
     running = start_daemon(state, env=env)

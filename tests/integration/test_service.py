@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.conftest import RunningDaemon, start_daemon
+from tests.integration.conftest import RunningDaemon, shipped_tuning, start_daemon
 from tests.test_systemd import Listener
 from tests.tuning.runtime.test_crash import intact_trials
 from tuner.records import read_records
@@ -45,9 +45,6 @@ def _complete(url: str, key: str | None = None) -> httpx.Response:
 def _record_write_errors_counted(url: str) -> bool:
     metrics = httpx.get(url + "/metrics", timeout=10).text
     return "tuner_record_write_errors_total 0.0" not in metrics
-
-
-EVERY_REQUEST_A_TRIAL = {"TUNER_EXPLORE_SHARE": "1.0"}  # the study is written to all the time
 
 
 def test_notify_reload_and_stop_under_systemd_protocol(tmp_path: Path) -> None:
@@ -155,7 +152,7 @@ def test_a_full_disk_keeps_serving_and_loses_nothing(tmp_path: Path) -> None:
     """The state dir on a real filesystem that fills up while the daemon runs."""
     with _small_filesystem(tmp_path / "state", "8m") as state:
         log = tmp_path / "daemon.log"
-        running = start_daemon(state, log=log, env=EVERY_REQUEST_A_TRIAL)
+        running = start_daemon(state, log=log, env=shipped_tuning(tmp_path, 1.0))
         for _ in range(3):
             assert _complete(running.url).status_code == 200
         assert running.stop() == 0
@@ -164,7 +161,7 @@ def test_a_full_disk_keeps_serving_and_loses_nothing(tmp_path: Path) -> None:
         trials = intact_trials(state / "studies.db")
         assert trials > 0
 
-        running = start_daemon(state, log=log, env=EVERY_REQUEST_A_TRIAL)
+        running = start_daemon(state, log=log, env=shipped_tuning(tmp_path, 1.0))
         filler = _fill(state)
         assert _serve_through_write_errors(running, 4) == 0
         assert "policies_write_failed" in log.read_text()
@@ -176,7 +173,7 @@ def test_a_full_disk_keeps_serving_and_loses_nothing(tmp_path: Path) -> None:
 
         filler.unlink()  # space again: everything loads, requests are recorded again
         log.write_text("")
-        running = start_daemon(state, log=log, env=EVERY_REQUEST_A_TRIAL)
+        running = start_daemon(state, log=log, env=shipped_tuning(tmp_path, 1.0))
         try:
             response = _complete(running.url)
             assert response.status_code == 200
@@ -197,7 +194,7 @@ def test_kill_9_of_the_real_daemon_under_tuning_traffic(tmp_path: Path) -> None:
     trials = 0
     for round_ in range(3):
         log = tmp_path / f"daemon{round_}.log"
-        running = start_daemon(state, env=EVERY_REQUEST_A_TRIAL, log=log)
+        running = start_daemon(state, env=shipped_tuning(tmp_path, 1.0), log=log)
         if (state / "policies.json").exists():
             assert "policies_restored" in log.read_text()
         stop = threading.Event()
@@ -221,7 +218,7 @@ def test_kill_9_of_the_real_daemon_under_tuning_traffic(tmp_path: Path) -> None:
         trials = now
     assert trials > 0
     log = tmp_path / "daemon.log"
-    running = start_daemon(state, env=EVERY_REQUEST_A_TRIAL, log=log)
+    running = start_daemon(state, env=shipped_tuning(tmp_path, 1.0), log=log)
     try:
         assert _complete(running.url).status_code == 200
     finally:

@@ -45,10 +45,10 @@ size_m = [8, 16]
 def _tuned(tmp_path: Path, tuning_toml: str, **extra_env: str) -> tuple[Path, dict[str, str]]:
     """A fresh state dir and the daemon's environment for this tuning file (fixed seed)."""
     tuning = tmp_path / "tuning.toml"
-    tuning.write_text(tuning_toml)
+    tuning.write_text(f"seed = 7\n{tuning_toml}")
     state = tmp_path / "state"
     state.mkdir()
-    env = {"TUNER_TUNING_FILE": str(tuning), "TUNER_SEED": "7", "TUNER_THREADS": "2"}
+    env = {"TUNER_TUNING_FILE": str(tuning), "TUNER_THREADS": "2"}
     return state, env | extra_env
 
 
@@ -109,7 +109,11 @@ def test_engine_settles_per_class_on_real_llama_server(tmp_path: Path) -> None:
     state = tmp_path / "imported"
     imported = _tuner("policies", "import", str(export), "--state-dir", str(state))
     assert imported.startswith(f"{len(policies)} classes imported"), imported
-    again = start_daemon(state, env=env | {"TUNER_EXPLORE_SHARE": "0"})
+    frozen = tmp_path / "frozen.toml"
+    frozen.write_text(
+        (tmp_path / "tuning.toml").read_text().replace("explore_share = 1.0", "explore_share = 0.0")
+    )
+    again = start_daemon(state, env=env | {"TUNER_TUNING_FILE": str(frozen)})
     try:
         # the state dir is its own while it runs: no import under it, no second daemon on it
         for argv in (("policies", "import", str(export)), ("serve", "--port", "0")):

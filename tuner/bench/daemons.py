@@ -15,6 +15,7 @@ import shutil
 import signal
 import sys
 import time
+import tomllib
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from tuner.bench.analyse import FinalPolicy
 from tuner.bench.schedule import TUNER
 from tuner.errors import UpstreamError
 from tuner.settings import Settings
+from tuner.tuning.config import tuning_text
 from tuner.tuning.runtime.policy_file import POLICY_FILE
 from tuner.upstream.launch import Prepared
 from tuner.upstream.process import die_with_parent, free_port
@@ -61,7 +63,6 @@ class BenchOptions:
     baseline_repeats: int = 1  # baseline requests per item in each matrix repeat
     seed: int = 0
     matrix: tuple[str, ...] = DEFAULT_MATRIX
-    explore_share: float | None = None
     max_tokens: int | None = None
     challenger: Path | None = None  # a second tuner's tuning file, run side by side
     # the challenger daemon's own settings (TUNER_* environment variables), e.g. its
@@ -88,7 +89,6 @@ def daemon_env(
         TUNER_STATE_DIR=str(state),
         TUNER_PORT=str(port),
         TUNER_HOST="127.0.0.1",
-        TUNER_SEED=str(options.seed),
         TUNER_TUNE="true",
         TUNER_API_KEYS="",
         TUNER_LOG_FORMAT="json",
@@ -101,15 +101,28 @@ def daemon_env(
         env["TUNER_DRAFT_MODEL"] = str(prepared.draft)
     if settings.spec_args:
         env["TUNER_SPEC_ARGS"] = shlex.join(settings.spec_args)
-    if tuning is not None:  # the challenger: its own file decides, explore_share included
-        env["TUNER_TUNING_FILE"] = str(tuning)
-        env.pop("TUNER_EXPLORE_SHARE", None)
+    source = tuning or settings.tuning_file
+    if tuning is not None and options.challenger_code is not None:
+        # code from before 0.2.0 reads its seed from TUNER_SEED and refuses one in the file
+        env.update(TUNER_TUNING_FILE=str(tuning), TUNER_SEED=str(options.seed))
+    else:
+        env["TUNER_TUNING_FILE"] = str(seeded_tuning(state, source, options.seed))
+    if tuning is not None:  # the challenger: its own file and settings
         env.update(options.challenger_env)
         if options.challenger_code is not None:
             env["PYTHONPATH"] = str(options.challenger_code)
-    elif options.explore_share is not None:
-        env["TUNER_EXPLORE_SHARE"] = str(options.explore_share)
     return env
+
+
+def seeded_tuning(state: Path, source: Path | None, seed: int) -> Path:
+    """A copy of the tuning file (default: the shipped one) in the state dir, with the
+    bench's seed where the file sets none: the daemon's search is reproducible."""
+    text = tuning_text(source)
+    if "seed" not in tomllib.loads(text):
+        text = f"seed = {seed}  # tuner bench --seed\n{text}"
+    path = state / "tuning.toml"
+    path.write_text(text)
+    return path
 
 
 @asynccontextmanager

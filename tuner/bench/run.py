@@ -248,9 +248,7 @@ async def _run_bench(
         "repeats": options.repeats,
         "baseline_repeats": options.baseline_repeats,
         "tuner_requests_planned": options.requests,
-        "explore_share": options.explore_share
-        if options.explore_share is not None
-        else tuning_config(settings).budget.explore_share,
+        "explore_share": tuning_config(settings).budget.explore_share,
         "max_tokens": options.max_tokens,
     }
     if challenger is not None:

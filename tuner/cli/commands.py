@@ -238,7 +238,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
         baseline_repeats=args.baseline_repeats,
         seed=args.seed,
         matrix=tuple(args.matrix.split(",")) if args.matrix else DEFAULT_MATRIX,
-        explore_share=args.explore_share,
         max_tokens=args.max_tokens,
         challenger=challenger,
         challenger_env=tuple(args.challenger_env),
@@ -331,11 +330,24 @@ def cmd_classify(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_class(key: str, settings: Settings) -> None:
+    """A class key or one of its parents (``code``, ``code/echo``, ``all``), else exit 2."""
+    from tuner.classify.classes import load_definitions, parents
+
+    classes = load_definitions(settings.classes_file).all_classes()
+    if key not in {level for one in classes for level in parents(one)}:
+        raise ConfigError(
+            f"no class {key!r}: a class is group/echo|fresh/greedy|sampled or a part of it "
+            f"from the left, e.g. {classes[0]}, {classes[0].split('/')[0]} or all"
+        )
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     """The chosen policy per class with its evidence, read from the state dir."""
     from dataclasses import asdict
 
     from tuner.report.data import load_histories, load_history, load_report
+    from tuner.report.outlook import outlook
     from tuner.report.render import (
         as_json,
         as_markdown,
@@ -359,6 +371,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             "(--state-dir or TUNER_STATE_DIR names another)"
         )
     if args.class_key:
+        _check_class(args.class_key, settings)
         trials = load_history(state_dir, args.class_key)
         if args.format == "json":
             document = {"class": args.class_key, "trials": [asdict(t) for t in trials]}
@@ -369,6 +382,8 @@ def cmd_report(args: argparse.Namespace) -> int:
             print(history_table(args.class_key, trials), end="")
         return 0
     report = load_report(state_dir)
+    if not report.found and not report.unreadable:
+        report = replace(report, outlook=outlook(settings))
     render = {"json": as_json, "markdown": as_markdown}.get(args.format, as_table)
     print(render(report), end="")
     if args.plot:

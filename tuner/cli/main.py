@@ -214,12 +214,6 @@ def build_parser() -> argparse.ArgumentParser:
         "settings of every spec type the build supports)",
     )
     bench.add_argument(
-        "--explore-share",
-        type=_fraction,
-        dest="explore_share",
-        help="the tuner's exploration share (default: the tuning file's; not the challenger's)",
-    )
-    bench.add_argument(
         "--max-tokens", type=_positive, dest="max_tokens", help="override every item's max_tokens"
     )
     bench.add_argument(

@@ -187,15 +187,10 @@ SYNTHETIC_ACCEPTANCE = ("--spec-synth-len", "--spec-synth-rates")
 
 
 def tuning_config(settings: Settings) -> TuningConfig:
-    """The tuning file with the settings' exploration share, if given, over its budget's
-    and its one-instance mode's; replays off where ``spec_args`` force acceptance."""
+    """The tuning file, checked against the classes; replays off where ``spec_args``
+    force acceptance."""
     config = load_tuning(settings.tuning_file)
     check_overrides(config, load_definitions(settings.classes_file))
-    if settings.explore_share is not None:
-        share = {"explore_share": settings.explore_share}
-        budget = config.budget.model_copy(update=share)
-        single = config.single.model_copy(update=share)
-        config = config.model_copy(update={"budget": budget, "single": single})
     forced = [a for a in settings.spec_args if a.startswith(SYNTHETIC_ACCEPTANCE)]
     if forced and config.guard.replay:
         # the server accepts drafts at a forced rate whatever they say, so what a replay of
@@ -248,10 +243,10 @@ def plan_tuning(settings: Settings, prepared: Prepared, config: TuningConfig) ->
     url = settings.storage_url
     fleet = None
     if url is None:
-        studies = StudyBook(settings.state_dir / "studies.db", scope, seed=settings.seed)
+        studies = StudyBook(settings.state_dir / "studies.db", scope, seed=config.seed)
     else:  # one study per class for the fleet, of this build only
         scope = f"{meta['model_key']}@{meta['hardware_key']}@{caps.commit}"
-        studies = StudyBook(url, scope, seed=settings.seed)
+        studies = StudyBook(url, scope, seed=config.seed)
         node = f"{socket.gethostname()}:{settings.state_dir.resolve()}"
         require("psycopg")
         from tuner.fleet.ledger import Ledger, redact

@@ -32,7 +32,7 @@ from tuner.logs import configure_logging, get_logger
 from tuner.metrics import Metrics, RequestMetrics
 from tuner.proxy.app import create_app
 from tuner.records import RecordStore
-from tuner.settings import Settings
+from tuner.settings import Settings, retired_in_environment
 from tuner.statedir import state_dir_lock
 from tuner.systemd import Notifier, notify
 from tuner.upstream.provision import Progress, stderr_progress
@@ -43,7 +43,7 @@ log = get_logger(__name__)
 
 # Settings a SIGHUP applies in place; the ones it cannot apply at all (the proxy's own
 # socket, limits and state); any other change is served by a new topology (``Serving``).
-RELOADABLE = frozenset({"api_keys", "classes_file", "tuning_file", "explore_share", "log_level"})
+RELOADABLE = frozenset({"api_keys", "classes_file", "tuning_file", "log_level"})
 RESTART = frozenset(
     {"host", "port", "state_dir", "log_format", "max_body_bytes", "max_concurrent"}
     | {"drain_timeout_s"}
@@ -249,6 +249,8 @@ def serve(settings: Settings, reload_settings: Callable[[], Settings] | None = N
 
 
 def _serve(settings: Settings, reload_settings: Callable[[], Settings] | None) -> int:
+    for line in retired_in_environment():
+        log.warning("setting_retired", message=line)
     daemon = build_daemon(settings)
     config = uvicorn.Config(
         daemon.app,

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from tuner.classify.classes import ROOT
 from tuner.engines.choice import CHOICE_FILE, load_choice
 from tuner.errors import TunerError
+from tuner.report.outlook import Outlook
 from tuner.stats import Z90, Interval, ratio_interval, wilson
 from tuner.tuning.runtime.policy_file import POLICY_FILE, read_document, study_scope
 from tuner.tuning.variants import BASELINE
@@ -111,6 +112,7 @@ class Report:
     quarantine: dict[str, Any] = field(default_factory=dict)
     fleet: dict[str, Any] | None = None  # read from a fleet's database (``report.fleet``)
     engines: dict[str, Any] | None = None  # TUNER_ENGINE=auto: the engines measured, the choice
+    outlook: Outlook | None = None  # no policies yet: what the daemon will start with
 
     @property
     def requests(self) -> int:
@@ -153,6 +155,7 @@ class Report:
             "single": self.single,
             "quarantine": self.quarantine,
             "classes": [row.public() for row in self.classes],
+            "outlook": None if self.outlook is None else asdict(self.outlook),
             "fleet": self.fleet,
         }
 

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from tuner.report.data import ClassRow, Report
+from tuner.report.outlook import Outlook
 from tuner.tables import markdown_table, text_table
 
 if TYPE_CHECKING:
@@ -92,6 +93,28 @@ def _hardware(hw: dict[str, Any] | None) -> str:
     return f"{hw.get('cpu')}, {hw.get('cores')} cores, {hw.get('ram_gib')} GiB RAM, {gpus}"
 
 
+def _outlook(view: Outlook) -> list[str]:
+    """What a daemon with the current settings starts with, before it has served anything."""
+    head = f"model {view.model} on {view.engine}"
+    if view.tuning_off:
+        return [f"{head}; tuning is off ({view.tuning_off})"]
+    return [
+        f"{head}; tuning is on, over {len(view.classes)} classes: {', '.join(view.classes)}",
+        "every class starts without speculation"
+        + (
+            "; from the first requests their answers are replayed through the n-gram "
+            "variants, and the one that measures fastest on all traffic serves every class "
+            "once it measures above 1x on two requests"
+            if view.replays
+            else ""
+        ),
+        f"a class has a policy of its own after {view.own_policy_after} measured requests "
+        "(it borrows its parent's until then); each trial of another variant is measured "
+        f"on {view.trial_requests} of its requests, within {view.explore_share:.0%} of its "
+        "time (tuner variants: the search space and the prior's predictions)",
+    ]
+
+
 def _header(report: Report) -> list[str]:
     if report.unreadable:
         return [
@@ -101,7 +124,8 @@ def _header(report: Report) -> list[str]:
     if not report.found:
         return [
             f"no policies yet in {report.state_dir}: the daemon writes them there once it "
-            "has served requests with tuning on (TUNER_TUNE=true)"
+            "has served requests with tuning on (TUNER_TUNE=true)",
+            *(_outlook(report.outlook) if report.outlook else []),
         ]
     expected = report.expected_speedup
     traffic = sum(1 for row in report.classes if row.requests)

