@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.fake_llama import TIMINGS
-from tuner.records import RecordStore
+from tests.fake_llama import TIMINGS, FakeLlamaServer
+from tuner.records import RecordStore, read_records
 from tuner.upstream.client import UpstreamClient
 
 
@@ -96,3 +98,54 @@ def test_conversation_turns_are_counted_by_outcome(
     assert value(text, "tuner_session_turns_total", outcome="stayed", **key) == 2
     assert value(text, "tuner_session_turns_total", outcome="moved:pays", **key) == 1
     assert value(text, "tuner_session_turns_total", outcome="new", **key) == 1
+
+
+async def test_the_load_a_request_met_and_its_wait_at_the_gate_are_seen(
+    proxy: httpx.AsyncClient, store: RecordStore, fake: FakeLlamaServer
+) -> None:
+    """Three streams held open at once: each record says how many generation requests
+    were in flight as it arrived (itself included), and /metrics counts the levels."""
+    fake.hold_stream = asyncio.Event()
+    body = {"prompt": "Hello", "max_tokens": 4, "stream": True}
+
+    async def one() -> None:
+        async with proxy.stream("POST", "/v1/completions", json=body) as response:
+            await response.aread()
+
+    tasks = [asyncio.create_task(one()) for _ in range(3)]
+    while len(fake.requests) < 3:
+        await asyncio.sleep(0.01)
+    fake.hold_stream.set()
+    await asyncio.gather(*tasks)
+    await store.flush()
+    records = list(read_records(store.directory))
+    assert sorted(r.active for r in records if r.active is not None) == [1, 2, 3]
+    text = (await proxy.get("/metrics")).text
+    assert value(text, "tuner_active_requests_count") == 3
+    assert value(text, "tuner_active_requests_bucket", le="2.0") == 2
+
+
+def test_time_waited_at_the_gate_is_counted_per_class() -> None:
+    from prometheus_client import generate_latest
+
+    from tuner.metrics import RequestMetrics
+    from tuner.records import RequestRecord
+
+    metrics = RequestMetrics()
+    for i, wait in enumerate([250.0, 0.5, None]):
+        metrics.observe(
+            RequestRecord(
+                id=f"r{i}",
+                ts=0.0,
+                endpoint="/v1/completions",
+                stream=False,
+                status=200,
+                proxy_ms=300.0,
+                class_key="code/echo/greedy",
+                wait_ms=wait,
+            )
+        )
+    text = generate_latest(metrics.registry).decode()
+    code = {"class_key": "code/echo/greedy"}
+    assert value(text, "tuner_gate_wait_seconds_count", **code) == 2
+    assert value(text, "tuner_gate_wait_seconds_sum", **code) == pytest.approx(0.2505)

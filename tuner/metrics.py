@@ -40,6 +40,7 @@ __all__ = ["Metrics", "RequestMetrics"]
 
 _SECONDS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _TOKENS_PER_S = (5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000)
+_ACTIVE = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64)  # the load levels agents bring
 
 
 class _StateCollector(Collector):
@@ -124,6 +125,19 @@ class RequestMetrics:
             buckets=_SECONDS,
             registry=r,
         )
+        self.waited = Histogram(
+            "tuner_gate_wait_seconds",
+            "Time a request waited for another variant's requests to finish (the CPU gate)",
+            ["class_key"],
+            buckets=_SECONDS,
+            registry=r,
+        )
+        self.active = Histogram(
+            "tuner_active_requests",
+            "Generation requests in flight as a request arrived, itself included",
+            buckets=_ACTIVE,
+            registry=r,
+        )
         self.decode = Histogram(
             "tuner_decode_tokens_per_second",
             "llama-server's decode speed per request",
@@ -140,6 +154,10 @@ class RequestMetrics:
             self.overhead.observe(max(record.overhead_ms, 0.0) / 1000)
         if record.session is not None:
             self.turns.labels(arm[0], record.session).inc()
+        if record.wait_ms is not None:
+            self.waited.labels(arm[0]).observe(record.wait_ms / 1000)
+        if record.active is not None:
+            self.active.observe(record.active)
         t = record.timings
         if t is None:
             return

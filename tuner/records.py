@@ -98,6 +98,7 @@ class RequestRecord(BaseModel):
     upstream_ms: float | None = None  # request sent upstream to last byte received
     ttfb_ms: float | None = None  # request sent upstream to response headers
     wait_ms: float | None = None  # queued behind another variant (exclusive variants)
+    active: int | None = None  # generation requests in flight as it arrived, itself included
     timings: Timings | None = None
     # Filled in by the classifier and the tuner.
     class_key: str | None = None

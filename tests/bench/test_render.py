@@ -50,10 +50,10 @@ def test_markdown_without_static_arms_judges_against_baseline_only() -> None:
 
 
 def documented_fields() -> set[str]:
-    """Every backticked name in docs/bench.md's summary.json table."""
+    """Every backticked name in docs/bench-summary.md's summary.json table."""
     import re
 
-    text = (Path(__file__).resolve().parents[2] / "docs" / "bench.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "bench-summary.md").read_text()
     table = text.split("`summary.json` (schema `spec-tuner/bench/1`):")[1].split("\n###")[0]
     names = set()
     for cell in re.findall(r"^\| ([^|]+) \|", table, re.M):
@@ -72,7 +72,7 @@ def assert_documented(summary: dict[str, object]) -> None:
     keys = set(summary) | set(overall) | {k for c in classes.values() for k in c}
     keys |= {k for arms in [overall["arms"]] for a in arms.values() for k in a}
     missing = keys - fields
-    assert not missing, f"summary fields missing from docs/bench.md: {sorted(missing)}"
+    assert not missing, f"summary fields missing from docs/bench-summary.md: {sorted(missing)}"
 
 
 def test_the_docs_document_every_summary_field() -> None:

@@ -50,3 +50,27 @@ async def test_it_gives_up_after_three_shorter_tries_or_with_nothing_to_shorten(
     fake.requests.clear()
     answer = await proxy.post("/v1/completions", json={"prompt": "x"})
     assert answer.status_code == 502 and len(fake.requests) == 1
+
+
+async def test_a_single_token_inside_a_character_is_answered_with_no_text(
+    proxy: httpx.AsyncClient, fake: FakeLlamaServer, store: RecordStore
+) -> None:
+    """ik_llama.cpp 55d3c05 on the prompt "a\\U000e9383b" (the real fuzz run): its one token
+    is part of a character, so no shorter request exists; mainline answers no text."""
+    fake.plain_error = (500, CUT)
+    for path, body, text in (
+        ("/v1/completions", {"prompt": "x", "max_tokens": 2}, lambda a: a["choices"][0]["text"]),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1},
+            lambda a: a["choices"][0]["message"]["content"],
+        ),
+        ("/completion", {"prompt": "x", "n_predict": 1}, lambda a: a["content"]),
+    ):
+        answer = await proxy.post(path, json=body)
+        assert answer.status_code == 200, (path, answer.text)
+        assert text(answer.json()) == "", path
+        assert (await next_record(store)).status == 200
+    assert [r["body"].get("max_tokens", r["body"].get("n_predict")) for r in fake.requests] == [
+        *[2, 1, 1, 1]
+    ]

@@ -3,7 +3,8 @@ and what it was sent; a streamed POST sends numbered events slowly, so that a te
 it in the middle.
 
 Usage: pool_child.py FLAG... --port PORT   (``--fail`` among the flags: exit at once;
-``--slow``: take a second and a half to start, as a model loads)
+``--slow``: take a second and a half to start, as a model loads; ``--slow-stop``: a second
+to stop)
 The real engine's pool is exercised in tests/integration/test_pool_real.py.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -64,6 +66,8 @@ def main() -> None:
     port = int(args[args.index("--port") + 1])
     if "--slow" in args:
         time.sleep(1.5)
+    if "--slow-stop" in args:  # as a model server finishing its requests
+        signal.signal(signal.SIGTERM, lambda *_: (time.sleep(1.0), os._exit(0)))
     ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
 
 

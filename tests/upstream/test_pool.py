@@ -174,6 +174,28 @@ async def test_where_one_instance_fits_a_variant_serves_in_place_of_the_warm_one
         await pool.stop()
 
 
+async def test_where_one_instance_fits_a_switch_is_never_an_outage(tmp_path: Path) -> None:
+    """Capacity 1: while the running instance stops (a second, as a model server finishes)
+    and the next one starts, the pool stays ready both ways, so the daemon refuses no request
+    (on ik_llama.cpp it answered 503 during a switch)."""
+    members = [Member("none", ("--none", "--slow-stop")), Member("b", ("--b", "--slow-stop"))]
+    pool = Pool(members, argv, capacity=1, log_dir=tmp_path, startup_timeout_s=20)
+    await pool.start()
+    await pool.wait_ready(20)
+    try:
+        async with client_of(pool) as client:
+            for target in ("b", "none"):
+                switching = asyncio.create_task(ask(pool, target))
+                health = []
+                while not switching.done():
+                    health.append((await client.get("/health")).status_code)
+                    await asyncio.sleep(0.05)
+                assert switching.result().status_code == 200
+                assert len(health) > 5 and set(health) == {200}, (target, health)
+    finally:
+        await pool.stop()
+
+
 async def test_a_killed_instance_is_started_again_by_the_next_request(pool: Pool) -> None:
     first = (await ask(pool, "mod.max16", prompt="x")).json()["pid"]
     os.kill(first, signal.SIGKILL)

@@ -111,7 +111,12 @@ def as_json(view: SpaceView) -> str:
 def as_table(view: SpaceView) -> str:
     head = f"{view.model}: {len(view.variants)} speculative variants besides none"
     head += f" (MTP layers: {view.mtp_layers}; draft: {view.draft or 'none'})\n"
-    head += "predicted speedup from the prior, before any request is measured:\n\n"
+    head += (
+        "predicted speedup from the prior, before any request is measured: it assumes an "
+        "acceptance per kind of text (the tuning file's [prior]) and orders the first "
+        "trials; measurements replace it from the first requests, and on fresh text they "
+        "usually read lower, often no gain at all\n\n"
+    )
     rows = [[v.name, *(predicted[k] for k in KINDS)] for v, predicted in view.variants]
     body = text_table(["variant", *KINDS], rows) + "\n"
     gone = "".join(f"  {t}: {why}\n" for t, why in view.absent.items())

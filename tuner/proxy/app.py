@@ -144,6 +144,7 @@ class _Handlers:
             backend = self.backend  # this request's, to its last byte
             trace.engine = backend.engine
             self.in_flight += 1
+            trace.active = self.in_flight
             backend.begin()
             handed_over, hold = False, _Hold(backend.gate)
 
@@ -245,6 +246,7 @@ class _Handlers:
         trace.note_body(body)
         trace.class_key, trace.features = failed.class_key, failed.features
         trace.prompt_chars, trace.engine = failed.prompt_chars, failed.engine
+        trace.active = failed.active
         return trace
 
     @staticmethod

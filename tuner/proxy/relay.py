@@ -17,6 +17,7 @@ from functools import partial
 from typing import Any
 
 import anyio
+import httpx
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
@@ -28,7 +29,13 @@ from tuner.proxy.openai_errors import (
     sse_error_event,
     translate_upstream_error,
 )
-from tuner.proxy.quirks import CUT_CHARACTER_TRIES, cut_character, one_token_fewer
+from tuner.proxy.quirks import (
+    CUT_CHARACTER_TRIES,
+    cut_character,
+    empty_answer,
+    one_token,
+    one_token_fewer,
+)
 from tuner.proxy.sse import ModelRename, TimingsSniffer
 from tuner.proxy.trace import Trace
 from tuner.upstream.client import UpstreamClient, UpstreamDisconnected, UpstreamResponse
@@ -247,6 +254,12 @@ async def _whole_characters(
         log.info("upstream_resend_shorter", reason="the reply ended inside a character")
         body, raw = shorter, json.dumps(shorter, ensure_ascii=False).encode()
         response, data = await _watched(stall, path, raw)
+    if cut_character(response.status_code, data) and one_token(body):
+        log.info("upstream_answer_empty", reason="the one token ends inside a character")
+        answer = empty_answer(path, body)
+        kind = "application/json"
+        whole = httpx.Response(200, content=answer, headers={"content-type": kind})
+        return UpstreamResponse(200, kind, whole), None
     return response, data
 
 

@@ -49,6 +49,7 @@ class Trace:
     session: str | None = None
     prompt_chars: int | None = None
     wait_ms: float | None = None
+    active: int | None = None  # generation requests in flight as it arrived, itself included
     engine: str | None = None  # the llama-server engine it was sent to
     finished: bool = False
     error: str | None = None  # what it finished with, for the second try's caller
@@ -110,6 +111,7 @@ class Trace:
             else (self.t_headers - self.t_send) * 1000,
             timings=parsed,
             wait_ms=self.wait_ms,
+            active=self.active,
             class_key=self.class_key,
             features=self.features,
             variant=self.variant,

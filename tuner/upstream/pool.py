@@ -69,6 +69,7 @@ class _Instance:
         self.process: asyncio.subprocess.Process | None = None
         self.ready = asyncio.Event()
         self.starting: asyncio.Task[None] | None = None
+        self.making_room = False  # others are being stopped so that it can start
         self.failure: str | None = None
         self.inflight = 0
         self.admitted = asyncio.Semaphore(ADMITTED)  # generation requests
@@ -80,7 +81,7 @@ class _Instance:
 
     @property
     def launching(self) -> bool:
-        return self.starting is not None and not self.starting.done()
+        return self.making_room or (self.starting is not None and not self.starting.done())
 
     @property
     def url(self) -> str:
@@ -158,7 +159,7 @@ class Pool(httpx.AsyncBaseTransport):
             # refused while the pool is not ready, so none of them would. Where one instance
             # fits, the one serving a variant in its place is as ready (one-at-a-time mode)
             warm = self._instance_of(self.warm)
-            ready = warm.ready.is_set() or self._serving_in_place_of(warm)
+            ready = warm.ready.is_set() or self._one_fits_and_runs()
             if not ready:
                 with contextlib.suppress(RuntimeError):  # stopping
                     await self._ensure(warm, wait=False)
@@ -265,10 +266,12 @@ class Pool(httpx.AsyncBaseTransport):
 
     # -- instances -----------------------------------------------------------------------
 
-    def _serving_in_place_of(self, warm: _Instance) -> bool:
-        """Only one instance fits and another than the warm one runs or is starting."""
-        others = (i for i in self._instances.values() if i is not warm)
-        return self.capacity == 1 and any(i.ready.is_set() or i.launching for i in others)
+    def _one_fits_and_runs(self) -> bool:
+        """Only one instance fits and one runs or is starting (the warm one again, or
+        another in its place): requests wait for it; the switch is no outage."""
+        return self.capacity == 1 and any(
+            i.ready.is_set() or i.launching for i in self._instances.values()
+        )
 
     def _instance_of(self, name: str) -> _Instance:
         return self._instances[self.members[name].flags]
@@ -279,7 +282,11 @@ class Pool(httpx.AsyncBaseTransport):
             if self._stopping:
                 raise RuntimeError("the daemon is stopping")
             if not instance.running and not instance.launching:
-                await self._make_room(instance)
+                instance.making_room = True
+                try:
+                    await self._make_room(instance)
+                finally:
+                    instance.making_room = False
                 instance.ready.clear()
                 instance.failure = None
                 instance.starting = asyncio.create_task(self._launch(instance))
