@@ -18,7 +18,7 @@ from tuner.statedir import state_dir_lock
 from tuner.transfer import Machine, export_policies, import_policies, refusal
 from tuner.tuning.runtime.policy_file import POLICY_FILE, VERSION, save_policies
 
-HERE = Machine("gemma", "gemma-abc", "hw-1", "c0ffee")
+HERE = Machine("gemma", "gemma-abc", "hw-1", {"llama.cpp": "c0ffee"})
 META = {"model": "gemma", "model_key": "gemma-abc", "build": "c0ffee", "hardware_key": "hw-1"}
 CLASSES = {
     "code/echo/greedy": {"policy": {"variant": "ngram-simple.n3.m16", "speculation": True}},
@@ -77,7 +77,7 @@ def test_the_build_is_not_checked_where_no_llama_server_is_installed_yet() -> No
         "policies": {"version": VERSION, **META, "build": "other", "classes": {}},
     }
     assert refusal(wrapped, HERE) is not None
-    assert refusal(wrapped, Machine("gemma", "gemma-abc", "hw-1", None)) is None
+    assert refusal(wrapped, Machine("gemma", "gemma-abc", "hw-1", {})) is None
 
 
 @pytest.mark.parametrize(
@@ -163,7 +163,10 @@ def test_the_example_export_in_policies_is_one_this_version_imports() -> None:
     wrapped = json.loads(path.read_text())
     policies = wrapped["policies"]
     learned_on = Machine(
-        policies["model"], policies["model_key"], policies["hardware_key"], policies["build"]
+        policies["model"],
+        policies["model_key"],
+        policies["hardware_key"],
+        {policies.get("engine") or "llama.cpp": policies["build"]},
     )
     assert refusal(wrapped, learned_on) is None
     assert refusal(wrapped, HERE) is not None
@@ -185,7 +188,9 @@ def test_an_export_of_the_previous_version_is_migrated_and_served(tmp_path: Path
     source = Path(__file__).parent / "data" / "policies-export-v2.json"
     old = json.loads(source.read_text())["policies"]
     assert old["version"] == VERSION - 1
-    here = Machine("gemma-3-270m", old["model_key"], old["hardware_key"], old["build"])
+    here = Machine(
+        "gemma-3-270m", old["model_key"], old["hardware_key"], {"llama.cpp": old["build"]}
+    )
     done = import_policies(source, tmp_path / "state", here)
     assert done["classes"] == sorted(old["classes"])
     document = json.loads((tmp_path / "state" / POLICY_FILE).read_text())
@@ -211,3 +216,22 @@ def test_an_export_of_the_previous_version_is_migrated_and_served(tmp_path: Path
         }
         assert was.policy is not None and now.policy is not None
         assert now.policy.variant == was.policy.variant
+
+
+def test_an_export_is_checked_against_the_build_of_the_engine_it_was_learned_on() -> None:
+    """Learned on ik_llama.cpp: a daemon that serves on either engine (auto) takes it where
+    its ik_llama.cpp build is the same; one pinned to mainline names the engine it lacks."""
+    wrapped = {
+        "format": "spec-tuner-policies",
+        "format_version": 1,
+        "policies": {"version": VERSION, **META, "engine": "ik_llama.cpp", "build": "55d3c05"},
+    }
+    wrapped["policies"]["classes"] = {}
+    both = Machine("gemma", "gemma-abc", "hw-1", {"llama.cpp": "c0ffee", "ik_llama.cpp": "55d3c05"})
+    assert refusal(wrapped, both) is None
+    newer = {**both.builds, "ik_llama.cpp": "8337e4c"}
+    assert refusal(wrapped, Machine("gemma", "gemma-abc", "hw-1", newer)) == (
+        "learned on ik_llama.cpp build 55d3c05; this one is 8337e4c"
+    )
+    why = refusal(wrapped, HERE)
+    assert why is not None and "tuner provision --engine ik_llama.cpp" in why

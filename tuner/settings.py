@@ -78,9 +78,9 @@ class Settings(BaseSettings):
         None, description="llama-server binary; default: PATH, then a cached build"
     )
     engine: EngineSetting = Field(
-        "llama.cpp",
-        description="the llama-server engine when no binary is named: llama.cpp (mainline), "
-        "ik_llama.cpp, or auto (both built and measured here; the faster one serves)",
+        "auto",
+        description="the llama-server engine when no binary is named: auto (both built and "
+        "measured here; the faster one serves), llama.cpp (mainline) or ik_llama.cpp",
     )
     llama_cuda: Literal["auto", "on", "off"] = Field(
         "auto", description="build llama-server for CUDA: auto = nvcc and a GPU present"

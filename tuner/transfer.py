@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,13 +34,13 @@ FORMAT_VERSION = 1
 
 @dataclass(frozen=True, slots=True)
 class Machine:
-    """What an import is checked against: this machine's model, hardware and build keys
-    (``build`` None when no llama-server is installed yet: not checked)."""
+    """What an import is checked against: this machine's model, hardware and the build of
+    each engine the daemon may serve on (none installed yet: not checked)."""
 
     model: str
     model_key: str
     hardware_key: str
-    build: str | None
+    builds: Mapping[str, str | None]  # engine -> its build's commit
 
 
 def export_policies(state_dir: Path, target: Path) -> dict[str, Any]:
@@ -61,7 +62,7 @@ def export_policies(state_dir: Path, target: Path) -> dict[str, Any]:
 def refusal(wrapped: object, here: Machine) -> str | None:
     """Why this export cannot be imported here, or None when it can.
 
-    >>> here = Machine("m", "m-1", "hw-1", "abc")
+    >>> here = Machine("m", "m-1", "hw-1", {"llama.cpp": "abc"})
     >>> ok = {"format": FORMAT, "format_version": 1, "policies": {"version": 3,
     ...       "model_key": "m-1", "hardware_key": "hw-1", "build": "abc", "classes": {}}}
     >>> refusal(ok, here) is None
@@ -88,8 +89,15 @@ def refusal(wrapped: object, here: Machine) -> str | None:
             f"learned on another kind of machine ({policies.get('hardware_key')}; "
             f"this one is {here.hardware_key}): its speedups do not carry over"
         )
-    if here.build is not None and policies.get("build") != here.build:
-        return f"learned on llama.cpp build {policies.get('build')}; this one is {here.build}"
+    engine = policies.get("engine") or "llama.cpp"  # files before engines were named
+    if here.builds and engine not in here.builds:
+        return (
+            f"learned on {engine}, which this daemon does not serve on "
+            f"({', '.join(here.builds)}; tuner provision --engine {engine} builds it)"
+        )
+    build = here.builds.get(engine)
+    if build is not None and policies.get("build") != build:
+        return f"learned on {engine} build {policies.get('build')}; this one is {build}"
     return None
 
 
@@ -121,20 +129,32 @@ def import_policies(source: Path, state_dir: Path, here: Machine) -> dict[str, A
 
 def this_machine(settings: Settings) -> Machine:
     """The keys an import is checked against: the configured model on this machine, and
-    the build of the llama-server installed here (None when there is none yet)."""
+    the builds of the engines installed here that the settings let the daemon serve on:
+    the named binary's, the pinned engine's, or with ``auto`` every one built."""
     from tuner.profiles import fingerprint_key, hardware_fingerprint, model_key
     from tuner.upstream.capabilities import probe_capabilities
     from tuner.upstream.launch import model_alias, resolve_model
-    from tuner.upstream.provision import locate_llama_server
+    from tuner.upstream.provision import built_engines, locate_llama_server
+    from tuner.upstream.sources import ENGINES
 
     model, _ = resolve_model(settings)
-    try:
-        binary = locate_llama_server(
-            settings.llama_server, settings.cache_dir, build=False, cuda=settings.llama_cuda
-        )
-    except ProvisionError:
-        build = None
-    else:
-        build = probe_capabilities(binary).commit
+    if settings.engine == "auto" and settings.llama_server is None:
+        engines = built_engines(settings.cache_dir, settings.llama_cuda)
+    else:  # a named binary is used whatever its engine
+        engines = [next((e for e in ENGINES if e == settings.engine), ENGINES[0])]
+    builds: dict[str, str | None] = {}
+    for engine in engines:
+        try:
+            binary = locate_llama_server(
+                settings.llama_server,
+                settings.cache_dir,
+                engine=engine,
+                build=False,
+                cuda=settings.llama_cuda,
+            )
+        except ProvisionError:
+            continue
+        caps = probe_capabilities(binary)
+        builds[caps.engine] = caps.commit
     hardware = fingerprint_key(hardware_fingerprint())
-    return Machine(model_alias(settings, model), model_key(model), hardware, build)
+    return Machine(model_alias(settings, model), model_key(model), hardware, builds)

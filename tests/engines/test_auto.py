@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -35,10 +36,11 @@ SPEEDS = {"llama.cpp": 100.0, "ik_llama.cpp": 150.0}
 class _World:
     """What is built, what builds cost, and what each measurement finds."""
 
-    def __init__(self, built: list[EngineName]) -> None:
+    def __init__(self, built: list[EngineName], mtp_layers: int = 0) -> None:
         self.built = built
         self.builds: list[str] = []
         self.measured = 0
+        self.facts = SimpleNamespace(nextn_layers=mtp_layers, architecture="gemma3")
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(auto, "built_engines", lambda *a: list(self.built))
@@ -46,6 +48,7 @@ class _World:
         monkeypatch.setattr(auto, "prepare_built", self.prepare_built)
         monkeypatch.setattr(auto, "measure_engines", self.measure)
         monkeypatch.setattr(auto, "locate_llama_server", self.build)
+        monkeypatch.setattr(auto, "read_facts", lambda path: self.facts)
 
     def prepare_built(self, settings: Settings) -> list[Prepared]:
         return [Prepared(Path(f"/{e}"), CAPS[e], Path("/m.gguf"), None) for e in self.built]
@@ -158,3 +161,20 @@ def test_the_first_engine_is_the_kept_choice_where_built_else_the_first_built(
     assert first_engine(settings) == "ik_llama.cpp"
     built.remove("ik_llama.cpp")  # chosen, but gone from the cache
     assert first_engine(settings) == "llama.cpp"
+
+
+async def test_a_model_whose_heads_only_one_engine_drafts_with_goes_to_it_unmeasured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MTP (next-n) layers: mainline drafts with them, ik_llama.cpp 55d3c05 cannot, so the
+    daemon serves on mainline without measuring, and says why."""
+    world = _World(["llama.cpp", "ik_llama.cpp"], mtp_layers=1)
+    world.install(monkeypatch)
+    selector, switched = _selector(tmp_path, "ik_llama.cpp")
+    await _run(selector)
+    assert world.measured == 0 and switched == ["llama.cpp"]
+    status = selector.status()
+    assert "MTP (next-n) layers, which only llama.cpp drafts with" in status["engine_why"]
+    assert status["engines"]["ik_llama.cpp"]["unavailable"] == status["engine_why"]
+    kept = load_choice(tmp_path / CHOICE_FILE)
+    assert kept is not None and kept.engine == "llama.cpp"

@@ -137,7 +137,13 @@ def test_an_export_imported_into_another_member_counts_nothing_twice(
             tmp_path / "a" / POLICY_FILE, META, a.snapshot(), extra={"fleet": sync_a.describe()}
         )
     export_policies(tmp_path / "a", tmp_path / "export.json")
-    import_policies(tmp_path / "export.json", tmp_path / "c", Machine(**META))
+    import_policies(
+        tmp_path / "export.json",
+        tmp_path / "c",
+        Machine(
+            META["model"], META["model_key"], META["hardware_key"], {"llama.cpp": META["build"]}
+        ),
+    )
     drive(b, sim, schedule(40, seed=4))
     assert sync_b.sync(b)
     # c starts on the imported file, as ``TuningService.start`` does, a long after

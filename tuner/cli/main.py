@@ -110,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--engine",
         choices=("auto", *ENGINES),
-        help="the llama-server engine (TUNER_ENGINE; default llama.cpp; auto: the faster here)",
+        help="the llama-server engine (TUNER_ENGINE; default auto: both measured here, the "
+        "faster serves)",
     )
     serve.add_argument("--llama-server", dest="llama_server", help="llama-server binary")
     serve.add_argument(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,13 +23,16 @@ from prometheus_client.registry import Collector
 from tuner.engines.choice import (
     CHOICE_FILE,
     EngineChoice,
+    EngineResult,
     load_choice,
     new_choice,
+    only_engine_for,
     save_choice,
 )
 from tuner.engines.measure import calibration_prompts, measure_engines
 from tuner.errors import TunerError
 from tuner.logs import get_logger
+from tuner.model.gguf_facts import draft_type, read_facts
 from tuner.profiles import fingerprint_key, hardware_fingerprint, model_key
 from tuner.settings import Settings
 from tuner.upstream.launch import Prepared, prepare
@@ -91,7 +95,7 @@ class EngineSelector(Collector):
                 engines[name] = {"status": "building", "progress": self.building[name]}
             elif (result := results.get(name)) is not None and result.measured:
                 engines[name] = {"tok_s": result.tok_s, "setting": result.setting}
-            elif result is not None:
+            elif result is not None and result.unavailable is not None:
                 engines[name] = {"unavailable": result.unavailable}
             else:
                 engines[name] = {"status": self.state}
@@ -123,7 +127,11 @@ class EngineSelector(Collector):
                 return
             keys = await asyncio.to_thread(measurement_keys, prepared[0].model)
             builds = {p.capabilities.engine: p.capabilities.commit for p in prepared}
-            if self.choice is None or not self.choice.valid_for(*keys, builds):
+            forced = await asyncio.to_thread(_forced, prepared)
+            if forced is not None:  # nothing to measure: only one engine runs the model's head
+                self.choice = _forced_choice(*forced, keys, prepared)
+                await asyncio.to_thread(save_choice, self.path, self.choice)
+            elif self.choice is None or not self.choice.valid_for(*keys, builds):
                 self.state = "measuring"
                 log.info("engines_measuring", engines=list(builds))
                 self.choice = await self._measure(prepared, keys)
@@ -167,6 +175,39 @@ class EngineSelector(Collector):
         for result in choice.results:
             log.info("engine_measured", **result.model_dump(exclude={"settings"}))
         return choice
+
+
+def _forced(prepared: list[Prepared]) -> tuple[EngineName, str] | None:
+    """The engine the model's own heads or its draft's kind need, where only one has it."""
+    facts = read_facts(prepared[0].model)
+    needs = {"draft-mtp": "the model has MTP (next-n) layers"} if facts.nextn_layers else {}
+    draft = prepared[0].draft
+    if draft is not None:
+        kind = draft_type(read_facts(draft).architecture)
+        needs[kind] = f"the draft model is run as {kind}"
+    supports = {p.capabilities.engine: p.capabilities.spec_types for p in prepared}
+    return only_engine_for(needs, supports)
+
+
+def _forced_choice(
+    engine: EngineName, why: str, keys: tuple[str, str], prepared: list[Prepared]
+) -> EngineChoice:
+    results = tuple(
+        EngineResult(
+            engine=p.capabilities.engine,
+            build=p.capabilities.commit,
+            unavailable=None if p.capabilities.engine == engine else why,
+        )
+        for p in prepared
+    )
+    return EngineChoice(
+        model_key=keys[0],
+        hardware_key=keys[1],
+        measured_at=time.time(),
+        results=results,
+        engine=engine,
+        why=why,
+    )
 
 
 def _engine(name: str | None) -> EngineName | None:

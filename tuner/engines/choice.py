@@ -10,6 +10,7 @@ short calibration run are not worth a switch.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -26,6 +27,7 @@ __all__ = [
     "EngineResult",
     "choose",
     "load_choice",
+    "only_engine_for",
     "save_choice",
 ]
 
@@ -117,6 +119,24 @@ def choose(results: tuple[EngineResult, ...], serving: EngineName | None) -> tup
         best.engine,
         f"measured fastest: {best.tok_s:.1f} tok/s ({best.setting}) against {against}",
     )
+
+
+def only_engine_for(
+    needs: Mapping[str, str], supports: Mapping[EngineName, frozenset[str]]
+) -> tuple[EngineName, str] | None:
+    """Where the model or its draft can be drafted with in a way only one engine can
+    (``needs``: spec type -> what of the model or draft asks for it), that engine and why;
+    None where every engine runs all of them.
+
+    >>> only_engine_for({"draft-mtp": "the model has MTP (next-n) layers"},
+    ...     {"llama.cpp": frozenset({"draft-mtp"}), "ik_llama.cpp": frozenset()})[1]
+    'the model has MTP (next-n) layers, which only llama.cpp drafts with (draft-mtp)'
+    """
+    for spec_type, what in needs.items():
+        able = [engine for engine, types in supports.items() if spec_type in types]
+        if len(able) == 1 and len(supports) > 1:
+            return able[0], f"{what}, which only {able[0]} drafts with ({spec_type})"
+    return None
 
 
 def load_choice(path: Path) -> EngineChoice | None:

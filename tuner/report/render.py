@@ -95,7 +95,8 @@ def _hardware(hw: dict[str, Any] | None) -> str:
 
 def _outlook(view: Outlook) -> list[str]:
     """What a daemon with the current settings starts with, before it has served anything."""
-    head = f"model {view.model} on {view.engine}"
+    engine = "the engine measured faster here (auto)" if view.engine == "auto" else view.engine
+    head = f"model {view.model} on {engine}"
     if view.tuning_off:
         return [f"{head}; tuning is off ({view.tuning_off})"]
     return [
