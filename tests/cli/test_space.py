@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.conftest import require
 from tests.model.synthetic_gguf import write_gguf
 from tests.tuning.test_variants import caps_of
 from tuner.cli.space import KINDS, as_json, as_table, space_view
@@ -63,6 +64,7 @@ def test_the_view_predicts_every_kind_of_class_and_says_why_types_are_absent(
 @pytest.mark.llama
 def test_tuner_variants_lists_mtp_variants_for_a_target_with_heads(tmp_path: Path) -> None:
     """On the installed llama-server, as a user runs it."""
+    require("draft-mtp")
     target = _mtp_target(tmp_path / "mtp.gguf", 1)
     done = subprocess.run(
         [sys.executable, "-m", "tuner", "variants", "--model", str(target), "--format", "json"],
@@ -96,6 +98,7 @@ def test_a_draft_is_searched_as_the_kind_its_gguf_says(tmp_path: Path) -> None:
 def test_tuner_variants_searches_an_eagle3_draft_as_draft_eagle3(tmp_path: Path) -> None:
     """The vocabulary rule, which stops the daemon for a mismatched plain draft, is not
     applied to an EAGLE3 head; the space holds its variants."""
+    require("draft-eagle3")
     eagle = write_gguf(tmp_path / "eagle.gguf", "eagle3")
     done = subprocess.run(
         [sys.executable, "-m", "tuner", "variants", "--draft", str(eagle), "--format", "json"],

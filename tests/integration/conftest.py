@@ -6,6 +6,7 @@ and are marked ``llama``; ``make test`` runs them, ``make unit`` leaves them out
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -24,8 +25,12 @@ import psutil
 import pytest
 from openai import OpenAI
 
+from tuner.settings import Settings
 from tuner.tuning.config import tuning_text
+from tuner.upstream.capabilities import Capabilities, probe_capabilities
 from tuner.upstream.process import free_port
+from tuner.upstream.provision import locate_llama_server
+from tuner.upstream.sources import ENGINES
 
 
 @dataclass
@@ -71,6 +76,25 @@ class RunningDaemon:
 # the engine the suite runs beneath the daemon (TUNER_ENGINE=ik_llama.cpp make integration
 # for the other); a test of TUNER_ENGINE=auto sets it itself
 TEST_ENGINE = os.environ.get("TUNER_ENGINE", "llama.cpp")
+
+
+@functools.cache
+def engine_caps() -> Capabilities:
+    """What the build beneath the suite's daemons can do (``TUNER_ENGINE``'s)."""
+    engine = next(e for e in ENGINES if e == TEST_ENGINE)
+    binary = locate_llama_server(None, Settings().cache_dir, engine=engine, build=False)
+    return probe_capabilities(binary)
+
+
+def require(spec_type: str, *flags: str) -> None:
+    """Skip the test where the engine beneath the suite cannot run ``spec_type`` or lacks
+    one of ``flags``: a test of what only one engine has is skipped on the other by
+    capability, not by name."""
+    caps = engine_caps()
+    missing = [f for f in flags if not caps.has_flag(f)]
+    if not caps.supports_spec_type(spec_type) or missing:
+        lacks = ", ".join([spec_type] if not caps.supports_spec_type(spec_type) else missing)
+        pytest.skip(f"{TEST_ENGINE} {caps.commit} has no {lacks}")
 
 
 class Clients:

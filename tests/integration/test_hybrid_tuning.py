@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.conftest import start_daemon
+from tests.integration.conftest import require, start_daemon
 from tests.integration.test_bench import tuner
 from tuner.settings import load_settings
 from tuner.upstream.provision import default_vocab
@@ -50,6 +50,7 @@ def _serve(
 ) -> tuple[list[str], Any]:
     """The daemon on ``model`` at forced acceptance, choosing between MTP drafts of one and
     ``longest`` tokens: the variant of each answer, and the class's saved policy."""
+    require("draft-mtp", "--spec-synth-rates")
     (tmp_path / "tuning.toml").write_text(MTP_ONLY.format(longest=longest))
     state = tmp_path / "state"
     state.mkdir()
