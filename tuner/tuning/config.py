@@ -73,7 +73,10 @@ class Prior(_Strict):
     enqueue: int = Field(3, ge=0)
     ngram_match: float = Field(0.15, gt=0.0, le=1.0)
     ngram_copy_tokens: float = Field(16.0, ge=1.0)
-    alpha_scale: dict[str, float] = Field(default_factory=dict)
+    # per spec type, relative to the class's guess: n-gram caches and k4v maps draft less
+    alpha_scale: dict[str, float] = Field(
+        default_factory=lambda: {"ngram-cache": 0.5, "ngram-map-k4v": 0.9}
+    )
 
 
 class Single(_Strict):
