@@ -168,3 +168,19 @@ def test_report_of_a_class_that_is_none_is_an_error(
     assert "no class 'prose'" in capsys.readouterr().err
     assert main(["report", "--state-dir", str(tmp_path), "--class", "code/echo"]) == 0
     assert "no trials recorded for class 'code/echo'" in capsys.readouterr().out
+
+
+def test_every_option_of_every_command_says_what_it_does() -> None:
+    import argparse
+
+    from tuner.cli.main import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    bare = [
+        f"{name} {action.option_strings or action.dest}"
+        for name, command in commands.choices.items()
+        for action in command._actions
+        if action.help is None and action.dest != "help"
+    ]
+    assert bare == []

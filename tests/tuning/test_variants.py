@@ -16,6 +16,7 @@ from tuner.tuning.config import Override, TuningConfig, load_tuning
 from tuner.tuning.policy.prior import rank
 from tuner.tuning.variants import (
     AUTOTUNE,
+    BASELINE,
     PARAMS,
     Variant,
     autotune_space,
@@ -289,3 +290,22 @@ def test_ik_llama_cpp_autotune_is_one_more_setting_of_the_types_it_tunes() -> No
     assert not any(v.autotuned for v in grid(space, mainline))
     asked = {"ngram-mod": {"n_match": [12], "autotune": [0, 1]}}  # a tuning file that asks
     assert [v.name for v in grid(asked, mainline)] == ["none", "ngram-mod.match12"]
+
+
+def test_a_current_ik_llama_cpp_gets_one_stage_per_variant() -> None:
+    """8337e4c refuses ``--spec-ngram-size-n`` and ``--draft-max``: each variant is one
+    ``--spec-type TYPE:key=value,...``; the draft settings still go with each request."""
+    caps = caps_of("ik-8337e4c")
+    mod = parse_name("ngram-mod.match24.max16")
+    assert mod.flags(caps, per_request=True) == ["--spec-type", "ngram-mod:ngram_size_n=24"]
+    assert mod.flags(caps) == ["--spec-type", "ngram-mod:ngram_size_n=24,n_max=16,n_min=12"]
+    draft = parse_name("draft-simple.max8.p75")
+    assert draft.flags(caps, Path("d.gguf")) == [
+        *["--spec-type", "draft:n_max=8,p_min=0.75", "-md", "d.gguf"]
+    ]
+    auto = Variant.of("ngram-mod", {"n_match": 12, "autotune": 1})
+    assert auto.flags(caps) == ["--spec-type", "ngram-mod:ngram_size_n=12", AUTOTUNE]
+    assert BASELINE.flags(caps) == ["--spec-type", "none"]
+    for variant in grid(load_tuning().search, caps):  # every flag exists in this build
+        rendered = variant.flags(caps)
+        assert all(caps.has_flag(f) for f in rendered if f.startswith("--")), rendered

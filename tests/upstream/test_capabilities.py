@@ -83,3 +83,15 @@ def test_mainline_builds_are_not_taken_for_ik_llama_cpp() -> None:
     for name in ("0c1e570", "old-2025"):
         caps = load(name)
         assert caps.engine == "llama.cpp" and not caps.autotune
+
+
+def test_a_current_ik_llama_cpp_speaks_its_stage_dialect() -> None:
+    """ik_llama.cpp 8337e4c (August 2026), built from its repository: ``--spec-type
+    TYPE[:k=v,...]`` with its own type names (``draft``, ``mtp``) read as spec-tuner's, the
+    per-type and ``--draft-*`` flags gone, its autotune still there."""
+    caps = load("ik-8337e4c")
+    assert caps.engine == "ik_llama.cpp" and caps.commit == "8337e4c"
+    assert caps.stages and not caps.old_draft_flags
+    assert {"none", "ngram-mod", "ngram-simple", "draft-simple", "draft-mtp"} <= caps.spec_types
+    assert "suffix" in caps.spec_types and "draft" not in caps.spec_types
+    assert caps.autotune and not load("ik-55d3c05").stages

@@ -27,7 +27,9 @@ def add_engines_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         action="store_true",
         help="measure every built engine now (a few minutes) and keep the result",
     )
-    engines.add_argument("--format", choices=["table", "json"], default="table")
+    engines.add_argument(
+        "--format", choices=["table", "json"], default="table", help="table (default) or json"
+    )
     engines.set_defaults(func=cmd_engines)
 
 

@@ -123,8 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=cmd_serve)
 
     provision = sub.add_parser("provision", help="find or build llama-server and the model")
-    provision.add_argument("--model")
-    provision.add_argument("--llama-server", dest="llama_server")
+    provision.add_argument("--model", help="target GGUF to check (default: the configured model)")
+    provision.add_argument(
+        "--llama-server", dest="llama_server", help="a binary to check instead of building one"
+    )
     provision.add_argument(
         "--engine", choices=ENGINES, help="the engine to build when no binary is named"
     )
@@ -157,7 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
         dest="state_ratio",
         help="hybrid recurrent: state checkpoint/restore cost in decode steps",
     )
-    predict.add_argument("--gamma-max", type=int, default=8, dest="gamma_max")
+    predict.add_argument(
+        "--gamma-max", type=int, default=8, dest="gamma_max", help="longest draft in the table (8)"
+    )
     predict.add_argument(
         "--target",
         help="a known target's MoE and recurrent-state terms, from profiles/targets "
@@ -170,16 +174,22 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument(
         "--draft", help="draft GGUF: checks vocabulary compatibility (default: TUNER_DRAFT_MODEL)"
     )
-    inspect.add_argument("--format", choices=["table", "json"], default="table")
+    inspect.add_argument(
+        "--format", choices=["table", "json"], default="table", help="table (default) or json"
+    )
     inspect.set_defaults(func=cmd_inspect)
 
     calibrate = sub.add_parser("calibrate", help="measure verify cost and check predictions")
     calibrate.add_argument("--model", help="target GGUF (default: the configured model)")
     calibrate.add_argument("--workload", help="JSONL workload (default: the shipped dev set)")
     calibrate.add_argument("--prompts", type=int, help="use only the first N prompts")
-    calibrate.add_argument("--max-tokens", type=int, default=64, dest="max_tokens")
+    calibrate.add_argument(
+        "--max-tokens", type=int, default=64, dest="max_tokens", help="tokens per prompt (64)"
+    )
     calibrate.add_argument("--variants", help="comma list (default: every n-gram type)")
-    calibrate.add_argument("--format", choices=["table", "json"], default="table")
+    calibrate.add_argument(
+        "--format", choices=["table", "json"], default="table", help="table (default) or json"
+    )
     calibrate.add_argument("--state-dir", dest="state_dir", help=STATE_DIR_HELP)
     calibrate.set_defaults(func=cmd_calibrate)
 
@@ -274,7 +284,9 @@ def build_parser() -> argparse.ArgumentParser:
     classify.add_argument(
         "file", nargs="?", help="JSONL with id and prompt or messages (- = stdin)"
     )
-    classify.add_argument("--format", choices=["table", "jsonl"], default="table")
+    classify.add_argument(
+        "--format", choices=["table", "jsonl"], default="table", help="table (default) or jsonl"
+    )
     classify.set_defaults(func=cmd_classify)
 
     measure = sub.add_parser("measure", help="live alpha and speedup per class and variant")
@@ -283,7 +295,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     report = sub.add_parser("report", help="the chosen policy per class, with its evidence")
     report.add_argument("--state-dir", dest="state_dir", help=STATE_DIR_HELP)
-    report.add_argument("--format", choices=["table", "json", "markdown"], default="table")
+    report.add_argument(
+        "--format",
+        choices=["table", "json", "markdown"],
+        default="table",
+        help="table (default), json (schema spec-tuner/report/1) or markdown",
+    )
     report.add_argument(
         "--class",
         dest="class_key",
@@ -305,7 +322,9 @@ def build_parser() -> argparse.ArgumentParser:
     variants.add_argument("--model", help="target GGUF (default: the configured model)")
     variants.add_argument("--draft", help="draft GGUF (default: TUNER_DRAFT_MODEL)")
     variants.add_argument("--llama-server", dest="llama_server", help="llama-server binary")
-    variants.add_argument("--format", choices=["table", "json"], default="table")
+    variants.add_argument(
+        "--format", choices=["table", "json"], default="table", help="table (default) or json"
+    )
     variants.set_defaults(func=cmd_variants)
 
     policies = sub.add_parser(
@@ -313,7 +332,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="export learned policies to a file, or import them on another machine",
         description="Move what one daemon learned to another machine with the same model.",
     )
-    actions = policies.add_subparsers(dest="action", required=True, metavar="ACTION")
+    actions = policies.add_subparsers(
+        dest="action", required=True, metavar="ACTION", help="export or import"
+    )
     for action, text, file_help in (
         ("export", "write this state dir's policies to a file", "the JSON file to write"),
         ("import", "read a policies file into this state dir", "the JSON file to read"),

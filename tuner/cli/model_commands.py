@@ -23,9 +23,11 @@ def add_model_commands(sub: Any, positive: Callable[[str], int]) -> None:
     synth.add_argument("out", help="the GGUF file to write")
     synth.add_argument("--experts", type=positive, default=128, help="routed experts per layer")
     synth.add_argument("--active", type=positive, default=8, help="experts routed per token")
-    synth.add_argument("--layers", type=positive, default=8)
+    synth.add_argument("--layers", type=positive, default=8, help="transformer blocks (8)")
     synth.add_argument("--hidden", type=positive, default=512, help="embedding width")
-    synth.add_argument("--expert-ffn", type=positive, default=512, dest="expert_ffn")
+    synth.add_argument(
+        "--expert-ffn", type=positive, default=512, dest="expert_ffn", help="one expert's FFN width"
+    )
     synth.add_argument(
         "--dense",
         action="store_true",
@@ -55,7 +57,7 @@ def add_model_commands(sub: Any, positive: Callable[[str], int]) -> None:
     synth.add_argument(
         "--vocab", help="tokenizer GGUF (default: llama.cpp's llama-spm, or qwen35 for qwen35moe)"
     )
-    synth.add_argument("--seed", type=int, default=0)
+    synth.add_argument("--seed", type=int, default=0, help="seed of the random weights (0)")
     synth.set_defaults(func=cmd_synth)
 
     derive = sub.add_parser(

@@ -23,6 +23,15 @@ __all__ = ["Capabilities", "engine_of", "parse_capabilities", "probe_capabilitie
 _SPEC_TYPE = re.compile(r"--spec-type\s+\[?([a-z0-9,|\-]+)\]?")
 # ik_llama.cpp 55d3c05: "--spec-type Name [none | ngram - cache | ngram - simple | ...]"
 _IK_SPEC_TYPE = re.compile(r"--spec-type\s+Name\s+\[([a-z0-9 |\-]+)\]")
+# ik_llama.cpp from June 2026: "--spec-type SPEC[:k=v,...]", its types on a line of their own
+_STAGES = re.compile(r"--spec-type\s+SPEC\[:k=v,\.\.\.\].*?types:\s*([a-z0-9, _\-]+)", re.S)
+# its stage names -> the spec types spec-tuner knows them by (mainline's names)
+_STAGE_TYPES = {
+    "draft": "draft-simple",
+    "mtp": "draft-mtp",
+    "eagle3": "draft-eagle3",
+    "dflash": "draft-dflash",
+}
 # flags only ik_llama.cpp has: its repacking and fused MoE kernels
 _IK_FLAGS = frozenset({"--run-time-repack", "--fused-moe", "--no-fused-moe"})
 # "version: 0.5.0-dev (build 1, commit 0c1e570)" (2026) or "version: 4567 (abc1234)" (older);
@@ -46,6 +55,7 @@ class Capabilities:
     spec_types: frozenset[str]
     new_spec_flags: bool  # --spec-draft-n-max, --spec-ngram-* ...
     old_draft_flags: bool  # --draft-max, --draft-min, --draft-p-min still work
+    stages: bool  # ik_llama.cpp's --spec-type TYPE:k=v,... (its per-type flags refused)
     router: bool  # --models-preset
     metrics: bool  # --metrics
     autotune: bool  # --spec-autotune: the engine tunes draft settings per step itself
@@ -91,6 +101,10 @@ def _engine(flags: dict[str, str]) -> EngineName:
 
 def _spec_types(help_text: str) -> frozenset[str] | None:
     """The ``--spec-type`` values the help lists, in either engine's format."""
+    stages = _STAGES.search(help_text)
+    if stages:
+        names = (t.strip() for t in stages.group(1).split(","))
+        return frozenset(_STAGE_TYPES.get(t, t) for t in names if t)
     ik = _IK_SPEC_TYPE.search(help_text)
     if ik:
         return frozenset(t.replace(" ", "") for t in ik.group(1).split("|") if t.strip())
@@ -110,7 +124,8 @@ def parse_capabilities(help_text: str, version_text: str = "") -> Capabilities:
             frozenset({"none", "draft-simple"}) if "--model-draft" in flags else frozenset()
         )
     engine = _engine(flags)
-    if engine == "ik_llama.cpp" and "--model-draft" in flags:
+    stages = _STAGES.search(help_text) is not None
+    if engine == "ik_llama.cpp" and "--model-draft" in flags and not stages:
         # ik_llama.cpp lists only the draftless types; a draft model (-md) is one more
         spec_types = spec_types | {"draft-simple"}
     version = _VERSION.search(version_text + "\n" + help_text)
@@ -124,7 +139,8 @@ def parse_capabilities(help_text: str, version_text: str = "") -> Capabilities:
         commit=commit if commit != "unknown" else None,
         spec_types=spec_types,
         new_spec_flags=new_flags,
-        old_draft_flags=old_flags,
+        old_draft_flags=old_flags and not stages,
+        stages=stages,
         router="--models-preset" in flags,
         metrics="--metrics" in flags,
         autotune="--spec-autotune" in flags,

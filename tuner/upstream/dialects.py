@@ -6,6 +6,9 @@
   type (ngram-mod's match length too), the draft settings as ``--draft-max`` and friends,
   and its own per-step tuning as ``--spec-autotune``; a draft model is ``-md`` alone (its
   ``--spec-type`` names only the draftless types).
+- ik_llama.cpp from June 2026 (8337e4c): one ``--spec-type TYPE:key=value,...`` per stage,
+  its own type names (``draft``, ``mtp``, ``ngram-mod``) and keys (``ngram_size_n``,
+  ``n_max``, ``p_min``); the per-type flags and ``--draft-*`` are refused.
 - Mainline builds from before ``--spec-type``: a draft model was the only kind, set by
   ``-md`` with ``--draft-max`` and friends.
 
@@ -63,6 +66,34 @@ _IK_NGRAM = {
 }
 
 
+# ik_llama.cpp's stage names where they differ from spec-tuner's (mainline's) spec types
+_STAGE_NAMES = {
+    "draft-simple": "draft",
+    "draft-mtp": "mtp",
+    "draft-eagle3": "eagle3",
+    "draft-dflash": "dflash",
+}
+_STAGE_KEYS = {
+    "size_n": "ngram_size_n",
+    "size_m": "ngram_size_m",
+    "min_hits": "ngram_min_hits",
+    "n_match": "ngram_size_n",
+}
+
+
+def _stage(
+    spec_type: str, params: Sequence[tuple[str, Value]], settings: Mapping[str, Value]
+) -> str:
+    """``TYPE:key=value,...`` of ik_llama.cpp's ``--spec-type`` stage.
+
+    >>> _stage("ngram-mod", [("n_match", 24)], {"n_max": 16, "n_min": 12})
+    'ngram-mod:ngram_size_n=24,n_max=16,n_min=12'
+    """
+    keys = {_STAGE_KEYS[p]: v for p, v in params if p in _STAGE_KEYS} | dict(settings)
+    name = _STAGE_NAMES.get(spec_type, spec_type)
+    return name + (":" + ",".join(f"{k}={v}" for k, v in keys.items()) if keys else "")
+
+
 def launch_flags(
     caps: Capabilities,
     spec_type: str,
@@ -81,6 +112,10 @@ def launch_flags(
     >>> launch_flags(mainline, "ngram-mod", [("n_match", 24)])
     ['--spec-type', 'ngram-mod', '--spec-ngram-mod-n-match', '24']
     """
+    if caps.stages:
+        settings = {} if autotuned or spec_type == "none" else (draft_settings or {})
+        tuned = [AUTOTUNE] if autotuned else []
+        return ["--spec-type", _stage(spec_type, params, settings), *tuned, *draft]
     if caps.engine == "ik_llama.cpp":
         out = [] if spec_type == "draft-simple" else ["--spec-type", spec_type]
         for param, value in params:
