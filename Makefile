@@ -36,11 +36,14 @@ unit: $(STAMP)
 
 integration: provision
 	$(BIN)/pytest -m llama
+	TUNER_ENGINE=ik_llama.cpp $(BIN)/pytest -m "llama and engine"
 
-# the unit tests on both cores at once; the real-server tests one at a time (each uses both)
+# the unit tests on both cores at once; the real-server tests one at a time (each uses both),
+# on mainline, then the engine guarantees again on ik_llama.cpp
 test: lint provision
 	$(BIN)/pytest -m "not llama" -n 2
 	$(BIN)/pytest -m llama
+	TUNER_ENGINE=ik_llama.cpp $(BIN)/pytest -m "llama and engine"
 
 bench: provision
 	$(BIN)/python benchmarks/proxy_overhead.py --out benchmarks/results/proxy_overhead.json

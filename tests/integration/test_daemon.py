@@ -17,7 +17,7 @@ from tests.integration.conftest import RunningDaemon, report_json, start_daemon
 from tuner.records import RequestRecord, read_records
 from tuner.upstream.launch import DEFAULT_MODEL_NAME
 
-pytestmark = pytest.mark.llama
+pytestmark = [pytest.mark.llama, pytest.mark.engine]  # run on both engines by make test
 
 CODE_EDIT = (
     "Rewrite the function below with the variable total renamed to acc. Keep everything else "

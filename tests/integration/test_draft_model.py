@@ -14,7 +14,7 @@ from tests.integration.conftest import start_daemon
 from tests.integration.test_bench import tuner
 from tuner.workload import WorkloadItem
 
-pytestmark = pytest.mark.llama
+pytestmark = [pytest.mark.llama, pytest.mark.engine]  # run on both engines by make test
 
 DRAFT_ONLY = """
 seed = 7

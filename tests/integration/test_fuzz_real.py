@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from tests.integration.conftest import RunningDaemon
 from tests.proxy.test_fuzz import FIELDS, ROUTES, bodies, headers, json_values
 
-pytestmark = pytest.mark.llama
+pytestmark = [pytest.mark.llama, pytest.mark.engine]  # run on both engines by make test
 
 
 def bounded(body: bytes) -> bytes:

@@ -21,7 +21,7 @@ import pytest
 
 from tests.integration.conftest import RunningDaemon, report_json, start_daemon
 
-pytestmark = pytest.mark.llama
+pytestmark = pytest.mark.llama  # its engine faults are run on each engine by parameter
 
 PINNED = "ngram-simple.n3.m16"
 # one speculative variant besides none, every class pinned to it

@@ -17,7 +17,7 @@ from tests.integration.test_daemon import CODE_EDIT
 from tuner.tuning.replay.drafters import replayable
 from tuner.workload import WorkloadItem, load_workload
 
-pytestmark = pytest.mark.llama
+pytestmark = [pytest.mark.llama, pytest.mark.engine]  # run on both engines by make test
 
 REPLAYED = "ngram-simple" in replayable(TEST_ENGINE)  # priced by replays on this engine
 

@@ -95,3 +95,18 @@ def test_a_current_ik_llama_cpp_speaks_its_stage_dialect() -> None:
     assert {"none", "ngram-mod", "ngram-simple", "draft-simple", "draft-mtp"} <= caps.spec_types
     assert "suffix" in caps.spec_types and "draft" not in caps.spec_types
     assert caps.autotune and not load("ik-55d3c05").stages
+
+
+def test_a_current_ik_llama_cpp_answer_gives_its_draft_counts() -> None:
+    """A whole answer of 8337e4c to ``speculative.n_max`` 4 (recorded from the build): its
+    ``timings`` keep the draft counts where the records read them, beside the new
+    ``draft_by_depth``; it drafted 4 in its one round, never more than the request's n_max."""
+    import json
+
+    from tuner.proxy.sse import extract_timings
+    from tuner.records import Timings
+
+    answer = json.loads((DATA / "answer-ik-8337e4c.json").read_text())
+    timings = Timings.model_validate(extract_timings(answer))
+    assert (timings.predicted_n, timings.draft_n, timings.draft_n_accepted) == (24, 4, 2)
+    assert len(answer["timings"]["draft_by_depth"]) <= 4
