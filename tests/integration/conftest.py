@@ -6,6 +6,7 @@ and are marked ``llama``; ``make test`` runs them, ``make unit`` leaves them out
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -28,6 +29,7 @@ from openai import OpenAI
 from tuner.settings import Settings
 from tuner.tuning.config import tuning_text
 from tuner.upstream.capabilities import Capabilities, probe_capabilities
+from tuner.upstream.launch import prepare, server_argv
 from tuner.upstream.process import free_port
 from tuner.upstream.provision import locate_llama_server
 from tuner.upstream.sources import ENGINES
@@ -84,6 +86,37 @@ def engine_caps() -> Capabilities:
     engine = next(e for e in ENGINES if e == TEST_ENGINE)
     binary = locate_llama_server(None, Settings().cache_dir, engine=engine, build=False)
     return probe_capabilities(binary)
+
+
+@contextlib.contextmanager
+def plain_server(log_dir: Path, engine: str = TEST_ENGINE, ctx_size: int = 4096) -> Iterator[str]:
+    """One llama-server of ``engine`` on the default model, as a user runs it (no daemon,
+    no speculation): its URL while the block runs."""
+    settings = Settings(engine=engine, ctx_size=ctx_size)  # type: ignore[call-arg]
+    prepared = prepare(settings)
+    port = free_port()
+    argv = server_argv(
+        prepared.binary,
+        settings,
+        prepared.capabilities,
+        model=prepared.model,
+        draft=None,
+        port=port,
+    )
+    with (log_dir / f"llama-server-{port}.log").open("wb") as sink:
+        server = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            time.sleep(0.2)
+        yield url
+    finally:
+        server.terminate()
+        server.wait(30)
 
 
 def require(spec_type: str, *flags: str) -> None:

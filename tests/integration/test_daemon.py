@@ -13,7 +13,7 @@ import openai
 import psutil
 import pytest
 
-from tests.integration.conftest import RunningDaemon, report_json, start_daemon
+from tests.integration.conftest import RunningDaemon, plain_server, report_json, start_daemon
 from tuner.records import RequestRecord, read_records
 from tuner.upstream.launch import DEFAULT_MODEL_NAME
 
@@ -208,23 +208,30 @@ def test_speculative_timings_reach_the_record(tmp_path: Path) -> None:
 
 
 def test_external_upstream_mode(daemon: RunningDaemon, tmp_path: Path) -> None:
-    """A second daemon in front of the first one's llama-server, as a user's own server."""
+    """A daemon in front of a user's own server (one of this engine, as a user runs it):
+    served as it is, its model list passed on; and in front of the shared daemon's router,
+    whose presets are what it lists."""
     server = daemon.llama_server()
-    port = server.cmdline()[server.cmdline().index("--port") + 1]
-    external = start_daemon(tmp_path, "--upstream-url", f"http://127.0.0.1:{port}")
-    try:
-        client = openai.OpenAI(base_url=external.v1, api_key="unused", max_retries=0)
-        out = client.completions.create(model="zzz", prompt="Hello", max_tokens=3)
-        assert out.choices[0].text is not None
-        # What the server lists is what the daemon in front of it lists: a router's presets,
-        # or (an instance of the ik_llama.cpp pool) its model.
-        upstream_ids = [
-            m["id"] for m in httpx.get(f"http://127.0.0.1:{port}/v1/models").json()["data"]
-        ]
-        assert [m.id for m in client.models.list().data] == upstream_ids
-        assert ("none" in upstream_ids) == ("--models-preset" in server.cmdline())
-    finally:
-        assert external.stop() == 0
+    routed = "--models-preset" in server.cmdline()  # mainline: a router; ik: a pool instance
+    with plain_server(tmp_path) as own:
+        upstreams = [own]
+        if routed:
+            upstreams.append(
+                f"http://127.0.0.1:{server.cmdline()[server.cmdline().index('--port') + 1]}"
+            )
+        for n, url in enumerate(upstreams):
+            state = tmp_path / f"in-front-{n}"
+            state.mkdir()
+            external = start_daemon(state, "--upstream-url", url)
+            try:
+                with openai.OpenAI(base_url=external.v1, api_key="unused", max_retries=0) as client:
+                    out = client.completions.create(model="zzz", prompt="Hello", max_tokens=3)
+                    assert out.choices[0].text is not None
+                    upstream_ids = [m["id"] for m in httpx.get(url + "/v1/models").json()["data"]]
+                    assert [m.id for m in client.models.list().data] == upstream_ids
+                    assert ("none" in upstream_ids) == (url != own)
+            finally:
+                assert external.stop() == 0
 
 
 def test_llama_server_killed_mid_stream(tmp_path: Path) -> None:

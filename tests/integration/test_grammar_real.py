@@ -6,20 +6,15 @@ answer unconstrained) a broken grammar is the same 400 as on mainline."""
 from __future__ import annotations
 
 import random
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.integration.conftest import start_daemon
+from tests.integration.conftest import plain_server, start_daemon
 from tests.proxy.test_grammar import INVALID, VALID
 from tuner.proxy.grammar import grammar_error
-from tuner.settings import Settings
-from tuner.upstream.launch import prepare, server_argv
-from tuner.upstream.process import free_port
 
 pytestmark = pytest.mark.llama
 
@@ -28,34 +23,8 @@ ALPHABET = '"ab()[]*+?{}0123456789,\\ \n#.^x-|<>!'
 
 @pytest.fixture(scope="module")
 def mainline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    settings = Settings(engine="llama.cpp", ctx_size=512)  # type: ignore[call-arg]
-    prepared = prepare(settings)
-    port = free_port()
-    argv = server_argv(
-        prepared.binary,
-        settings,
-        prepared.capabilities,
-        model=prepared.model,
-        draft=None,
-        port=port,
-    )
-    log = tmp_path_factory.mktemp("grammar") / "llama-server.log"
-    with log.open("wb") as sink:
-        server = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
+    with plain_server(tmp_path_factory.mktemp("grammar"), "llama.cpp", ctx_size=512) as url:
         yield url
-    finally:
-        server.terminate()
-        server.wait(30)
 
 
 def _refused(url: str, grammar: str) -> bool:
