@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import httpx
 import pytest
@@ -23,6 +24,30 @@ def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
 
 def value(text: str, name: str, **labels: str) -> float:
     return samples(text).get((name, frozenset(labels.items())), 0.0)
+
+
+def observed(fields: list[dict[str, Any]]) -> str:
+    """The exposition after one answered request of ``code/echo/greedy`` per field set."""
+    from prometheus_client import generate_latest
+
+    from tuner.metrics import RequestMetrics
+    from tuner.records import RequestRecord
+
+    metrics = RequestMetrics()
+    for i, extra in enumerate(fields):
+        metrics.observe(
+            RequestRecord(
+                id=f"r{i}",
+                ts=0.0,
+                endpoint="/v1/completions",
+                stream=False,
+                status=200,
+                proxy_ms=300.0,
+                class_key="code/echo/greedy",
+                **extra,
+            )
+        )
+    return generate_latest(metrics.registry).decode()
 
 
 async def test_metrics_parse_and_count_requests_tokens_and_drafts(
@@ -75,25 +100,8 @@ async def test_prompt_tokens_the_cache_held_are_counted_apart(
 def test_conversation_turns_are_counted_by_outcome(
     upstream: UpstreamClient, store: RecordStore
 ) -> None:
-    from prometheus_client import generate_latest
-
-    from tuner.metrics import RequestMetrics
-    from tuner.records import RequestRecord
-
-    metrics = RequestMetrics()
-    for i, outcome in enumerate(["new", "stayed", "stayed", "moved:pays", None]):
-        record = RequestRecord(
-            id=f"r{i}",
-            ts=0.0,
-            endpoint="/v1/chat/completions",
-            stream=False,
-            status=200,
-            proxy_ms=1.0,
-            class_key="code/echo/greedy",
-            session=outcome,
-        )
-        metrics.observe(record)
-    text = generate_latest(metrics.registry).decode()
+    outcomes = ["new", "stayed", "stayed", "moved:pays", None]
+    text = observed([{"session": outcome} for outcome in outcomes])
     key = {"class_key": "code/echo/greedy"}
     assert value(text, "tuner_session_turns_total", outcome="stayed", **key) == 2
     assert value(text, "tuner_session_turns_total", outcome="moved:pays", **key) == 1
@@ -126,26 +134,7 @@ async def test_the_load_a_request_met_and_its_wait_at_the_gate_are_seen(
 
 
 def test_time_waited_at_the_gate_is_counted_per_class() -> None:
-    from prometheus_client import generate_latest
-
-    from tuner.metrics import RequestMetrics
-    from tuner.records import RequestRecord
-
-    metrics = RequestMetrics()
-    for i, wait in enumerate([250.0, 0.5, None]):
-        metrics.observe(
-            RequestRecord(
-                id=f"r{i}",
-                ts=0.0,
-                endpoint="/v1/completions",
-                stream=False,
-                status=200,
-                proxy_ms=300.0,
-                class_key="code/echo/greedy",
-                wait_ms=wait,
-            )
-        )
-    text = generate_latest(metrics.registry).decode()
+    text = observed([{"wait_ms": wait} for wait in (250.0, 0.5, None)])
     code = {"class_key": "code/echo/greedy"}
     assert value(text, "tuner_gate_wait_seconds_count", **code) == 2
     assert value(text, "tuner_gate_wait_seconds_sum", **code) == pytest.approx(0.2505)

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -89,9 +89,11 @@ def engine_caps() -> Capabilities:
 
 
 @contextlib.contextmanager
-def plain_server(log_dir: Path, engine: str = TEST_ENGINE, ctx_size: int = 4096) -> Iterator[str]:
-    """One llama-server of ``engine`` on the default model, as a user runs it (no daemon,
-    no speculation): its URL while the block runs."""
+def plain_server(
+    log_dir: Path, engine: str = TEST_ENGINE, ctx_size: int = 4096, extra: Sequence[str] = ()
+) -> Iterator[str]:
+    """One llama-server of ``engine`` on the default model, as a user runs it (no daemon;
+    ``extra``: its flags, no speculation without them): its URL while the block runs."""
     settings = Settings(engine=engine, ctx_size=ctx_size)  # type: ignore[call-arg]
     prepared = prepare(settings)
     port = free_port()
@@ -102,7 +104,7 @@ def plain_server(log_dir: Path, engine: str = TEST_ENGINE, ctx_size: int = 4096)
         model=prepared.model,
         draft=None,
         port=port,
-    )
+    ) + list(extra)
     with (log_dir / f"llama-server-{port}.log").open("wb") as sink:
         server = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -113,6 +115,8 @@ def plain_server(log_dir: Path, engine: str = TEST_ENGINE, ctx_size: int = 4096)
                 if httpx.get(url + "/health", timeout=2).status_code == 200:
                     break
             time.sleep(0.2)
+        else:
+            pytest.fail(f"llama-server did not start: {argv}")
         yield url
     finally:
         server.terminate()

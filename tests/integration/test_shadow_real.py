@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import subprocess
-import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
+from tests.integration.conftest import plain_server
 from tests.integration.test_daemon import CODE_EDIT
-from tuner.settings import Settings
 from tuner.tuning.replay.drafters import ModDrafter
-from tuner.upstream.launch import default_model_path
-from tuner.upstream.process import free_port
-from tuner.upstream.provision import locate_llama_server
 
 pytestmark = pytest.mark.llama
 
@@ -22,48 +17,12 @@ MOD = (12, 16, 12)  # n_match, n_max, n_min
 
 
 @pytest.fixture(scope="module")
-def mod_server() -> Iterator[str]:
-    settings = Settings()
-    binary = locate_llama_server(settings.llama_server, settings.cache_dir)
-    port = free_port()
-    argv = [
-        str(binary),
-        "-m",
-        str(default_model_path()),
-        "--port",
-        str(port),
-        "-t",
-        "2",
-        "-c",
-        "4096",
-        "-np",
-        "1",
-        "--no-webui",
-        "--spec-type",
-        "ngram-mod",
-        "--spec-ngram-mod-n-match",
-        str(MOD[0]),
-        "--spec-ngram-mod-n-max",
-        str(MOD[1]),
-        "--spec-ngram-mod-n-min",
-        str(MOD[2]),
-    ]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(1200):
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        else:
-            pytest.fail("llama-server did not start")
+def mod_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    flags = ["-t", "2", "-np", "1", "--spec-type", "ngram-mod"]
+    flags += ["--spec-ngram-mod-n-match", str(MOD[0]), "--spec-ngram-mod-n-max", str(MOD[1])]
+    flags += ["--spec-ngram-mod-n-min", str(MOD[2])]
+    with plain_server(tmp_path_factory.mktemp("mod"), "llama.cpp", extra=flags) as url:
         yield url
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def _tokens(url: str, text: str, special: bool) -> list[int]:

@@ -80,6 +80,10 @@ class ClassDefinitions(BaseModel):
             for sampling in ("greedy", "sampled")
         ]
 
+    def levels(self) -> set[str]:
+        """Every class key and every level above one (``code/echo``, ``code``, ``all``)."""
+        return {level for key in self.all_classes() for level in parents(key)}
+
 
 def load_definitions(path: Path | None = None) -> ClassDefinitions:
     path = path or DEFAULT_DEFINITIONS

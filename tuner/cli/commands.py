@@ -332,10 +332,11 @@ def cmd_classify(args: argparse.Namespace) -> int:
 
 def _check_class(key: str, settings: Settings) -> None:
     """A class key or one of its parents (``code``, ``code/echo``, ``all``), else exit 2."""
-    from tuner.classify.classes import load_definitions, parents
+    from tuner.classify.classes import load_definitions
 
-    classes = load_definitions(settings.classes_file).all_classes()
-    if key not in {level for one in classes for level in parents(one)}:
+    definitions = load_definitions(settings.classes_file)
+    classes = definitions.all_classes()
+    if key not in definitions.levels():
         raise ConfigError(
             f"no class {key!r}: a class is group/echo|fresh/greedy|sampled or a part of it "
             f"from the left, e.g. {classes[0]}, {classes[0].split('/')[0]} or all"

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -200,14 +199,7 @@ def _forced_choice(
         )
         for p in prepared
     )
-    return EngineChoice(
-        model_key=keys[0],
-        hardware_key=keys[1],
-        measured_at=time.time(),
-        results=results,
-        engine=engine,
-        why=why,
-    )
+    return new_choice(*keys, results, None, decided=(engine, why))
 
 
 def _engine(name: str | None) -> EngineName | None:

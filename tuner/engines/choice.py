@@ -159,8 +159,11 @@ def new_choice(
     hardware_key: str,
     results: tuple[EngineResult, ...],
     serving: EngineName | None,
+    decided: tuple[EngineName, str] | None = None,
 ) -> EngineChoice:
-    engine, why = choose(results, serving)
+    """The choice from these results (``decided``: the engine and why, where it was not
+    measured but forced, ``only_engine_for``)."""
+    engine, why = decided or choose(results, serving)
     return EngineChoice(
         model_key=model_key,
         hardware_key=hardware_key,

@@ -163,7 +163,7 @@ def load_tuning(path: Path | None = None) -> TuningConfig:
 def check_overrides(config: TuningConfig, definitions: ClassDefinitions) -> None:
     """Refuse overrides whose key is no class nor a level above one: such an entry would
     silently do nothing (``prose`` is a content type; its group is the class)."""
-    known = {level for key in definitions.all_classes() for level in parents(key)}
+    known = definitions.levels()
     unknown = sorted(set(config.overrides) - known)
     if unknown:
         names = ", ".join(repr(key) for key in unknown)

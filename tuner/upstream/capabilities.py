@@ -99,9 +99,9 @@ def _engine(flags: dict[str, str]) -> EngineName:
     return "ik_llama.cpp" if _IK_FLAGS & flags.keys() else "llama.cpp"
 
 
-def _spec_types(help_text: str) -> frozenset[str] | None:
-    """The ``--spec-type`` values the help lists, in either engine's format."""
-    stages = _STAGES.search(help_text)
+def _spec_types(help_text: str, stages: re.Match[str] | None) -> frozenset[str] | None:
+    """The ``--spec-type`` values the help lists, in either engine's format (``stages``:
+    where the help is in the stage dialect, its types)."""
     if stages:
         names = (t.strip() for t in stages.group(1).split(","))
         return frozenset(_STAGE_TYPES.get(t, t) for t in names if t)
@@ -115,7 +115,9 @@ def _spec_types(help_text: str) -> frozenset[str] | None:
 def parse_capabilities(help_text: str, version_text: str = "") -> Capabilities:
     """Read a build's capabilities from its ``--help`` and ``--version`` output."""
     flags = _flags_with_descriptions(help_text)
-    spec_types = _spec_types(help_text)
+    staged = _STAGES.search(help_text)
+    stages = staged is not None
+    spec_types = _spec_types(help_text, staged)
     new_flags = "--spec-draft-n-max" in flags
     old_flags = "--draft-max" in flags and "removed" not in flags["--draft-max"]
     if spec_types is None:
@@ -124,7 +126,6 @@ def parse_capabilities(help_text: str, version_text: str = "") -> Capabilities:
             frozenset({"none", "draft-simple"}) if "--model-draft" in flags else frozenset()
         )
     engine = _engine(flags)
-    stages = _STAGES.search(help_text) is not None
     if engine == "ik_llama.cpp" and "--model-draft" in flags and not stages:
         # ik_llama.cpp lists only the draftless types; a draft model (-md) is one more
         spec_types = spec_types | {"draft-simple"}
