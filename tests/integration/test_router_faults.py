@@ -3,6 +3,7 @@ daemon's own pool (ik_llama.cpp, which has no router) on the real engines."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -374,3 +375,73 @@ def test_a_draft_file_gone_after_start_is_quarantined_and_requests_answered(
     assert variants == ["none", "none", "none"]
     metrics = httpx.get(running.url + "/metrics", timeout=5).text
     assert f'variant="{pinned}"' in metrics and "tuner_variant_quarantined" in metrics
+
+
+def _instances(running: RunningDaemon) -> list[psutil.Process]:
+    """The router's or the pool's instances (not the router)."""
+    children = psutil.Process(running.process.pid).children(recursive=True)
+    return [
+        c
+        for c in children
+        if "llama-server" in c.name() and "--models-preset" not in " ".join(c.cmdline())
+    ]
+
+
+@ENGINES
+def test_a_stopped_no_speculation_instance_is_restarted_and_both_requests_answered(
+    tmp_path: Path, engine: str
+) -> None:
+    """From a fresh state every class opens on no speculation, which is also where failed
+    requests go. SIGSTOP of that instance while it works on a 300-token sampled answer, with
+    a 16-token request after it: it is killed at once and started again, and both requests
+    are answered (by another loaded instance or the restarted one), well inside the stall
+    bound; the failure is recorded once per request as a stall of ``none``."""
+    state = tmp_path / "state"
+    state.mkdir()
+    running = start_daemon(state, env={"TUNER_THREADS": "2", "TUNER_ENGINE": engine})
+    client = openai.OpenAI(api_key="unused", base_url=running.v1, max_retries=0, timeout=120)
+    opened = client.completions.with_raw_response.create(model="x", prompt=PROMPT, max_tokens=8)
+    assert opened.headers["x-spec-variant"] == "none"
+    (instance,) = [p for p in _instances(running) if _serves_none(p)]
+    _when_busy(instance, instance.suspend)
+    started = time.monotonic()
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            long = pool.submit(
+                client.completions.with_raw_response.create,
+                model="x",
+                prompt=PROMPT,
+                max_tokens=300,
+                temperature=0.8,
+            )
+            time.sleep(1.0)
+            short = pool.submit(
+                client.completions.with_raw_response.create,
+                model="x",
+                prompt="Name three colours.",
+                max_tokens=16,
+            )
+            answers = [long.result(), short.result()]
+        took = time.monotonic() - started
+        for raw in answers:
+            assert raw.status_code == 200 and raw.headers["x-spec-role"] == "fallback"
+            assert raw.parse().usage.completion_tokens > 0  # type: ignore[union-attr]
+        assert took < 60
+        assert not instance.is_running() or instance.status() == psutil.STATUS_ZOMBIE
+    finally:
+        client.close()
+        if instance.is_running():
+            instance.kill()
+    for _ in range(50):  # records are written off the request path
+        failed = [r for r in _records(running) if r.get("error")]
+        if len(failed) >= 2:
+            break
+        time.sleep(0.1)
+    assert [(r["variant"], r["status"]) for r in failed] == [("none", 504)] * 2, failed
+
+
+def _serves_none(process: psutil.Process) -> bool:
+    """An instance without speculation: the router names it by its preset (``--alias
+    none``); the pool starts it with ``--spec-type none``."""
+    pairs = list(itertools.pairwise(process.cmdline()))
+    return ("--alias", "none") in pairs or ("--spec-type", "none") in pairs

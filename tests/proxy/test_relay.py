@@ -179,7 +179,9 @@ async def test_a_variant_that_fails_before_answering_is_tried_again_without_spec
     fake.plain_error, fake.plain_error_times = (500, b"model name=ngram-mod failed to load"), 1
     fallen: list[tuple[str, str]] = []
 
-    def fallback(variant: str, request_id: str, reason: str) -> _Routed | None:
+    def fallback(
+        variant: str, request_id: str, reason: str, class_key: str | None
+    ) -> _Routed | None:
         assert request_id.startswith("req_")
         fallen.append((variant, reason))
         return None if variant == "none" else _Routed("none", "fallback")
@@ -262,7 +264,9 @@ async def test_requests_waiting_on_a_stuck_instance_go_again_without_speculation
     upstream.model_ids = ("none", "ngram-mod")
     upstream.health.answering(True)
 
-    def fallback(variant: str, request_id: str, reason: str) -> _Routed | None:
+    def fallback(
+        variant: str, request_id: str, reason: str, class_key: str | None
+    ) -> _Routed | None:
         assert "stopped answering" in reason
         return None if variant == "none" else _Routed("none", "fallback")
 
@@ -292,7 +296,7 @@ async def test_a_second_try_that_fails_is_recorded_too(
     upstream = UpstreamClient("http://fake", transport=fake.transport())
     upstream.health.answering(True)
 
-    def fallback(variant: str, request_id: str, reason: str) -> _Routed:
+    def fallback(variant: str, request_id: str, reason: str, class_key: str | None) -> _Routed:
         upstream.health.answering(False)  # gone between the two tries
         return _Routed("none", "fallback")
 

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+import httpx
 import pytest
 
 from tuner.errors import UpstreamNotReady, UpstreamTimeout
@@ -181,3 +182,75 @@ async def test_a_server_that_keeps_dropping_is_not_ready(
             await client.open("POST", "/completion", content=b"{}")
         await client.aclose()
     assert attempts == 2  # the request and one retry, no more
+
+
+async def test_the_kept_preset_is_killed_and_loaded_again_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a stall of the no-speculation instance, the client kills it (a stopped process
+    never takes the router's stop request), unloads it and reads it back until it answers;
+    it is recovering throughout and not after. Another preset is only unloaded."""
+    import tuner.upstream.client as client_module
+
+    monkeypatch.setattr(client_module, "RELOAD_AFTER_S", (0.0, 0.0, 0.0))
+    calls: list[str] = []
+    killed: list[str] = []
+    seen_recovering: list[bool] = []
+    loading = [2]  # the router answers 503 twice while the instance loads
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        model = request.url.params.get("model") or request.read().decode()
+        calls.append(f"{request.method} {request.url.path} {model}")
+        if request.url.path == "/props":
+            seen_recovering.append(client.health.is_recovering("none"))
+            loading[0] -= 1
+            return httpx.Response(503 if loading[0] >= 0 else 200, json={})
+        return httpx.Response(200, json={"success": True})
+
+    def force_stop(preset: str) -> bool:
+        killed.append(preset)
+        return True
+
+    client = UpstreamClient(
+        "http://router",
+        transport=httpx.MockTransport(handler),
+        kept="none",
+        force_stop=force_stop,
+    )
+    try:
+        await asyncio.gather(client.unload("none"), client.unload("none"))  # joined: once
+        assert killed == ["none"]
+        assert [c for c in calls if "unload" in c] == ['POST /models/unload {"model":"none"}']
+        assert [c for c in calls if "props" in c] == ["GET /props none"] * 3
+        assert seen_recovering == [True] * 3 and not client.health.is_recovering("none")
+        calls.clear()
+        await client.unload("ngram-mod")
+        assert killed == ["none", "ngram-mod"] and not any("props" in c for c in calls)
+        assert client.health.is_recovering("ngram-mod")  # loaded by its next request
+    finally:
+        await client.aclose()
+
+
+async def test_settled_waits_for_an_unload_in_flight() -> None:
+    release = asyncio.Event()
+
+    class Slow(httpx.AsyncBaseTransport):  # the router takes its time to unload
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            if request.url.path == "/models/unload":
+                await release.wait()
+            return httpx.Response(200, json={})
+
+    client = UpstreamClient("http://router", transport=Slow(), kept="none")
+    try:
+        await client.settled("none")  # nothing in flight: returns at once
+        unload = asyncio.create_task(client.unload("none"))
+        await asyncio.sleep(0.01)
+        waiter = asyncio.create_task(client.settled("none"))
+        await asyncio.sleep(0.05)
+        assert not waiter.done()
+        release.set()
+        await asyncio.wait_for(waiter, 5.0)
+        await unload
+        assert not client.health.is_recovering("none")
+    finally:
+        await client.aclose()

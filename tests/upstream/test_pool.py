@@ -245,19 +245,26 @@ async def test_blocking_calls_go_to_a_running_instance(pool: Pool) -> None:
 
 async def test_the_warm_instance_is_started_again_by_the_readiness_poll(pool: Pool) -> None:
     """The daemon refuses requests while the pool is not ready, so no request would start
-    the warm instance again: the ``/health`` poll does."""
+    the warm instance again: the ``/health`` poll does. Once it has served, the pool stays
+    ready while it restarts (a stalled instance killed): requests wait for it."""
     async with client_of(pool) as client:
         pid = (await client.post("/v1/completions", json={"model": "none"})).json()["pid"]
         os.kill(pid, signal.SIGKILL)
         warm = pool._instance_of("none")
+        for _ in range(100):  # its end is seen as it happens
+            if not warm.ready.is_set():
+                break
+            await asyncio.sleep(0.02)
+        statuses = []
         for _ in range(200):  # only the poll: no request is sent
-            health = await client.get("/health")
+            statuses.append((await client.get("/health")).status_code)
             process = warm.process
-            if health.status_code == 200 and process is not None and process.pid != pid:
+            if warm.ready.is_set() and process is not None and process.pid != pid:
                 break
             await asyncio.sleep(0.05)
         else:
             raise AssertionError("the warm instance was not started again")
+        assert set(statuses) == {200}, statuses
 
 
 async def test_a_probe_never_starts_an_instance_and_one_loading_is_alive(pool: Pool) -> None:

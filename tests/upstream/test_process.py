@@ -5,15 +5,18 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 from unittest.mock import patch
 
+import psutil
 import pytest
 
 from tuner.errors import UpstreamError
 from tuner.upstream.client import UpstreamClient
-from tuner.upstream.process import Backoff, ManagedServer, free_port
+from tuner.upstream.process import Backoff, ManagedServer, free_port, kill_instance
 
 CHILD = str(Path(__file__).with_name("child_server.py"))
 FAST = Backoff(initial_s=0.05, max_s=0.2)
@@ -116,3 +119,31 @@ def test_a_free_port_avoids_the_ports_spoken_for() -> None:
         ]
         assert free_port(avoid={8088}) == 9000
     assert free_port(avoid={8088}) != 8088
+
+
+def test_kill_instance_kills_the_routers_child_of_that_preset_only() -> None:
+    """The router's instances are its children, each started with ``--alias <preset>``."""
+    sleeper = "import time; time.sleep(60)"
+    spawn = (
+        "import subprocess, sys, time\n"
+        "for alias in ('none', 'ngram-mod'):\n"
+        f"    subprocess.Popen([sys.executable, '-c', {sleeper!r}, '--alias', alias])\n"
+        "time.sleep(60)\n"
+    )
+    router = subprocess.Popen([sys.executable, "-c", spawn])
+    try:
+        deadline = time.monotonic() + 10
+        while len(psutil.Process(router.pid).children()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        children = {c.cmdline()[-1]: c for c in psutil.Process(router.pid).children()}
+        assert kill_instance(router.pid, "none")
+        while alive(children["none"].pid) and time.monotonic() < deadline:
+            time.sleep(0.05)  # a zombie until the router reaps it
+        assert not alive(children["none"].pid) and alive(children["ngram-mod"].pid)
+        assert not kill_instance(router.pid, "suffix")
+        assert not kill_instance(None, "none")
+    finally:
+        for child in psutil.Process(router.pid).children():
+            child.kill()
+        router.kill()
+        router.wait()

@@ -36,7 +36,7 @@ from tuner.upstream.launch import (
     server_argv,
 )
 from tuner.upstream.pool import POOL_URL, AnyInstance, Pool
-from tuner.upstream.process import ExternalMonitor, ManagedServer, free_port
+from tuner.upstream.process import ExternalMonitor, ManagedServer, free_port, kill_instance
 from tuner.upstream.provision import Progress
 
 __all__ = ["Kind", "Topology", "topology_for"]
@@ -126,15 +126,22 @@ def _plain(settings: Settings, prepared: Prepared) -> Topology:
 def _router(settings: Settings, prepared: Prepared, plan: TuningPlan) -> Topology:
     port = free_port(avoid={settings.port})
     alias = model_alias(settings, prepared.model)
-    client = _client(settings, f"http://127.0.0.1:{port}", routes_models=True)
+    supervisor: ManagedServer
+
+    def force_stop(preset: str) -> bool:  # the router's instance, killed beneath it
+        return kill_instance(supervisor.pid, preset)
+
+    url = f"http://127.0.0.1:{port}"
+    client = _client(settings, url, routes_models=True, kept=BASELINE.name, force_stop=force_stop)
     caps = prepared.capabilities
     assert plan.presets is not None  # a router plan writes its presets
     argv = router_argv(prepared.binary, settings, caps, plan.presets, plan.capacity, port)
+    supervisor = _managed(settings, argv, client)
     return Topology(
         "router",
         settings,
         client,
-        _managed(settings, argv, client),
+        supervisor,
         alias,
         public_models=(alias,),
         capabilities=caps,
@@ -151,7 +158,7 @@ def _pool(settings: Settings, prepared: Prepared, plan: TuningPlan) -> Topology:
         startup_timeout_s=settings.startup_timeout_s,
         warm=BASELINE.name,
     )
-    client = _client(settings, POOL_URL, transport=pool, routes_models=True)
+    client = _client(settings, POOL_URL, transport=pool, routes_models=True, kept=BASELINE.name)
     alias = model_alias(settings, prepared.model)
     return Topology(
         "pool",

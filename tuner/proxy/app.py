@@ -222,6 +222,8 @@ class _Handlers:
             if retry is None:
                 return response
             await hold.release()
+            if retry.variant == trace.variant:  # its instance is being restarted: wait for it
+                await backend.upstream.settled(retry.variant)
             trace = self._retrace(trace, body)
             raw = self._apply(trace, body, retry) or raw
             self._keep_answer(backend, trace, body)
@@ -238,7 +240,7 @@ class _Handlers:
         if response.status_code < 500:
             return None
         reason = trace.error or f"status {response.status_code}"
-        return fallback(trace.variant, trace.request_id, reason)
+        return fallback(trace.variant, trace.request_id, reason, trace.class_key)
 
     def _retrace(self, failed: Trace, body: dict[str, Any]) -> Trace:
         """A new trace for the second try (the failed one is recorded as it was)."""

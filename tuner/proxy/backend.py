@@ -39,8 +39,8 @@ class Routing(Protocol):
 # a request's class and prompt -> what to send it to
 Router = Callable[[str | None, Prompt], Routing]
 # a routed request's variant failed on the server: the routing for a second try, or None
-# (given the variant, the request's id and the error's message)
-Fallback = Callable[[str, str, str], Routing | None]
+# (given the variant, the request's id, the error's message and the request's class)
+Fallback = Callable[[str, str, str, str | None], Routing | None]
 
 
 @dataclass(eq=False, slots=True)

@@ -230,6 +230,7 @@ class _Stall:
     def _reload(self, message: str) -> OpenAIError:
         self.upstream.health.stalled()
         if self.preset is not None:
+            self.upstream.health.reloading(self.preset)  # routed around from now on
             task = asyncio.create_task(self.upstream.unload(self.preset))
             _BACKGROUND.add(task)
             task.add_done_callback(_BACKGROUND.discard)

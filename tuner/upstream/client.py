@@ -30,6 +30,8 @@ log = get_logger(__name__)
 
 # llama-server (cpp-httplib) closes idle keep-alive connections after 5 s: reuse for less.
 _KEEPALIVE_S = 4.0
+# pauses between tries to load a preset again after its instance was stopped
+RELOAD_AFTER_S = (0.25, 0.5, 1.0, 2.0)
 
 
 class UpstreamDisconnected(UpstreamError):
@@ -99,6 +101,8 @@ class UpstreamClient:
         default_model: str | None = None,
         routes_models: bool | None = None,
         health: Health | None = None,
+        kept: str | None = None,
+        force_stop: Callable[[str], bool] | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.read_timeout_s = read_timeout_s
@@ -107,6 +111,10 @@ class UpstreamClient:
         # None: not known (a server the user runs): one listing several models is taken so
         self._routes = routes_models
         self.health = health or Health(self.base_url)
+        # the preset every failure falls back to: after a stall it is loaded again at once
+        self.kept = kept
+        # kills a preset's instance outright (a router's stop waits on a stopped process)
+        self._force_stop = force_stop
         # set: every call goes through this httpx transport (a test's fake, or the pool)
         self._given = transport
         limits = httpx.Limits(max_connections=64, max_keepalive_connections=8)
@@ -271,18 +279,49 @@ class UpstreamClient:
         return response.status_code < 500 or response.status_code == 503  # 503: loading
 
     async def unload(self, model: str) -> None:
-        """Ask the router to stop a preset's instance (it force-kills one that does not stop
-        within its stop timeout); the next request for it loads it anew. Requests that find
-        the instance stuck together unload it once. Never raises."""
+        """Stop a preset's instance (killed outright where the client can, else the router
+        kills it after its stop timeout); the next request for it loads it anew, and the
+        kept preset is loaded again at once. Requests that find the instance stuck
+        together unload it once. Never raises."""
         await _joined(self._unloads, model, lambda: self._unload(model))
+
+    async def settled(self, model: str) -> None:
+        """Wait for an unload of the preset in flight (the kept one's reload included)."""
+        call = self._unloads.get(model)
+        if call is not None and not call.done():
+            await asyncio.shield(call)
 
     async def _unload(self, model: str) -> None:
         self.health.reloading(model)
+        if self._force_stop is not None and await asyncio.to_thread(self._force_stop, model):
+            log.warning("instance_killed", model=model)
         try:
             response = await self.http.post("/models/unload", json={"model": model}, timeout=30.0)
             log.warning("instance_unloaded", model=model, status=response.status_code)
         except httpx.HTTPError as exc:
             log.error("instance_unload_failed", model=model, error=str(exc))
+        if model == self.kept:
+            await self._reload(model)
+
+    async def _reload(self, model: str) -> None:
+        """Load the preset again (a read through the router loads it and waits for it);
+        once it answers it has recovered."""
+        status = None
+        for pause in (0.0, *RELOAD_AFTER_S):  # the router may not have seen the exit yet
+            await asyncio.sleep(pause)
+            try:
+                response = await self.http.get(
+                    "/props", params={"model": model}, timeout=self.read_timeout_s
+                )
+            except httpx.HTTPError as exc:
+                log.error("instance_reload_failed", model=model, error=str(exc))
+                return
+            status = response.status_code
+            if status == 200:
+                log.warning("instance_reloaded", model=model)
+                self.health.answered(model)
+                return
+        log.error("instance_reload_failed", model=model, status=status)
 
     async def aclose(self) -> None:
         await self.http.aclose()

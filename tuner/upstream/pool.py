@@ -68,6 +68,7 @@ class _Instance:
         self.port = 0
         self.process: asyncio.subprocess.Process | None = None
         self.ready = asyncio.Event()
+        self.served = False  # it was ready once
         self.starting: asyncio.Task[None] | None = None
         self.making_room = False  # others are being stopped so that it can start
         self.failure: str | None = None
@@ -157,12 +158,14 @@ class Pool(httpx.AsyncBaseTransport):
         if path == "/health":
             # the readiness poll starts the warm instance again where it died: requests are
             # refused while the pool is not ready, so none of them would. Where one instance
-            # fits, the one serving a variant in its place is as ready (one-at-a-time mode)
+            # fits, the one serving a variant in its place is as ready (one-at-a-time mode);
+            # a warm one restarting after it served (a stall) is too: requests wait for it
             warm = self._instance_of(self.warm)
             ready = warm.ready.is_set() or self._one_fits_and_runs()
             if not ready:
                 with contextlib.suppress(RuntimeError):  # stopping
                     await self._ensure(warm, wait=False)
+                ready = warm.served and warm.launching
             body = {"status": "ok"} if ready else {"error": {"code": 503, "message": "loading"}}
             return _json(200 if ready else 503, body)
         if path in ("/v1/models", "/models"):
@@ -339,6 +342,7 @@ class Pool(httpx.AsyncBaseTransport):
         if await self._healthy(instance):
             instance.last_used = time.monotonic()
             instance.ready.set()
+            instance.served = True
             self._watch(instance, instance.process)
             return
         code = instance.process.returncode

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import signal
 import socket
@@ -22,6 +23,8 @@ import time
 from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 from tuner.errors import ProvisionError, UpstreamError
 from tuner.logs import get_logger
@@ -33,6 +36,7 @@ __all__ = [
     "ManagedServer",
     "die_with_parent",
     "free_port",
+    "kill_instance",
     "signal_group",
 ]
 
@@ -67,6 +71,29 @@ def signal_group(pid: int, sig: signal.Signals) -> None:
     one already gone is not an error."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
+
+
+def kill_instance(router_pid: int | None, alias: str) -> bool:
+    """SIGKILL the router's instance serving the preset ``alias`` (mainline starts each with
+    ``--alias <preset>``); whether one was found. The router's own unload asks the instance
+    to exit and waits out its stop timeout (10 s) before it kills: a stopped process never
+    takes the request, and the preset cannot load again until it is gone."""
+    if router_pid is None:
+        return False
+    try:
+        children = psutil.Process(router_pid).children()
+    except psutil.Error:
+        return False
+    for child in children:
+        try:
+            argv = child.cmdline()
+        except psutil.Error:
+            continue
+        if any(a == "--alias" and b == alias for a, b in itertools.pairwise(argv)):
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+                return True
+    return False
 
 
 def free_port(host: str = "127.0.0.1", avoid: Container[int] = ()) -> int:

@@ -154,3 +154,34 @@ def test_a_preset_the_router_is_reloading_is_routed_around(tmp_path: Path) -> No
     assert (service.route(CODE).variant, service.route(CODE).role) == ("none", "fallback")
     reloading.clear()
     assert (service.route(CODE).variant, service.route(CODE).role) == (pin, "pinned")
+
+
+def test_while_none_restarts_the_variant_that_answered_last_stands_in(tmp_path: Path) -> None:
+    """Where the no-speculation instance stalled and is being restarted, a request routed to
+    it, or failing on it, goes to an instance that answered lately (what is generated is the
+    same); once it is back, none serves again and a failure on it is not tried twice."""
+    from tuner.tuning.config import Override
+
+    caps = parse_capabilities(HELP.read_text())
+    cfg = config().model_copy(update={"overrides": {"all": Override(pin="none")}})
+    reloading: set[str] = set()
+    service = TuningService(
+        partial(make, tmp_path, cfg, caps),
+        tmp_path,
+        {"model_key": "m"},
+        unavailable=reloading.__contains__,
+    )
+    assert service.fallback("none", "r0", "status 500", CODE) is None  # it answered an error
+    reloading.add("none")
+    assert service.route(CODE).variant == "none"  # no other instance known to be up
+    service.observe(_record("ngram-mod", 200, rid="r1"))
+    service.observe(_record("ngram-simple.n3.m16", 502, rid="r2"))  # a failure is not an answer
+    routed = service.route(CODE)
+    assert (routed.variant, routed.role) == ("ngram-mod", "fallback")
+    again = service.fallback("none", "r3", "stalled", CODE)
+    assert again is not None and again.variant == "ngram-mod"
+    reloading.add("ngram-mod")  # that one stalled too: nothing else is known to answer
+    assert service.route(CODE).variant == "none"
+    reloading.clear()
+    assert (service.route(CODE).variant, service.route(CODE).role) == ("none", "pinned")
+    assert service.fallback("none", "r4", "status 500", CODE) is None

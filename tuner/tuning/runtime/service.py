@@ -49,6 +49,9 @@ log = get_logger(__name__)
 CHARS_PER_TOKEN = 4.0  # until prompts' token counts are seen
 CHARS_WEIGHT = 0.05  # of each new prompt in the moving mean
 CHARS_MIN_TOKENS = 32
+# a variant that answered this recently is taken to be loaded: it stands in for ``none``
+# while that instance is restarted
+STAND_IN_S = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +128,7 @@ class TuningService:
         # which instance holds which conversation: only where variants are instances
         self.sessions: PrefixIndex | None = PrefixIndex() if self.tuner.per_class else None
         self.chars_per_token = CHARS_PER_TOKEN
+        self._answered: dict[str, float] = {}  # variant -> when an answer of it was observed
 
     # -- request path -----------------------------------------------------------------
 
@@ -140,7 +144,8 @@ class TuningService:
         decision = self.tuner.route(class_key, turn)
         if self._blocked(decision.variant):
             # a pin, a choice not re-decided yet, or an instance being reloaded
-            decision = Decision(BASELINE.name, "fallback", policy_class=decision.policy_class)
+            instead = self._stand_in(class_key, decision.variant)
+            decision = Decision(instead, "fallback", policy_class=decision.policy_class)
         if sessions is None or prompt is None:
             return self.routed(decision)
         sessions.remember(prompt, decision.variant)
@@ -182,14 +187,39 @@ class TuningService:
             return "moved:unavailable"
         return "moved:pays" if decision.role in ("exploit", "pinned") else f"moved:{decision.role}"
 
-    def fallback(self, variant: str, request_id: str, reason: str) -> Routed | None:
+    def fallback(
+        self, variant: str, request_id: str, reason: str, class_key: str | None = None
+    ) -> Routed | None:
         """The second try for a request whose variant failed on the server before answering:
-        no speculation (None when that is what failed). The failure counts now, not when its
-        record lands, so the next request already routes around a variant that cannot load."""
+        no speculation, or ``_stand_in`` where that instance is what stopped answering (None
+        where it failed otherwise). The failure counts now, not when its record lands, so
+        the next request already routes around a variant that cannot load."""
         if variant == BASELINE.name:
-            return None
-        self._failed(variant, reason, request_id)
-        return self.routed(Decision(BASELINE.name, "fallback"))
+            if not self.unavailable(variant):
+                return None  # it answered with an error: another try would too
+            if self.sessions is not None:
+                self.sessions.forget(variant)  # restarted: its cache is gone
+        else:
+            self._failed(variant, reason, request_id)
+        return self.routed(Decision(self._stand_in(class_key, variant), "fallback"))
+
+    def _stand_in(self, class_key: str | None, failed: str) -> str:
+        """Where a request goes that its variant cannot take: no speculation; while that
+        instance is being restarted, the variant that answered last (speculation does not
+        change what is generated, so any healthy instance answers alike), else ``none``
+        once it is back."""
+        if not self._blocked(BASELINE.name) or not self.tuner.per_class:
+            return BASELINE.name  # one instance at a time: there is no other to ask
+        key, now = class_key or ROOT, time.monotonic()
+        healthy = [
+            (at, variant)
+            for variant, at in list(self._answered.items())
+            if variant not in (failed, BASELINE.name)
+            and now - at < STAND_IN_S
+            and not self._blocked(variant)
+            and not self.engine.router.forbidden(key, variant)
+        ]
+        return max(healthy)[1] if healthy else BASELINE.name
 
     def routed(self, decision: Decision, session: str | None = None) -> Routed:
         """How the proxy applies a decision: the variant's model id."""
@@ -204,6 +234,7 @@ class TuningService:
             self._failed(variant, record.error or f"status {record.status}", record.id)
         elif variant is not None and record.status == 200 and not record.error:
             self.quarantine.succeeded(variant)
+            self._answered[variant] = time.monotonic()
         self.tuner.observe(record)
 
     def _learn_chars(self, record: RequestRecord) -> None:
