@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -74,3 +76,28 @@ def start_llama_server(
         time.sleep(0.1)
     proc.kill()
     raise SystemExit("llama-server did not start")
+
+
+def start_tuner(
+    state: Path, env: Mapping[str, str], *, timeout_s: float = 300.0
+) -> tuple[subprocess.Popen[bytes], str]:
+    """``tuner serve`` on state dir ``state`` with these settings (its log in
+    ``state/daemon.log``) once ``/ready`` answers 200: the process and its URL. One that
+    exits or is not ready in time stops the script with a message (``SystemExit``)."""
+    port = free_port()
+    argv = [sys.executable, "-m", "tuner", "serve", "--port", str(port), "--state-dir", str(state)]
+    with (state / "daemon.log").open("wb") as sink:
+        proc = subprocess.Popen(argv, stdout=sink, stderr=sink, env={**os.environ, **env})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"the daemon exited: {(state / 'daemon.log').read_text()[-2000:]}")
+        try:
+            if httpx.get(url + "/ready", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.25)
+    proc.kill()
+    raise SystemExit("the daemon did not become ready")
