@@ -309,3 +309,25 @@ def test_a_current_ik_llama_cpp_gets_one_stage_per_variant() -> None:
     for variant in grid(load_tuning().search, caps):  # every flag exists in this build
         rendered = variant.flags(caps)
         assert all(caps.has_flag(f) for f in rendered if f.startswith("--")), rendered
+
+
+def test_suffix_drafting_is_searched_where_the_stage_dialect_has_it() -> None:
+    """ik_llama.cpp's ``suffix`` type (8337e4c): the shipped space's suffix variants launch
+    as one stage with the tree's settings, their n_max goes with each request (its only
+    per-request fields besides n_min and p_min); 55d3c05 and mainline leave it out."""
+    space = load_tuning().search
+    head = [v for v in grid(space, caps_of("ik-8337e4c")) if v.spec_type == "suffix"]
+    assert [v.name for v in head] == [
+        "suffix.len3.max16",
+        "suffix.len3.max48",
+        "suffix.len5.max16",
+        "suffix.len5.max48",
+    ]
+    short = parse_name("suffix.len3.max16")
+    assert short.copies and short.draft_length == 16
+    assert short.flags(caps_of("ik-8337e4c"), per_request=True) == [
+        *["--spec-type", "suffix:suffix_min_match_len=3"]
+    ]
+    assert request_fields(short) == {"speculative.n_max": 16}
+    for other in ("ik-55d3c05", "0c1e570"):
+        assert not any(v.spec_type == "suffix" for v in grid(space, caps_of(other)))

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.upstream.capabilities import Capabilities
-from tuner.upstream.dialects import AUTOTUNE, MAINLINE, launch_flags
+from tuner.upstream.dialects import AUTOTUNE, MAINLINE, STAGE_ONLY, launch_flags
 
 __all__ = [
     "AUTOTUNE",
@@ -44,16 +44,19 @@ _LABELS = {
     "n_max": "max",
     "n_min": "min",
     "p_min": "p",
+    "min_match": "len",
+    "max_depth": "depth",
 }
 PARAMS: dict[str, dict[str, str]] = {
-    kind: {param: _LABELS[param] for param in flags} for kind, flags in MAINLINE.items()
+    kind: {param: _LABELS[param] for param in params}
+    for kind, params in {**MAINLINE, **STAGE_ONLY}.items()
 }
 PER_REQUEST = ("n_max", "n_min", "p_min")
 # the n-gram types ik_llama.cpp's autotune tunes: those with an ``autotune`` parameter
 AUTOTUNED = tuple(kind for kind, params in PARAMS.items() if "autotune" in params)
 AUTOTUNE_MAX = 16  # the most tokens its autotune lets a round draft
 # Defaults of the current build, used for the nominal draft length of a variant.
-_DEFAULT_DRAFT = {"ngram-mod": 64, "ngram-cache": 8, "draft": 3, "ngram": 48}
+_DEFAULT_DRAFT = {"ngram-mod": 64, "ngram-cache": 8, "draft": 3, "ngram": 48, "suffix": 16}
 NEEDS_DRAFT_MODEL = frozenset({"draft-simple", "draft-eagle3", "draft-dflash"})
 
 
@@ -107,8 +110,8 @@ class Variant:
 
     @property
     def copies(self) -> bool:
-        """An n-gram type: drafts by copying earlier text (no draft model)."""
-        return self.spec_type.startswith("ngram-")
+        """An n-gram or suffix type: drafts by copying earlier text (no draft model)."""
+        return self.spec_type.startswith("ngram-") or self.spec_type == "suffix"
 
     @property
     def autotuned(self) -> bool:
@@ -135,7 +138,7 @@ class Variant:
             return int(self.param("size_m", _DEFAULT_DRAFT["ngram"]) or 0)
         if self.autotuned and self.spec_type == "ngram-mod":
             return AUTOTUNE_MAX
-        if self.spec_type in ("ngram-mod", "ngram-cache"):
+        if self.spec_type in ("ngram-mod", "ngram-cache", "suffix"):
             return int(self.param("n_max", _DEFAULT_DRAFT[self.spec_type]) or 0)
         return int(self.param("n_max", _DEFAULT_DRAFT["draft"]) or 0)
 

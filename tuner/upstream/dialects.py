@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 
 from tuner.upstream.capabilities import Capabilities
 
-__all__ = ["AUTOTUNE", "MAINLINE", "launch_flags"]
+__all__ = ["AUTOTUNE", "MAINLINE", "STAGE_ONLY", "launch_flags"]
 
 Value = int | float
 
@@ -78,7 +78,13 @@ _STAGE_KEYS = {
     "size_m": "ngram_size_m",
     "min_hits": "ngram_min_hits",
     "n_match": "ngram_size_n",
+    "min_match": "suffix_min_match_len",
+    "max_depth": "suffix_max_depth",
 }
+# spec types only the stage dialect has (ik_llama.cpp since June 2026): their parameters.
+# ``suffix`` drafts from a suffix tree of the context; its structure is set at launch, its
+# n_max / n_min may come with each request
+STAGE_ONLY: dict[str, tuple[str, ...]] = {"suffix": ("min_match", "max_depth", "n_max", "n_min")}
 
 
 def _stage(
