@@ -331,3 +331,16 @@ def test_suffix_drafting_is_searched_where_the_stage_dialect_has_it() -> None:
     assert request_fields(short) == {"speculative.n_max": 16}
     for other in ("ik-55d3c05", "0c1e570"):
         assert not any(v.spec_type == "suffix" for v in grid(space, caps_of(other)))
+
+
+def test_ik_llama_cpp_mtp_is_searched_on_a_target_with_next_n_layers() -> None:
+    """8337e4c's ``mtp`` stage is spec-tuner's ``draft-mtp``: searched where the target has
+    MTP layers (not on Gemma), absent from 55d3c05, which has no such type."""
+    space, head = load_tuning().search, caps_of("ik-8337e4c")
+    found = [v for v in grid(space, head, mtp_layers=1) if v.spec_type == "draft-mtp"]
+    assert [v.flags(head) for v in found] == [
+        ["--spec-type", f"mtp:n_max={n}"] for n in space["draft-mtp"]["n_max"]
+    ]
+    assert not any(v.spec_type == "draft-mtp" for v in grid(space, head))
+    old = grid(space, caps_of("ik-55d3c05"), mtp_layers=1)
+    assert not any(v.spec_type == "draft-mtp" for v in old)
