@@ -26,6 +26,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from tuner.bench.analyse import FinalPolicy
+from tuner.bench.engine import engine_settled
 from tuner.bench.schedule import TUNER
 from tuner.errors import UpstreamError
 from tuner.settings import Settings
@@ -73,6 +74,7 @@ class BenchOptions:
     challenger_code: Path | None = None
     peer: Path | None = None  # another build's llama-server, its arms beside the matrix
     peer_arms: tuple[tuple[str, tuple[str, ...]], ...] = ()  # ("peer:NAME", its flags)
+    tuner_auto: bool = False  # the tuner is the default daemon, choosing its own engine
 
 
 def daemon_env(
@@ -92,11 +94,15 @@ def daemon_env(
         TUNER_TUNE="true",
         TUNER_API_KEYS="",
         TUNER_LOG_FORMAT="json",
-        TUNER_LLAMA_SERVER=str(prepared.binary),
         TUNER_MODEL=str(prepared.model),
         TUNER_CACHE_DIR=str(settings.cache_dir),
         TUNER_CTX_SIZE=str(settings.ctx_size),
     )
+    if options.tuner_auto and tuning is None:  # the default daemon: it measures the engines
+        env.pop("TUNER_LLAMA_SERVER", None)
+        env["TUNER_ENGINE"] = "auto"
+    else:
+        env["TUNER_LLAMA_SERVER"] = str(prepared.binary)
     if prepared.draft is not None:
         env["TUNER_DRAFT_MODEL"] = str(prepared.draft)
     if settings.spec_args:
@@ -109,6 +115,9 @@ def daemon_env(
         env["TUNER_TUNING_FILE"] = str(seeded_tuning(state, source, options.seed))
     if tuning is not None:  # the challenger: its own file and settings
         env.update(options.challenger_env)
+        named = dict(options.challenger_env)
+        if "TUNER_ENGINE" in named and "TUNER_LLAMA_SERVER" not in named:
+            env.pop("TUNER_LLAMA_SERVER", None)  # the engine it names, not the matrix's binary
         if options.challenger_code is not None:
             env["PYTHONPATH"] = str(options.challenger_code)
     return env
@@ -169,6 +178,8 @@ async def tuner_daemon(
                 if time.monotonic() > deadline:
                     raise UpstreamError(f"the daemon was not ready in time; see {log.name}")
                 await asyncio.sleep(0.25)
+            if options.tuner_auto and tuning is None:  # its engines measured, switched to
+                await engine_settled(http, url, state)
         yield url
     finally:
         if process.returncode is None:

@@ -192,6 +192,12 @@ def _engine_rows(overall: Mapping[str, Any]) -> list[str]:
         if overall.get(f"{who}_tok_s") is not None
     ]
     lines = ["", f"Decode speed on this run's prompts: {'; '.join(speeds)}."] if speeds else []
+    if chosen := overall.get("tuner_engine"):
+        measured = ", ".join(f"{e} {v:.1f}" for e, v in (chosen.get("tok_s") or {}).items())
+        lines.append(
+            f"The tuner (engine auto) served on {chosen['engine']}: {chosen['why']} "
+            f"(calibration tok/s: {measured or 'none measured'})."
+        )
     if overall.get("tuner_vs_best_autotune") is not None:
         lines.append(
             f"Tuner / the engine's best autotune arm: {_x(overall['tuner_vs_best_autotune'])}."

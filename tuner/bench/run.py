@@ -47,19 +47,21 @@ from tuner.bench.daemons import (
     state_dir,
     tuner_daemon,
 )
+from tuner.bench.engine import bench_engine, tuner_engine
 from tuner.bench.peers import peer_servers
 from tuner.bench.rows import AUTOTUNE_PREFIX, PEER_BASELINE, is_peer, parse_rows
 from tuner.bench.schedule import CHALLENGER, TUNER, Step, schedule
 from tuner.classify import classify, load_definitions
 from tuner.daemon.capacity import instances_that_fit
 from tuner.daemon.plan import draft_kind, pool_members, sized, tuning_config, write_presets
+from tuner.engines.choice import CHOICE_FILE, load_choice
 from tuner.errors import ConfigError, UpstreamError
 from tuner.model.gguf_facts import read_facts
 from tuner.profiles import hardware_fingerprint
 from tuner.settings import Settings
 from tuner.tuning.variants import BASELINE, Variant, parse_name, unavailable
 from tuner.upstream.client import UpstreamClient
-from tuner.upstream.launch import Prepared, instance_argv, prepare, router_argv
+from tuner.upstream.launch import Prepared, instance_argv, router_argv
 from tuner.upstream.pool import POOL_URL, Pool
 from tuner.upstream.process import ManagedServer, free_port
 from tuner.upstream.provision import Progress, stderr_progress
@@ -211,8 +213,10 @@ async def _run_bench(
 ) -> dict[str, Any]:
     out = options.out
     out.mkdir(parents=True, exist_ok=True)
-    prepared = prepare(settings, progress)
+    engine = await bench_engine(settings, progress)
+    prepared = engine.prepared
     settings = sized(settings, prepared)  # every arm and daemon on the same context
+    options = replace(options, tuner_auto=engine.tuner_auto)
     if options.peer is None and autotune_arms(prepared):  # the engine's own tuning, beside
         options = replace(options, peer=prepared.binary, peer_arms=autotune_arms(prepared))
     variants = matrix_variants(options.matrix, prepared)
@@ -243,6 +247,7 @@ async def _run_bench(
         "model": prepared.model.name,
         "engine": prepared.capabilities.engine,
         "build": prepared.capabilities.commit,
+        "tuner_engine": "auto" if engine.tuner_auto else prepared.capabilities.engine,
         "hardware": hardware,
         "seed": options.seed,
         "repeats": options.repeats,
@@ -275,7 +280,10 @@ async def _run_bench(
                 peer_servers(options.peer, dict(options.peer_arms), settings, prepared.model, out)
             )
         if options.requests:
-            progress("starting the tuner daemon from a fresh state")
+            progress(
+                "starting the tuner daemon from a fresh state"
+                + (" (engine auto: it measures the engines first)" if engine.tuner_auto else "")
+            )
             urls[TUNER] = await stack.enter_async_context(
                 tuner_daemon(settings, prepared, options, out)
             )
@@ -355,6 +363,8 @@ def finish(out: Path) -> dict[str, Any]:
         )
     except ValueError as exc:
         raise ConfigError(f"{out}: {exc}") from exc
+    if (chosen := load_choice(state_dir(out, TUNER) / CHOICE_FILE)) is not None:
+        summary["overall"]["tuner_engine"] = tuner_engine(chosen)
     priced = final_speedups(state_dir(out, TUNER))
     same = summary["overall"].get("tuner_same_work") or {}
     # one request's timing noise: a same-work pair's log ratio carries two requests'

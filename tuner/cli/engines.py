@@ -8,7 +8,7 @@ import asyncio
 import json
 
 from tuner.cli.commands import STATE_DIR_HELP, settings_from_args
-from tuner.engines.choice import CHOICE_FILE, EngineChoice, load_choice, new_choice, save_choice
+from tuner.engines.choice import CHOICE_FILE, EngineChoice, load_choice, save_choice
 from tuner.errors import ConfigError
 from tuner.settings import Settings
 from tuner.tables import text_table
@@ -67,12 +67,9 @@ def cmd_engines(args: argparse.Namespace) -> int:
 
 async def _measure(settings: Settings) -> EngineChoice:
     from tuner.daemon.plan import sized
-    from tuner.engines.auto import measurement_keys, prepare_built
-    from tuner.engines.measure import calibration_prompts, measure_engines
+    from tuner.engines.auto import measure_now, prepare_built
 
     prepared = await asyncio.to_thread(prepare_built, settings)
     if not prepared:
         raise ConfigError("no engine is built: run `tuner provision` first")
-    settings = sized(settings, prepared[0])  # the context the daemon would run
-    results = await measure_engines(prepared, settings, calibration_prompts())
-    return new_choice(*measurement_keys(prepared[0].model), results, None)
+    return await measure_now(sized(settings, prepared[0]), prepared)  # the daemon's context

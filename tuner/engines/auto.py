@@ -38,7 +38,14 @@ from tuner.upstream.launch import Prepared, prepare
 from tuner.upstream.provision import built_engines, locate_llama_server
 from tuner.upstream.sources import ENGINES, EngineName
 
-__all__ = ["EngineSelector", "first_engine", "measurement_keys", "prepare_built"]
+__all__ = [
+    "EngineSelector",
+    "first_engine",
+    "measure_now",
+    "measurement_keys",
+    "prepare_built",
+    "saved_or_measured",
+]
 
 log = get_logger(__name__)
 
@@ -220,3 +227,20 @@ def prepare_built(settings: Settings) -> list[Prepared]:
 def measurement_keys(model: Path) -> tuple[str, str]:
     """What a measurement is valid for: the model file and the machine."""
     return model_key(model), fingerprint_key(hardware_fingerprint())
+
+
+async def measure_now(settings: Settings, prepared: list[Prepared]) -> EngineChoice:
+    """``prepared``'s engines measured now (``settings`` sized as the daemon's are)."""
+    results = await measure_engines(prepared, settings, calibration_prompts())
+    return new_choice(*measurement_keys(prepared[0].model), results, None)
+
+
+async def saved_or_measured(settings: Settings, prepared: list[Prepared]) -> EngineChoice:
+    """The state dir's measurement where it still holds for this model, machine and these
+    builds; else one made now (not saved: the daemon keeps its own)."""
+    keys = await asyncio.to_thread(measurement_keys, prepared[0].model)
+    builds = {p.capabilities.engine: p.capabilities.commit for p in prepared}
+    saved = load_choice(settings.state_dir / CHOICE_FILE)
+    if saved is not None and saved.valid_for(*keys, builds):
+        return saved
+    return await measure_now(settings, prepared)
