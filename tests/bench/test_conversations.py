@@ -110,3 +110,82 @@ def test_a_sessions_file_is_read_or_refused_with_its_line(tmp_path: Path) -> Non
         load_sessions(path)
     with pytest.raises(ConfigError, match="cannot read sessions"):
         load_sessions(tmp_path / "missing.jsonl")
+
+
+def _forked() -> dict[str, Any]:
+    def chat(name: str, turns: int) -> dict[str, Any]:
+        return {
+            "system": "You help.",
+            "turns": [{"user": f"{name} {t}", "assistant": "ok"} for t in range(turns)],
+        }
+
+    return {
+        **chat("parent", 3),
+        "id": "p",
+        "fork": {"after": 1, "subagents": [chat("a", 2), chat("b", 2)]},
+    }
+
+
+def test_a_fork_names_its_turn_and_sub_agent_sessions(tmp_path: Path) -> None:
+    path = tmp_path / "s.jsonl"
+    path.write_text(json.dumps(_forked()) + "\n")
+    (session,) = load_sessions(path)
+    assert [s["id"] for s in session["fork"]["subagents"]] == ["p:sub0", "p:sub1"]
+    for fork in ({"after": 3, "subagents": [_forked()]}, {"after": 0, "subagents": []}):
+        path.write_text(json.dumps({**_forked(), "fork": fork}) + "\n")
+        with pytest.raises(ConfigError, match=r"s.jsonl:1: a session needs"):
+            load_sessions(path)
+    broken = _forked()
+    del broken["fork"]["subagents"][0]["system"]
+    path.write_text(json.dumps(broken) + "\n")
+    with pytest.raises(ConfigError, match=r"s.jsonl:1: not a session"):
+        load_sessions(path)
+
+
+async def test_sub_agents_run_at_once_after_their_turn_and_before_the_next(
+    tmp_path: Path,
+) -> None:
+    """Both sub-agents' first turns are in flight together; the parent's turn after the
+    fork waits for all of theirs; every turn is a row."""
+    import asyncio
+
+    import httpx
+
+    from tuner.bench.conversations import _replay
+
+    path = tmp_path / "s.jsonl"
+    path.write_text(json.dumps(_forked()) + "\n")
+    sessions = load_sessions(path)
+    order: list[str] = []
+    in_flight: set[str] = set()
+    together: list[set[str]] = []
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        said = json.loads(request.content)["messages"][-1]["content"]
+        order.append(said)
+        in_flight.add(said)
+        together.append(set(in_flight))
+        await asyncio.sleep(0.05)
+        in_flight.discard(said)
+        chunk = {"choices": [{"delta": {"content": "ok"}}], "timings": {"predicted_n": 1}}
+        body = f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n"
+        return httpx.Response(200, text=body, headers={"content-type": "text/event-stream"})
+
+    async def after() -> None:
+        return None
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handle)) as http:
+        rows, _ = await _replay(http, "http://d", "m", sessions, 1, 8, after)
+    assert order[:2] == ["parent 0", "parent 1"] and order[-1] == "parent 2"
+    assert {"a 0", "b 0"} in together  # at once
+    assert sorted(order[2:6]) == ["a 0", "a 1", "b 0", "b 1"]
+    assert {(r["session"], r["turn"]) for r in rows} == {
+        ("p", 0),
+        ("p", 1),
+        ("p", 2),
+        ("p:sub0", 0),
+        ("p:sub0", 1),
+        ("p:sub1", 0),
+        ("p:sub1", 1),
+    }
+    assert not any("error" in r for r in rows)

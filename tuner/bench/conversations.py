@@ -55,7 +55,9 @@ class SessionOptions:
 
 def load_sessions(path: Path) -> list[dict[str, Any]]:
     """A sessions workload: one JSON object per line with ``id``, ``system`` and ``turns``
-    (each a ``user`` message and the ``assistant`` reply the history carries on with)."""
+    (each a ``user`` message and the ``assistant`` reply the history carries on with), and
+    optionally ``fork``: ``after`` a turn, ``subagents`` (sessions of their own) run at once
+    before the next turn."""
     try:
         text = path.read_text()
     except OSError as exc:
@@ -66,19 +68,40 @@ def load_sessions(path: Path) -> list[dict[str, Any]]:
             continue
         try:
             session = json.loads(line)
-            turns = session["turns"]
-            ok = isinstance(session["system"], str) and all(
-                isinstance(t["user"], str) and isinstance(t["assistant"], str) for t in turns
-            )
+            ok = _valid(session) and all(_valid(s) for s in _subagents(session))
         except (ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"{path}:{number}: not a session ({exc!r})") from exc
-        if not ok or not turns:
-            raise ConfigError(f"{path}:{number}: a session needs a system prompt and turns")
+        if not ok:
+            raise ConfigError(
+                f"{path}:{number}: a session needs a system prompt and turns (a fork: a turn "
+                "to follow and sub-agent sessions)"
+            )
         session.setdefault("id", f"session-{number}")
+        for i, sub in enumerate(_subagents(session)):
+            sub.setdefault("id", f"{session['id']}:sub{i}")
         sessions.append(session)
     if not sessions:
         raise ConfigError(f"{path}: no sessions")
     return sessions
+
+
+def _valid(session: dict[str, Any]) -> bool:
+    turns = session["turns"]
+    fork = session.get("fork")
+    if fork is not None and not (
+        isinstance(fork["after"], int) and 0 <= fork["after"] < len(turns) and fork["subagents"]
+    ):
+        return False
+    return (
+        bool(turns)
+        and isinstance(session["system"], str)
+        and all(isinstance(t["user"], str) and isinstance(t["assistant"], str) for t in turns)
+    )
+
+
+def _subagents(session: dict[str, Any]) -> list[dict[str, Any]]:
+    fork = session.get("fork")
+    return list(fork["subagents"]) if fork else []
 
 
 async def run_sessions(
@@ -178,22 +201,27 @@ async def _replay(
     after: Callable[[], Awaitable[None]],
 ) -> tuple[list[Turn], float]:
     """Every session's turns in order, ``clients`` sessions at a time (each client takes the
-    next session when its own ends; ``after`` runs after each turn at one client); the rows
-    and the wall time."""
+    next session when its own ends; a session's sub-agents run at once after the turn they
+    fork from; ``after`` runs after each turn at one client); the rows and the wall time."""
     waiting = list(sessions)
     rows: list[Turn] = []
 
+    async def whole(session: dict[str, Any]) -> None:
+        fork = session.get("fork")
+        for turn in range(len(session["turns"])):
+            try:
+                found = await _turn(http, url, model, messages_for(session, turn), max_tokens)
+            except httpx.HTTPError as exc:  # counted, never dropped
+                found = {"error": repr(exc)[:300]}
+            rows.append({"session": session["id"], "turn": turn, **found})
+            if clients == 1:
+                await after()
+            if fork is not None and fork["after"] == turn:  # its sub-agents, at once
+                await asyncio.gather(*(whole(sub) for sub in fork["subagents"]))
+
     async def client() -> None:
         while waiting:
-            session = waiting.pop(0)
-            for turn in range(len(session["turns"])):
-                try:
-                    found = await _turn(http, url, model, messages_for(session, turn), max_tokens)
-                except httpx.HTTPError as exc:  # counted, never dropped
-                    found = {"error": repr(exc)[:300]}
-                rows.append({"session": session["id"], "turn": turn, **found})
-                if clients == 1:
-                    await after()
+            await whole(waiting.pop(0))
 
     started = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(clients)))
