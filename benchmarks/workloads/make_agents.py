@@ -8,7 +8,8 @@ library, the module's own tests and their unittest output, run here. An assistan
 the agent's next tool call, as JSON. Once a session, two sub-agents run at once (``fork``:
 after turn ``after``, each a conversation of its own on the shared system prompt, finding
 the callers of a function), and the parent's next turn carries what they found. The choice
-is seeded; the committed file is the one measured.
+is seeded; the committed file is the one measured: 6 sessions of 21 turns whose last turn
+is 21-25k tokens of Gemma's (a 3.8k-token system prompt), sub-agents up to 5.8k.
 
     python benchmarks/workloads/make_agents.py --out benchmarks/workloads/agents.jsonl
 """
@@ -26,10 +27,13 @@ import sysconfig
 from pathlib import Path
 from typing import Any
 
-CHUNK = 6_000  # characters of a file per read_file call
-MIN_TURNS = 20
-MIN_CONTEXT_CHARS = 64_000  # about 16k tokens of Gemma's tokenizer on code
-TEST_OUTPUT = 5_000  # the tail of unittest's output a tool result carries
+CHUNK = 4_000  # characters of a file per read_file call
+MODULE_CHUNKS, TEST_CHUNKS = 10, 2  # read_file calls on the module and on its tests
+GREP_HITS = 25
+TEST_OUTPUT = 3_000  # the tail of unittest's output a tool result carries
+# Gemma's tokenizer reads about 2.9 characters a token of this material: past 16k tokens,
+# and the last turn within the 32768 of Gemma's context (its answer included)
+MIN_TURNS, MIN_CONTEXT_CHARS, MAX_CONTEXT_CHARS = 20, 50_000, 82_000
 
 TOOLS: dict[str, tuple[str, dict[str, str]]] = {
     "list_dir": ("List a directory of the repository.", {"path": "string", "depth": "integer"}),
@@ -151,7 +155,7 @@ def modules(stdlib: Path) -> list[tuple[Path, Path]]:
     return found
 
 
-def grep(stdlib: Path, pattern: str, limit: int = 40) -> str:
+def grep(stdlib: Path, pattern: str, limit: int = GREP_HITS) -> str:
     """``path:line: text`` hits of ``pattern`` over the standard library's top-level modules."""
     hits = []
     regex = re.compile(pattern)
@@ -195,13 +199,13 @@ def _chunks(text: str) -> list[tuple[int, int, str]]:
 
 def subagent(stdlib: Path, system: str, name: str, key: str) -> dict[str, Any]:
     """A sub-agent finding the callers of ``name``: search, read two hits, answer."""
-    hits = grep(stdlib, rf"\b{re.escape(name)}\(", limit=30)
+    hits = grep(stdlib, rf"\b{re.escape(name)}\(")
     found = [h for h in hits.splitlines() if ":" in h][:2]
     turns = [
         {
             "user": f"Sub-task: find every call of {name}() in the standard library and say "
             "which calls pass keyword arguments.",
-            "assistant": call("search", pattern=rf"\b{name}\(", glob="*.py", max_hits=30),
+            "assistant": call("search", pattern=rf"\b{name}\(", glob="*.py", max_hits=GREP_HITS),
         },
         {"user": f"Tool search returned:\n{hits}", "assistant": ""},
     ]
@@ -238,16 +242,18 @@ def agent_session(
         turns[-1]["assistant"] = tool_call
         turns.append({"user": result, "assistant": ""})
 
-    for first, last, chunk in _chunks(text):
+    for first, last, chunk in _chunks(text)[:MODULE_CHUNKS]:
         then(
             call("read_file", path=path.name, start=first, end=last),
             f"Tool read_file returned lines {first}-{last}:\n```python\n{chunk}\n```",
         )
     for name in (edit.name, document.name):
         pattern = rf"\b{name}\("
-        then(call("search", pattern=pattern, glob="*.py", max_hits=40), grep(stdlib, pattern))
+        then(
+            call("search", pattern=pattern, glob="*.py", max_hits=GREP_HITS), grep(stdlib, pattern)
+        )
     test_text = test.read_text(encoding="utf-8")
-    for first, last, chunk in _chunks(test_text)[:3]:
+    for first, last, chunk in _chunks(test_text)[:TEST_CHUNKS]:
         then(
             call("read_file", path=f"test/{test.name}", start=first, end=last),
             f"Tool read_file returned lines {first}-{last}:\n```python\n{chunk}\n```",
@@ -305,7 +311,9 @@ def main() -> None:
     sessions = []
     for path, test in rng.sample(modules(stdlib), len(modules(stdlib))):
         session = agent_session(path, test, stdlib, rng, system)
-        if len(session["turns"]) >= MIN_TURNS and context_chars(session) >= MIN_CONTEXT_CHARS:
+        if len(session["turns"]) >= MIN_TURNS and (
+            MIN_CONTEXT_CHARS <= context_chars(session) <= MAX_CONTEXT_CHARS
+        ):
             sessions.append(session)
         if len(sessions) == args.sessions:
             break

@@ -45,8 +45,8 @@ def test_sessions_are_long_agents_with_a_fork_of_two(
         assert all(json.loads(s["turns"][-1]["assistant"])["tool"] == "finish" for s in subs)
         reads = [c for c in calls if c["tool"] == "read_file"]
         assert reads and reads[0]["arguments"]["start"] == 1
-    long = [s for s in sessions if len(s["turns"]) >= 20 and context_chars(s) >= 64_000]
-    assert long, [(len(s["turns"]), context_chars(s)) for s in sessions]
+    sizes = [(len(s["turns"]), context_chars(s)) for s in sessions]
+    assert any(turns >= 20 and 50_000 <= chars <= 82_000 for turns, chars in sizes), sizes
     path = tmp_path / "agents.jsonl"
     path.write_text("".join(json.dumps(s) + "\n" for s in sessions))
     assert [s["id"] for s in load_sessions(path)] == [s["id"] for s in sessions]
