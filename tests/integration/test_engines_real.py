@@ -51,9 +51,12 @@ def test_tuner_engines_measures_both_side_by_side(tmp_path: Path) -> None:
     for result in found["results"]:  # no speculation and at least one n-gram setting
         assert "none" in result["settings"] and len(result["settings"]) >= 2
         assert result["prompt_tok_s"] > 0 and result["decode_tok_s"] > 0
+        assert result["loaded_tok_s"] > 0 and result["loaded_setting"] in result["settings"]
     assert found["engine"] == max(speeds, key=speeds.__getitem__)
+    assert "clients at once" in found["why"]
     table = _engines(tmp_path)
     assert table.returncode == 0 and f"*{found['engine']}" in table.stdout
+    assert "clients at once" in table.stdout
 
 
 def test_auto_switches_to_the_engine_measured_faster_without_a_failed_request(

@@ -8,7 +8,13 @@ import asyncio
 import json
 
 from tuner.cli.commands import STATE_DIR_HELP, settings_from_args
-from tuner.engines.choice import CHOICE_FILE, EngineChoice, load_choice, save_choice
+from tuner.engines.choice import (
+    CHOICE_FILE,
+    LOADED_CLIENTS,
+    EngineChoice,
+    load_choice,
+    save_choice,
+)
 from tuner.errors import ConfigError
 from tuner.settings import Settings
 from tuner.tables import text_table
@@ -39,11 +45,19 @@ def engines_table(choice: EngineChoice) -> str:
         mark = "*" if r.engine == choice.engine else ""
         if r.measured:
             best = f"{r.tok_s:.1f} ({r.setting})"
+            loaded = f"{r.loaded_tok_s:.1f} ({r.loaded_setting})" if r.loaded_tok_s else "-"
             plain = f"{r.prompt_tok_s:.0f} / {r.decode_tok_s:.1f}"
-            rows.append([mark + r.engine, r.build or "?", best, plain, ""])
+            rows.append([mark + r.engine, r.build or "?", best, loaded, plain, ""])
         else:
-            rows.append([mark + r.engine, r.build or "-", "-", "-", r.unavailable or ""])
-    header = ["engine", "build", "tok/s, best setting", "prefill / decode tok/s, plain", "note"]
+            rows.append([mark + r.engine, r.build or "-", "-", "-", "-", r.unavailable or ""])
+    header = [
+        "engine",
+        "build",
+        "tok/s, best setting",
+        f"tok/s, {LOADED_CLIENTS} clients at once",
+        "prefill / decode tok/s, plain",
+        "note",
+    ]
     return text_table(header, rows) + f"\nserving: {choice.engine}: {choice.why}"
 
 

@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 
 from tuner.engines.choice import (
     CHOICE_FILE,
+    LOADED_CLIENTS,
     EngineChoice,
     EngineResult,
     load_choice,
@@ -101,6 +102,8 @@ class EngineSelector(Collector):
                 engines[name] = {"status": "building", "progress": self.building[name]}
             elif (result := results.get(name)) is not None and result.measured:
                 engines[name] = {"tok_s": result.tok_s, "setting": result.setting}
+                if result.loaded_tok_s is not None:
+                    engines[name]["loaded_tok_s"] = result.loaded_tok_s
             elif result is not None and result.unavailable is not None:
                 engines[name] = {"unavailable": result.unavailable}
             else:
@@ -116,10 +119,19 @@ class EngineSelector(Collector):
             "each engine's calibration tok/s at its best setting (TUNER_ENGINE=auto)",
             labels=["engine", "setting"],
         )
+        loaded = GaugeMetricFamily(
+            "tuner_engine_loaded_tokens_per_second",
+            f"each engine's calibration tok/s with {LOADED_CLIENTS} clients at once, at its "
+            "best setting then",
+            labels=["engine", "setting"],
+        )
         for result in self.choice.results if self.choice else ():
             if result.measured and result.tok_s is not None:
                 speed.add_metric([result.engine, result.setting or ""], result.tok_s)
+            if result.measured and result.loaded_tok_s is not None:
+                loaded.add_metric([result.engine, result.loaded_setting or ""], result.loaded_tok_s)
         yield speed
+        yield loaded
 
     # -- the background work ----------------------------------------------------------
 

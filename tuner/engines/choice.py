@@ -22,6 +22,7 @@ from tuner.upstream.sources import EngineName
 
 __all__ = [
     "CHOICE_FILE",
+    "LOADED_CLIENTS",
     "MARGIN",
     "EngineChoice",
     "EngineResult",
@@ -29,12 +30,14 @@ __all__ = [
     "load_choice",
     "only_engine_for",
     "save_choice",
+    "under_load",
 ]
 
 log = get_logger(__name__)
 
 CHOICE_FILE = "engines.json"
 MARGIN = 0.03  # the faster engine must be this much faster to replace the serving one
+LOADED_CLIENTS = 4  # the measurement's clients at once: agents' sub-agents, a few apps
 
 
 class EngineResult(BaseModel):
@@ -50,6 +53,10 @@ class EngineResult(BaseModel):
     prompt_tok_s: float | None = None  # prefill without speculation
     decode_tok_s: float | None = None  # decode without speculation
     settings: dict[str, float] = {}  # every setting measured: tok/s
+    # the best setting's generated tokens per wall second with clients at once
+    # (LOADED_CLIENTS); None in a measurement made before it was taken
+    loaded_tok_s: float | None = None
+    loaded_setting: str | None = None
     unavailable: str | None = None  # why not measured (not built, cannot load the model ...)
 
     @property
@@ -117,8 +124,31 @@ def choose(results: tuple[EngineResult, ...], serving: EngineName | None) -> tup
     against = ", ".join(f"{r.engine} {r.tok_s:.1f}" for r in others)
     return (
         best.engine,
-        f"measured fastest: {best.tok_s:.1f} tok/s ({best.setting}) against {against}",
+        f"measured fastest: {best.tok_s:.1f} tok/s ({best.setting}) against {against}"
+        + under_load(measured),
     )
+
+
+def under_load(measured: list[EngineResult]) -> str:
+    """What the figures with clients at once add to a choice made at one client.
+
+    >>> a = EngineResult(engine="llama.cpp", tok_s=100.0, loaded_tok_s=190.0)
+    >>> b = EngineResult(engine="ik_llama.cpp", tok_s=150.0, loaded_tok_s=160.0)
+    >>> under_load([b, a])
+    '; with 4 clients at once llama.cpp is faster (190.0 tok/s against ik_llama.cpp 160.0)'
+    >>> under_load([b, a.model_copy(update={"loaded_tok_s": 120.0})])
+    '; also with 4 clients at once (160.0 tok/s against llama.cpp 120.0)'
+    >>> under_load([b, a.model_copy(update={"loaded_tok_s": None})])
+    ''
+    """
+    if any(r.loaded_tok_s is None for r in measured):
+        return ""
+    first, *rest = sorted(measured, key=lambda r: r.loaded_tok_s or 0.0, reverse=True)
+    against = ", ".join(f"{r.engine} {r.loaded_tok_s:.1f}" for r in rest)
+    figures = f"{first.loaded_tok_s:.1f} tok/s against {against}"
+    if first.engine == measured[0].engine:
+        return f"; also with {LOADED_CLIENTS} clients at once ({figures})"
+    return f"; with {LOADED_CLIENTS} clients at once {first.engine} is faster ({figures})"
 
 
 def only_engine_for(

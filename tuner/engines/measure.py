@@ -4,20 +4,23 @@ Each setting (no speculation, and the n-gram settings the tuner settles on most 
 started on every engine that has it, at once, and the calibration prompts go to them in
 turn, so both engines see the same load from whatever else the machine does (the daemon
 may be serving meanwhile). An engine's figure is its best setting's generated tokens over
-prefill and decode time: what a client waits for. One client at a time: each engine's
-instances are measured as the daemon runs them (ik_llama.cpp's one slot included).
+prefill and decode time: what a client waits for. Then the same prompts again from
+``LOADED_CLIENTS`` clients at once, each engine in turn: generated tokens over the wall
+time, with each engine's instances as the daemon runs them (mainline's slots batch the
+clients, ik_llama.cpp's one slot takes them in turn).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tuner.calibrate import post_json, temporary_server
-from tuner.engines.choice import EngineResult
+from tuner.engines.choice import LOADED_CLIENTS, EngineResult
 from tuner.errors import TunerError
 from tuner.logs import get_logger
 from tuner.settings import Settings
@@ -58,7 +61,12 @@ class _Totals:
 class _Engine:
     prepared: Prepared
     totals: dict[str, _Totals] = field(default_factory=dict)
+    loaded: dict[str, tuple[int, float]] = field(default_factory=dict)  # tokens, wall seconds
     failed: str | None = None
+
+    def add_loaded(self, setting: str, tokens: int, seconds: float) -> None:
+        had_tokens, had_seconds = self.loaded.get(setting, (0, 0.0))
+        self.loaded[setting] = (had_tokens + tokens, had_seconds + seconds)
 
     @property
     def name(self) -> str:
@@ -129,6 +137,18 @@ async def _measure_setting(
                 assert item.prompt is not None
                 timings = await _complete(client, item.prompt, min(item.max_tokens, MAX_TOKENS))
                 engine.totals.setdefault(variant.name, _Totals()).add(timings)
+        for start in range(0, len(prompts), LOADED_CLIENTS):  # clients at once, in turn
+            group = prompts[start : start + LOADED_CLIENTS]
+            for engine, client in clients:
+                began = time.perf_counter()
+                answers = await asyncio.gather(
+                    *(
+                        _complete(client, i.prompt or "", min(i.max_tokens, MAX_TOKENS))
+                        for i in group
+                    )
+                )
+                tokens = sum(int(t.get("predicted_n", 0)) for t in answers)
+                engine.add_loaded(variant.name, tokens, time.perf_counter() - began)
 
 
 async def _complete(client: UpstreamClient, prompt: str, n: int) -> dict[str, float]:
@@ -148,11 +168,15 @@ def _result(engine: _Engine) -> EngineResult:
     by_setting = {name: round(t.tok_s, 2) for name, t in engine.totals.items()}
     best = max(by_setting, key=by_setting.__getitem__)
     plain = engine.totals[BASELINE.name]
+    loaded = {name: round(n / max(sec, 1e-9), 2) for name, (n, sec) in engine.loaded.items()}
+    loaded_best = max(loaded, key=loaded.__getitem__) if loaded else None
     return EngineResult(
         engine=caps.engine,
         build=build,
         tok_s=by_setting[best],
         setting=best,
+        loaded_tok_s=loaded[loaded_best] if loaded_best else None,
+        loaded_setting=loaded_best,
         prompt_tok_s=round(1000 * plain.prompt_n / max(plain.prompt_ms, 1e-9), 1),
         decode_tok_s=round(1000 * plain.predicted_n / max(plain.predicted_ms, 1e-9), 1),
         settings=by_setting,
