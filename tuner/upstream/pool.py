@@ -30,7 +30,7 @@ import httpx
 from tuner.logs import get_logger
 from tuner.upstream.process import die_with_parent, free_port, signal_group
 
-__all__ = ["POOL_URL", "AnyInstance", "Member", "Pool"]
+__all__ = ["INSTANCE_FLAGS", "POOL_URL", "AnyInstance", "Member", "Pool"]
 
 log = get_logger(__name__)
 
@@ -48,6 +48,9 @@ STOP_GRACE_S = 5.0
 # is stuck, not busy.
 HTTP_THREADS = 16
 ADMITTED = HTTP_THREADS - 2
+# ... and with ik_llama.cpp's default of slots + 2, four clients at once on its one slot
+# ran 0.6x of one after another (benchmarks/concurrent_clients.py; with 16, 1.0x)
+INSTANCE_FLAGS = ("--threads-http", str(HTTP_THREADS))
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,7 +325,7 @@ class Pool(httpx.AsyncBaseTransport):
 
     async def _launch(self, instance: _Instance) -> None:
         instance.port = free_port()
-        argv = [*self.argv(instance.key, instance.port), "--threads-http", str(HTTP_THREADS)]
+        argv = [*self.argv(instance.key, instance.port), *INSTANCE_FLAGS]
         log_path = self.log_dir / f"instance-{instance.index}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with log_path.open("ab") as sink:
