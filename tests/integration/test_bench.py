@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from tests.bench.test_render import assert_documented
-from tests.integration.conftest import require, shipped_tuning
+from tests.integration.conftest import TEST_ENGINE, require, shipped_tuning
 from tuner.model.gguf_facts import read_facts
 
 pytestmark = pytest.mark.llama
@@ -24,8 +24,9 @@ WORKLOAD = ROOT / "benchmarks" / "workloads" / "dev.jsonl"
 
 
 def tuner(
-    *args: str, state: Path, timeout: int = 600, env: dict[str, str] | None = None
+    *args: str, state: Path, timeout: int = 900, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
+    """``tuner bench`` on the suite's engine; ``env`` may unpin it (``TUNER_ENGINE=auto``)."""
     return subprocess.run(
         [sys.executable, "-m", "tuner", *args],
         capture_output=True,
@@ -36,12 +37,15 @@ def tuner(
             "PATH": "/usr/bin:/bin",
             "TUNER_STATE_DIR": str(state),
             "HOME": str(Path.home()),
+            "TUNER_ENGINE": TEST_ENGINE,
             **(env or {}),
         },
     )
 
 
 def test_bench_replays_the_matrix_and_the_tuner_and_writes_its_summary(tmp_path: Path) -> None:
+    """As a user runs it, no engine pinned: where both engines are built the matrix runs on
+    the one measured faster, with that engine's own autotune arms where it has them."""
     out = tmp_path / "bench"
     result = tuner(
         "bench",
@@ -58,11 +62,23 @@ def test_bench_replays_the_matrix_and_the_tuner_and_writes_its_summary(tmp_path:
         "--out",
         str(out),
         state=tmp_path / "state",
+        env={"TUNER_ENGINE": "auto"},
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "[bench] [20/20]" in result.stderr  # progress while running
     rows = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
-    assert len(rows) == 8 + 4 * 3 and not [r for r in rows if r.get("error")]
+    arms = sorted({r["arm"] for r in rows if r["arm"] != "tuner"})
+    statics = {"none", "ngram-mod", "ngram-simple"}
+    # beside the matrix only the engine's own autotune arms over its plain server
+    assert statics <= set(arms) and all(a.startswith("peer:") for a in set(arms) - statics)
+    total = 8 + 4 * len(arms)
+    assert f"[bench] [{total}/{total}]" in result.stderr  # progress while running
+    assert len(rows) == total and not [r for r in rows if r.get("error")]
+    run = json.loads((out / "run.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
+    chosen = summary["overall"].get("tuner_engine")
+    if chosen is not None:  # two engines built: the daemon chose the matrix's engine too
+        assert chosen["engine"] == run["engine"] and chosen["why"]
+        assert set(chosen["tok_s"]) == {"llama.cpp", "ik_llama.cpp"}
     tuner_rows = [r for r in rows if r["arm"] == "tuner"]
     # the daemon classified each prompt as the bench did, and said what it served and why
     assert all(r["daemon_class"] == r["class"] for r in tuner_rows)
@@ -96,16 +112,20 @@ def test_bench_replays_the_matrix_and_the_tuner_and_writes_its_summary(tmp_path:
     # each prompt's static arms ran back to back, right beside a tuner request of that prompt
     for item in {r["item"] for r in rows}:
         at = [i for i, r in enumerate(rows) if r["arm"] != "tuner" and r["item"] == item]
-        assert at == list(range(at[0], at[0] + 3)), at
+        assert at == list(range(at[0], at[0] + len(arms))), at
         near = [rows[i] for i in (at[0] - 1, at[-1] + 1) if 0 <= i < len(rows)]
         assert any(r["arm"] == "tuner" and r["item"] == item for r in near), (item, at)
     assert (out / "summary.png").read_bytes()[:4] == b"\x89PNG"
     assert "| ngram-simple |" in (out / "summary.md").read_text()
     assert (out / "tuner-state" / "policies.json").is_file()  # the daemon's own fresh state
-    # the machine's CPU counters, sampled at the start and every 10 requests: the bench's
-    # own llama-servers and daemon did the decoding
+    # the machine's CPU counters, sampled at the start, every 10 requests and at the end:
+    # the bench's own llama-servers and daemon did the decoding
     load = summary["machine"]
-    assert load["samples"] == 3 and load["own_cpu_s"] > 0 and 0 <= load["other_share"] <= 1
+    assert (
+        load["samples"] == 1 + -(-total // 10)
+        and load["own_cpu_s"] > 0
+        and 0 <= load["other_share"] <= 1
+    )
     assert len(load["other_share_by_quarter"]) == 4
     assert "- other processes: " in (out / "summary.md").read_text()
     assert_documented(summary)
@@ -219,6 +239,7 @@ def test_a_bench_stopped_midway_leaves_nothing_running(tmp_path: Path, sig: int)
                 "PATH": "/usr/bin:/bin",
                 "TUNER_STATE_DIR": str(tmp_path / "state"),
                 "HOME": str(Path.home()),
+                "TUNER_ENGINE": TEST_ENGINE,
             },
         )
     try:
