@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import signal
 import subprocess
@@ -15,6 +16,7 @@ import pytest
 
 from tests.bench.test_render import assert_documented
 from tests.integration.conftest import TEST_ENGINE, require, shipped_tuning
+from tuner.bench.rows import PEER_PREFIX
 from tuner.model.gguf_facts import read_facts
 
 pytestmark = pytest.mark.llama
@@ -23,23 +25,27 @@ ROOT = Path(__file__).resolve().parents[2]
 WORKLOAD = ROOT / "benchmarks" / "workloads" / "dev.jsonl"
 
 
+def bench_env(state: Path, env: dict[str, str] | None = None) -> dict[str, str]:
+    """A bench's environment: the suite's engine; ``env`` may unpin it (``TUNER_ENGINE=auto``)."""
+    return {
+        "PATH": "/usr/bin:/bin",
+        "TUNER_STATE_DIR": str(state),
+        "HOME": str(Path.home()),
+        "TUNER_ENGINE": TEST_ENGINE,
+        **(env or {}),
+    }
+
+
 def tuner(
     *args: str, state: Path, timeout: int = 900, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """``tuner bench`` on the suite's engine; ``env`` may unpin it (``TUNER_ENGINE=auto``)."""
     return subprocess.run(
         [sys.executable, "-m", "tuner", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         check=False,
-        env={
-            "PATH": "/usr/bin:/bin",
-            "TUNER_STATE_DIR": str(state),
-            "HOME": str(Path.home()),
-            "TUNER_ENGINE": TEST_ENGINE,
-            **(env or {}),
-        },
+        env=bench_env(state, env),
     )
 
 
@@ -66,10 +72,10 @@ def test_bench_replays_the_matrix_and_the_tuner_and_writes_its_summary(tmp_path:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
-    arms = sorted({r["arm"] for r in rows if r["arm"] != "tuner"})
+    arms = {r["arm"] for r in rows if r["arm"] != "tuner"}
     statics = {"none", "ngram-mod", "ngram-simple"}
     # beside the matrix only the engine's own autotune arms over its plain server
-    assert statics <= set(arms) and all(a.startswith("peer:") for a in set(arms) - statics)
+    assert statics <= arms and all(a.startswith(PEER_PREFIX) for a in arms - statics)
     total = 8 + 4 * len(arms)
     assert f"[bench] [{total}/{total}]" in result.stderr  # progress while running
     assert len(rows) == total and not [r for r in rows if r.get("error")]
@@ -122,7 +128,7 @@ def test_bench_replays_the_matrix_and_the_tuner_and_writes_its_summary(tmp_path:
     # the bench's own llama-servers and daemon did the decoding
     load = summary["machine"]
     assert (
-        load["samples"] == 1 + -(-total // 10)
+        load["samples"] == 1 + math.ceil(total / 10)
         and load["own_cpu_s"] > 0
         and 0 <= load["other_share"] <= 1
     )
@@ -235,12 +241,7 @@ def test_a_bench_stopped_midway_leaves_nothing_running(tmp_path: Path, sig: int)
             ],
             stdout=log,
             stderr=log,
-            env={
-                "PATH": "/usr/bin:/bin",
-                "TUNER_STATE_DIR": str(tmp_path / "state"),
-                "HOME": str(Path.home()),
-                "TUNER_ENGINE": TEST_ENGINE,
-            },
+            env=bench_env(tmp_path / "state"),
         )
     try:
         deadline = time.monotonic() + 300
