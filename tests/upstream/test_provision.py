@@ -142,7 +142,12 @@ def test_a_binary_on_path_of_another_engine_is_passed_over(
 ) -> None:
     """Asked for ik_llama.cpp, a mainline llama-server on PATH is not it: the cached build is
     used (here: none, and building is not allowed, so the error names the engine)."""
-    monkeypatch.setattr(provision.shutil, "which", lambda name: "/usr/bin/llama-server")
+    real_which = provision.shutil.which
+    monkeypatch.setattr(
+        provision.shutil,
+        "which",
+        lambda name: "/usr/bin/llama-server" if name == "llama-server" else real_which(name),
+    )
     monkeypatch.setattr(provision, "engine_of", lambda _: "llama.cpp")
     with pytest.raises(provision.ProvisionError, match=r"--engine ik_llama\.cpp"):
         provision.locate_llama_server(None, tmp_path, engine="ik_llama.cpp", build=False)
