@@ -12,14 +12,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.conftest import TEST_ENGINE, start_daemon
+from tests.integration.conftest import start_daemon
 from tests.integration.test_daemon import CODE_EDIT
-from tuner.tuning.replay.drafters import replayable
 from tuner.workload import WorkloadItem, load_workload
 
 pytestmark = [pytest.mark.llama, pytest.mark.engine]  # run on both engines by make test
-
-REPLAYED = "ngram-simple" in replayable(TEST_ENGINE)  # priced by replays on this engine
 
 # A small space so the test settles in minutes on 2 cores; explore_share = 1 means every
 # request is a trial or a control (the default budget is 10 %). min_gain = 1.25: on sampled
@@ -101,10 +98,8 @@ def test_engine_settles_per_class_on_real_llama_server(tmp_path: Path) -> None:
     story_best = max(value for value, _, _ in policies[story_class]["speedups"].values())
     assert story_best < edit_policy["speedup_low"], policies[story_class]["speedups"]
     assert policies[story_class]["trials_done"] >= 2
-    if REPLAYED:  # replays measured both ngram-simple variants there on every request
-        assert {"ngram-simple.n3.m8", "ngram-simple.n3.m16"} <= set(
-            policies[story_class]["speedups"]
-        )
+    # replays measured both ngram-simple variants there on every request
+    assert {"ngram-simple.n3.m8", "ngram-simple.n3.m16"} <= set(policies[story_class]["speedups"])
     assert set(variants["story"]) > {"none"}  # it did explore there
 
     # What it learned, exported and imported into an empty state dir (as on a second
@@ -235,7 +230,6 @@ def _metric(text: str, name: str) -> float:
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
 
 
-@pytest.mark.skipif(not REPLAYED, reason=f"{TEST_ENGINE}: ngram-simple is priced by serving it")
 def test_replays_give_the_servers_counts_and_measure_the_other_variants(tmp_path: Path) -> None:
     """The daemon tokenizes each answer through llama-server and replays it through every
     ngram-simple variant: for the variant that served it, the replay gives the drafted and
@@ -315,18 +309,15 @@ def test_a_fitted_baseline_runs_without_controls_on_real_llama_server(tmp_path: 
     assert policies[key]["trials_done"] >= 1
 
 
-# the spec type this engine's replays reproduce (ik_llama.cpp's ngram-simple they do not)
-OPENING_TYPE = "ngram-simple" if REPLAYED else "ngram-mod"
 OPENING_TUNING = """
 [budget]
 explore_share = 0.01
 trial_requests = 6
 min_trial_requests = 3
-""" + (
-    "[search.ngram-simple]\nsize_n = [3]\nsize_m = [8, 16]\n"
-    if REPLAYED
-    else "[search.ngram-mod]\nn_match = [12, 24]\nn_max = [16]\n"
-)
+[search.ngram-simple]
+size_n = [3]
+size_m = [8, 16]
+"""
 
 
 def _opening_roles(state: Path, env: dict[str, str]) -> list[tuple[str, str]]:
@@ -360,4 +351,4 @@ def test_an_opening_speculates_before_the_guard_clears_on_real_llama_server(
     assert [variant for _, variant in roles[:2]] == ["none", "none"], roles
     role, variant = roles[2]
     assert role == "exploit", roles
-    assert variant.startswith(OPENING_TYPE), roles
+    assert variant.startswith("ngram-simple"), roles

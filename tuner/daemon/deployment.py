@@ -26,7 +26,7 @@ from tuner.proxy.app import Lifecycle
 from tuner.proxy.backend import Backend, BackendSlot
 from tuner.proxy.gate import VariantGate
 from tuner.records import RecordStore, RequestRecord
-from tuner.tuning.replay.drafters import replayable
+from tuner.tuning.replay.drafters import CUTS_LAST_ROUND
 from tuner.tuning.replay.worker import Replayer
 from tuner.tuning.runtime.collectors import ReplayCollector, TuningCollector
 from tuner.tuning.runtime.service import TuningService
@@ -78,9 +78,11 @@ def deploy(topology: Topology) -> Deployment:
         )
         collectors.append(TuningCollector(tuning.engine, tuning.quarantine))
         if tuning.tuner.per_class:  # one variant at a time: no replays
-            replays = replayable(engine)
             replayer = Replayer(
-                tuning.engine, client.base_url, spec_types=replays, transport=topology.tokenizer
+                tuning.engine,
+                client.base_url,
+                cuts_last_round=engine in CUTS_LAST_ROUND,
+                transport=topology.tokenizer,
             )
             collectors.append(ReplayCollector(replayer))
         if plan.fleet is not None:

@@ -310,16 +310,32 @@ def test_replay_mod_off_leaves_ngram_mod_to_trials(tmp_path: Path, caps: Capabil
     assert replayer.enabled and not replayer.mod and replayer.variants
 
 
-def test_on_ik_llama_cpp_ngram_simple_is_left_to_trials(tmp_path: Path, caps: Capabilities) -> None:
-    """Its ngram-simple drafts otherwise than the replay (5 of 8 agreed): priced by serving."""
-    from tuner.tuning.replay.drafters import replayable
-
+def test_an_answer_cut_at_its_last_round_is_credited_its_tail(
+    tmp_path: Path, caps: Capabilities
+) -> None:
+    """ik_llama.cpp's text leaves out the accepted drafts of a last round that reaches
+    max_tokens, while its counts include them: on such an engine each variant's replay is
+    credited the tail, so the served variant's replay agrees with the server again; on one
+    that sends every token, an answer that short is replayed as it is."""
     engine = make(tmp_path, config(), caps)
-    ik = Replayer(engine, "http://fake", spec_types=replayable("ik_llama.cpp"))
-    assert not ik.variants and ik.mod and ik.enabled
-    mainline = Replayer(engine, "http://fake", spec_types=replayable("llama.cpp"))
-    assert mainline.variants and mainline.mod
-    assert replayable(None) == replayable("llama.cpp")
+    code = "a b c d e f g h i j k l m n o p q r s t"
+    asked = f"copy this: {code} {code}"
+    body = {"messages": [{"role": "user", "content": asked}], "max_tokens": 64}
+    served = "ngram-simple.n3.m16"
+    prompt, output = _words("<bos> " + asked), _words(code)
+    d, a = replay_simple(prompt, output, 3, 16, 64)
+    tail = 5  # the server generated and accepted 5 tokens more than its text holds
+    record = _record(served, d, a + tail, n=len(output) + tail + 1)
+    cut = Replayer(engine, "http://fake", cuts_last_round=True, transport=_transport([]))
+    cut.replay(record, "/v1/chat/completions", body, code)
+    assert (cut.checked, cut.agreed) == (1, 1)
+    other = engine.classes[CODE].arms["ngram-simple.n3.m48"].replays[-1]
+    d48, a48 = replay_simple(prompt, output, 3, 48, 64)
+    assert other == (len(output) + tail + 1, d48, min(d48, a48 + tail))
+    whole = Replayer(engine, "http://fake", transport=_transport([]))
+    whole.replay(record, "/v1/chat/completions", body, code)
+    assert (whole.checked, whole.agreed) == (1, 0)
+    assert engine.classes[CODE].arms["ngram-simple.n3.m48"].replays[-1][1:] == (d48, a48)
 
 
 def test_a_lookup_length_the_drafter_cannot_model_is_not_replayed(

@@ -30,32 +30,39 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "CUTS_LAST_ROUND",
     "EXACT",
     "MOD_SIZE",
     "REPLAYABLE",
-    "REPLAYS_ON",
     "ModDrafter",
+    "cut_tail",
     "draft_simple",
     "mod_index",
     "replay_simple",
-    "replayable",
 ]
 
 REPLAYABLE = frozenset({"ngram-simple", "ngram-mod"})
-# per engine, the spec types whose drafter the replay reproduces: ik_llama.cpp 55d3c05's
-# ngram-simple drafted what the replay says on 5 of 8 requests, so there it is priced by
-# serving it (trials), not by a replay known to disagree
-REPLAYS_ON = {"llama.cpp": REPLAYABLE, "ik_llama.cpp": frozenset({"ngram-mod"})}
-
-
-def replayable(engine: str | None) -> frozenset[str]:
-    """The spec types replayed on ``engine`` (all of them behind an unknown server)."""
-    return REPLAYS_ON.get(engine or "", REPLAYABLE)
+# engines whose answer leaves out the last round's accepted drafts when that round reaches
+# max_tokens: ik_llama.cpp 55d3c05 adds a round's tokens to n_decoded before it emits them
+# one by one, so its budget check stops after the round's first token (predicted_n and
+# draft_n_accepted still count the rest)
+CUTS_LAST_ROUND = frozenset({"ik_llama.cpp"})
 
 
 # replays that give exactly the server's counts (ngram-mod's table depends on what that one
 # instance has served since it was loaded: its replay is an estimate)
 EXACT = frozenset({"ngram-simple"})
+
+
+def cut_tail(predicted: int, output: int) -> int:
+    """The accepted drafts an answer left out at its end (``CUTS_LAST_ROUND``): its
+    ``predicted`` tokens less the ``output`` tokens its text holds, less the token sampled
+    after those drafts (in an answer not cut: its end-of-generation token, or none).
+
+    >>> cut_tail(96, 91), cut_tail(96, 95), cut_tail(96, 96)
+    (4, 0, 0)
+    """
+    return max(0, predicted - output - 1)
 
 
 def draft_simple(history: Sequence[int], sampled: int, size_n: int, size_m: int) -> list[int]:

@@ -33,7 +33,7 @@ from tuner.logs import get_logger
 from tuner.records import RequestRecord
 from tuner.tuning.config import TuningConfig
 from tuner.tuning.evidence.counts import Counts, served_counts
-from tuner.tuning.replay.drafters import REPLAYABLE, ModDrafter, replay_simple
+from tuner.tuning.replay.drafters import ModDrafter, cut_tail, replay_simple
 from tuner.tuning.replay.tokenizer import Tokenizer
 from tuner.tuning.variants import Variant
 
@@ -70,7 +70,8 @@ class _Job:
 
 class Replayer:
     """Replays finished requests through the engine's n-gram variants it can replay
-    (``spec_types``: those whose drafter the replay reproduces on the serving engine)."""
+    (``cuts_last_round``: the engine's answers leave out their last round's accepted drafts
+    at ``max_tokens``, which every variant's replay is credited with)."""
 
     def __init__(
         self,
@@ -78,21 +79,20 @@ class Replayer:
         base_url: str,
         *,
         router: bool = True,
-        spec_types: frozenset[str] = REPLAYABLE,
+        cuts_last_round: bool = False,
         queue_size: int = 64,
         timeout_s: float = 10.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.engine = engine
         self.router = router
+        self.cuts_last_round = cuts_last_round
         # (lookup length, draft length): llama.cpp's size_n defaults to 12; size_m is the
         # variant's draft length (its default known to ``Variant``)
         self.variants = {
             name: (int(v.param("size_n", 12) or 12), v.draft_length)
             for name, v in engine.variants.items()
-            if v.spec_type == "ngram-simple"
-            and not v.autotuned  # its drafts change every step
-            and "ngram-simple" in spec_types
+            if v.spec_type == "ngram-simple" and not v.autotuned  # its drafts change every step
         }
         # llama.cpp's defaults: n_match 24, n_max 64, n_min 48 (Variant derives n_min from
         # n_max when only n_max is set); a lookup length below 1 is not modelled (no replay)
@@ -100,7 +100,6 @@ class Replayer:
         for name, v in engine.variants.items():
             n_match = int(v.param("n_match", 24) or 0)
             modelled = engine.config.guard.replay_mod and n_match >= 1 and not v.autotuned
-            modelled = modelled and "ngram-mod" in spec_types
             if v.spec_type == "ngram-mod" and modelled:
                 n_min = int(v.param("n_min", 48 if v.param("n_max") is None else 0) or 0)
                 self.mod[name] = ModDrafter(n_match, v.draft_length, n_min)
@@ -199,6 +198,9 @@ class Replayer:
         }
         for name, drafter in self.mod.items():  # every drafter sees every request, in order
             counts[name] = Counts(t.predicted_n, *drafter.replay(prompt, output, record.max_tokens))
+        if self.cuts_last_round and (tail := cut_tail(t.predicted_n, len(output))):
+            # the tail the text lacks was drafted and accepted: each variant's credited it
+            counts = {k: Counts(n, d, min(d, a + tail)) for k, (n, d, a) in counts.items()}
         # the server's own counts are the served variant's evidence
         served = counts.pop(record.variant or "", None)
         if served is not None and record.variant in self.variants:
