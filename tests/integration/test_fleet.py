@@ -38,8 +38,8 @@ def until(check: object, timeout_s: float = 30) -> None:
 
 
 # One n-gram setting a type: on the edits, ngram-simple's m8 and m16 tie within the timing
-# noise (ik_llama.cpp prices ngram-simple by serving), and a policy may move between two
-# tied settings as evidence comes in; the fleet's claims are about what it shares.
+# noise, and a policy may move between two tied settings as evidence comes in; the fleet's
+# claims are about what it shares.
 FLEET_TUNING = TUNING.replace("size_m = [8, 16]", "size_m = [16]")
 assert FLEET_TUNING != TUNING
 
