@@ -7,7 +7,8 @@ import json
 import pytest
 
 from tuner.settings import Settings
-from tuner.upstream.capabilities import BUILD_INFO, probe_capabilities
+from tuner.upstream.build_info import BUILD_INFO
+from tuner.upstream.capabilities import probe_capabilities
 from tuner.upstream.provision import locate_llama_server
 from tuner.upstream.sources import IK_LLAMA_CPP, LLAMA_CPP
 
@@ -36,3 +37,6 @@ def test_the_provisioned_ik_llama_cpp_is_told_apart_by_its_own_help() -> None:
     assert caps.engine == "ik_llama.cpp" and caps.commit == IK_LLAMA_CPP.commit
     assert not caps.router and caps.autotune and "ngram-mod" in caps.spec_types
     assert json.loads((binary.parent / BUILD_INFO).read_text())["engine"] == "ik_llama.cpp"
+    # built with the fix that keeps a cut answer's last round (tests/integration/
+    # test_speculation_real.py checks its answers)
+    assert not caps.cuts_last_round

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
-from tuner.upstream.capabilities import parse_capabilities
+from tuner.upstream.build_info import BuildInfo
+from tuner.upstream.capabilities import parse_capabilities, probe_capabilities
+from tuner.upstream.patches import COUNT_EMITTED
 
 DATA = Path(__file__).with_name("data")
 
@@ -110,3 +113,31 @@ def test_a_current_ik_llama_cpp_answer_gives_its_draft_counts() -> None:
     timings = Timings.model_validate(extract_timings(answer))
     assert (timings.predicted_n, timings.draft_n, timings.draft_n_accepted) == (24, 4, 2)
     assert len(answer["timings"]["draft_by_depth"]) <= 4
+
+
+def test_an_ik_build_cuts_its_last_round_unless_built_with_the_fix() -> None:
+    """Whether an answer at max_tokens leaves out its last round's drafts is a fact of the
+    build: ik_llama.cpp's own code does, the build ``tuner provision`` patches does not."""
+    ik = load("ik-55d3c05")
+    assert ik.cuts_last_round and not load("ik-8337e4c").patches
+    assert not replace(ik, patches=frozenset({COUNT_EMITTED.name})).cuts_last_round
+    assert not load("0c1e570").cuts_last_round
+
+
+def test_a_provisioned_binary_is_read_with_its_build_record(tmp_path: Path) -> None:
+    """``probe_capabilities`` runs the binary, then takes the commit its tarball build does
+    not print and the patches it was built with from the record beside it."""
+    binary = tmp_path / "llama-server"
+    help_file = DATA / "help-ik-55d3c05.txt"
+    binary.write_text(f'#!/bin/sh\n[ "$1" = --help ] && cat {help_file}\nexit 0\n')
+    binary.chmod(0o755)
+    bare = probe_capabilities(binary)
+    assert bare.commit is None and bare.cuts_last_round
+    BuildInfo(
+        engine="ik_llama.cpp",
+        sdist="ik-llama-cpp-python==0.1.5",
+        commit="55d3c05",
+        patches=(COUNT_EMITTED.name,),
+    ).write(tmp_path)
+    built = probe_capabilities(binary)
+    assert built.commit == "55d3c05" and not built.cuts_last_round

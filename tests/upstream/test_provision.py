@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tuner.upstream import provision
+from tuner.upstream.patches import patches_tag
 from tuner.upstream.sources import IK_LLAMA_CPP, LLAMA_CPP
 
 
@@ -88,10 +89,13 @@ def test_this_machines_probe_agrees_with_its_cpu() -> None:
 
 
 def test_each_engine_is_cached_under_its_own_key(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Mainline keeps the key its builds had before there were two engines."""
+    """Mainline keeps the key its builds had before there were two engines; a patched
+    source's key names its patches, so a build made before them is not reused."""
     _machine(monkeypatch, "x86_64", {"avx2"})
     assert provision.build_key(False, LLAMA_CPP) == "0.3.36-cpu-x86_64"
-    assert provision.build_key(False, IK_LLAMA_CPP) == "ik-0.1.5-cpu-x86_64"
+    tag = patches_tag(IK_LLAMA_CPP.patches)
+    assert tag
+    assert provision.build_key(False, IK_LLAMA_CPP) == f"ik-0.1.5-{tag}-cpu-x86_64"
     cache = Path("/cache")
     assert provision.cached_binary(cache, False, IK_LLAMA_CPP).parent.name.startswith("ik-")
 

@@ -26,7 +26,6 @@ from tuner.proxy.app import Lifecycle
 from tuner.proxy.backend import Backend, BackendSlot
 from tuner.proxy.gate import VariantGate
 from tuner.records import RecordStore, RequestRecord
-from tuner.tuning.replay.drafters import CUTS_LAST_ROUND
 from tuner.tuning.replay.worker import Replayer
 from tuner.tuning.runtime.collectors import ReplayCollector, TuningCollector
 from tuner.tuning.runtime.service import TuningService
@@ -58,7 +57,8 @@ class Deployment:
 def deploy(topology: Topology) -> Deployment:
     """The tuner, replayer and gate a topology's plan asks for, wired to its client."""
     settings, client, plan = topology.settings, topology.client, topology.plan
-    engine = topology.capabilities.engine if topology.capabilities else None
+    caps = topology.capabilities
+    engine = caps.engine if caps else None
     tuning: TuningService | None = None
     replayer: Replayer | None = None
     gate: VariantGate | None = None
@@ -81,7 +81,7 @@ def deploy(topology: Topology) -> Deployment:
             replayer = Replayer(
                 tuning.engine,
                 client.base_url,
-                cuts_last_round=engine in CUTS_LAST_ROUND,
+                cuts_last_round=bool(caps and caps.cuts_last_round),
                 transport=topology.tokenizer,
             )
             collectors.append(ReplayCollector(replayer))

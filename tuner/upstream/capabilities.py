@@ -9,13 +9,14 @@ both; ``probe_capabilities`` runs the binary.
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tuner.errors import ProvisionError
+from tuner.upstream.build_info import read_build_info
+from tuner.upstream.patches import COUNT_EMITTED
 from tuner.upstream.sources import EngineName
 
 __all__ = ["Capabilities", "engine_of", "parse_capabilities", "probe_capabilities"]
@@ -40,7 +41,6 @@ _VERSION = re.compile(
     r"version:\s*(?P<version>\S+)\s*\((?:build\s+(?P<build>\d+),\s*commit\s+)?"
     r"(?P<commit>[0-9a-f]+|unknown)\)"
 )
-BUILD_INFO = "build-info.json"  # written next to the binary by ``tuner provision``
 _HINT = re.compile(r"^[A-Z0-9_<>\[\]|{}.,:=-]+$|^[a-z0-9-]+(?:[,|][a-z0-9-]+)+$")
 
 
@@ -60,6 +60,13 @@ class Capabilities:
     metrics: bool  # --metrics
     autotune: bool  # --spec-autotune: the engine tunes draft settings per step itself
     flags: frozenset[str]
+    patches: frozenset[str] = frozenset()  # fixes the build was made with (``patches``)
+
+    @property
+    def cuts_last_round(self) -> bool:
+        """Whether an answer that reaches max_tokens leaves out its last verify round's
+        accepted drafts (ik_llama.cpp without ``COUNT_EMITTED``); its usage counts them."""
+        return self.engine == "ik_llama.cpp" and COUNT_EMITTED.name not in self.patches
 
     def supports_spec_type(self, name: str) -> bool:
         return name in self.spec_types
@@ -173,15 +180,7 @@ def probe_capabilities(binary: Path, timeout_s: float = 60.0) -> Capabilities:
     caps = parse_capabilities(help_text, version)
     if not caps.flags:
         raise ProvisionError(f"{binary} --help printed no flags; is it a llama-server?")
-    if caps.commit is None:  # built from a tarball: the provisioned build knows its commit
-        caps = replace(caps, commit=_provisioned_commit(binary))
+    info = read_build_info(binary)
+    if info is not None:  # provisioned: tarball builds print "commit unknown"
+        caps = replace(caps, commit=caps.commit or info.commit, patches=frozenset(info.patches))
     return caps
-
-
-def _provisioned_commit(binary: Path) -> str | None:
-    try:
-        info = json.loads((binary.parent / BUILD_INFO).read_text())
-    except (OSError, ValueError):
-        return None
-    commit = info.get("commit") if isinstance(info, dict) else None
-    return commit if isinstance(commit, str) and re.fullmatch(r"[0-9a-f]{7,40}", commit) else None

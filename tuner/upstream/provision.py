@@ -13,7 +13,6 @@ from __future__ import annotations
 import fcntl
 import functools
 import hashlib
-import json
 import os
 import platform
 import re
@@ -29,7 +28,9 @@ from pathlib import Path
 from typing import Literal
 
 from tuner.errors import ProvisionError
-from tuner.upstream.capabilities import BUILD_INFO, engine_of
+from tuner.upstream.build_info import BuildInfo
+from tuner.upstream.capabilities import engine_of
+from tuner.upstream.patches import apply_patches, patches_tag
 from tuner.upstream.sources import ENGINES, LLAMA_CPP, EngineName, Source, source_for
 
 __all__ = [
@@ -116,11 +117,14 @@ def _cpu_flags() -> set[str]:
 
 
 def build_key(cuda: bool | None = None, source: Source = LLAMA_CPP) -> str:
-    """Cache key: engine, sdist version, backend and machine architecture (and ``noamx``
-    where AMX is left out, so that a build made before that was is not reused)."""
+    """Cache key: engine, sdist version, the patches applied to it, backend and machine
+    architecture (and ``noamx`` where AMX is left out), so that a build made before any of
+    these was is not reused."""
     if cuda is None:
         cuda = want_cuda()
-    key = f"{source.key_prefix}{source.version}-{'cuda' if cuda else 'cpu'}-{platform.machine()}"
+    patched = f"-{tag}" if (tag := patches_tag(source.patches)) else ""
+    backend = "cuda" if cuda else "cpu"
+    key = f"{source.key_prefix}{source.version}{patched}-{backend}-{platform.machine()}"
     return key + "-noamx" if amx_off_flags() else key
 
 
@@ -206,6 +210,7 @@ def build_llama_server(
         work = Path(tempfile.mkdtemp(prefix="build-", dir=cache_dir))
         try:
             tree = _extract_vendor(sdist, source, work, progress)
+            apply_patches(tree, source.patches)
             write_build_info(tree, source)
             binary = _cmake_build(tree, work / "build", cuda, progress, source)
             _install(binary, target, cuda, source)
@@ -359,13 +364,13 @@ def _install(binary: Path, target: Path, cuda: bool, source: Source = LLAMA_CPP)
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     shutil.copy2(binary, staging / "llama-server")
-    info = {
-        "engine": source.engine,
-        "sdist": f"{source.sdist}=={source.version}",
-        "commit": source.commit,
-        "cuda": cuda,
-    }
-    (staging / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
+    BuildInfo(
+        engine=source.engine,
+        sdist=f"{source.sdist}=={source.version}",
+        commit=source.commit,
+        patches=tuple(patch.name for patch in source.patches),
+        cuda=cuda,
+    ).write(staging)
     shutil.rmtree(target.parent, ignore_errors=True)
     os.replace(staging, target.parent)
 

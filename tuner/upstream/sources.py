@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from tuner.upstream.patches import COUNT_EMITTED, Patch
+
 __all__ = ["ENGINES", "SOURCES", "EngineName", "EngineSetting", "Source", "source_for"]
 
 EngineName = Literal["llama.cpp", "ik_llama.cpp"]
@@ -33,6 +35,7 @@ class Source:
     minutes: int  # a build on 2 cores, to tell the user what to expect
     cmake: tuple[str, ...]  # configure flags beyond the shared ones
     key_prefix: str  # the cache folder's name starts with it
+    patches: tuple[Patch, ...] = ()  # applied to the tree before it is built
 
     @property
     def archive(self) -> str:
@@ -54,7 +57,8 @@ LLAMA_CPP = Source(
 )
 
 # The sdist lacks the script that writes common/build-info.cpp; the build writes it from
-# its template (``provision.write_build_info``). The server is one of its examples.
+# its template (``provision.write_build_info``). The server is one of its examples. Its
+# answers count a verify round's tokens before emitting them (``patches``).
 IK_LLAMA_CPP = Source(
     engine="ik_llama.cpp",
     sdist="ik-llama-cpp-python",
@@ -66,6 +70,7 @@ IK_LLAMA_CPP = Source(
     minutes=9,
     cmake=("-DLLAMA_BUILD_EXAMPLES=ON", "-DGGML_IQK_FA_ALL_QUANTS=OFF"),
     key_prefix="ik-",
+    patches=(COUNT_EMITTED,),
 )
 
 SOURCES: dict[EngineName, Source] = {s.engine: s for s in (LLAMA_CPP, IK_LLAMA_CPP)}

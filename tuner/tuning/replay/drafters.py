@@ -30,7 +30,6 @@ from typing import Any
 import numpy as np
 
 __all__ = [
-    "CUTS_LAST_ROUND",
     "EXACT",
     "MOD_SIZE",
     "REPLAYABLE",
@@ -42,11 +41,6 @@ __all__ = [
 ]
 
 REPLAYABLE = frozenset({"ngram-simple", "ngram-mod"})
-# engines whose answer leaves out the last round's accepted drafts when that round reaches
-# max_tokens: ik_llama.cpp 55d3c05 adds a round's tokens to n_decoded before it emits them
-# one by one, so its budget check stops after the round's first token (predicted_n and
-# draft_n_accepted still count the rest)
-CUTS_LAST_ROUND = frozenset({"ik_llama.cpp"})
 
 
 # replays that give exactly the server's counts (ngram-mod's table depends on what that one
@@ -55,7 +49,7 @@ EXACT = frozenset({"ngram-simple"})
 
 
 def cut_tail(predicted: int, output: int) -> int:
-    """The accepted drafts an answer left out at its end (``CUTS_LAST_ROUND``): its
+    """The accepted drafts an answer left out at its end (``Capabilities.cuts_last_round``): its
     ``predicted`` tokens less the ``output`` tokens its text holds, less the token sampled
     after those drafts (in an answer not cut: its end-of-generation token, or none).
 
