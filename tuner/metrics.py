@@ -10,10 +10,13 @@ Names follow Prometheus conventions (``_total`` counters, base units in seconds)
     tuner_prompt_tokens_total{class_key,variant}
     tuner_prompt_cached_tokens_total{class_key,variant}
     tuner_session_turns_total{class_key,outcome}  new, stayed, moved:<reason> (router mode)
+    tuner_session_trials_total{class_key}         kept turns that ran a trial in place
     tuner_draft_tokens_total{class_key,variant}
     tuner_draft_accepted_tokens_total{class_key,variant}
     tuner_request_duration_seconds{endpoint}      histogram: arrival to last byte
     tuner_proxy_overhead_seconds                  histogram: time added before the upstream send
+    tuner_gate_wait_seconds{class_key}            histogram: waiting for another variant (CPU gate)
+    tuner_active_requests                         histogram: requests in flight at arrival
     tuner_decode_tokens_per_second{class_key,variant}  histogram of llama-server's decode speed
     tuner_upstream_ready                          1 when llama-server answers /health
     tuner_upstream_restarts_total                 restarts of the managed llama-server
@@ -108,6 +111,12 @@ class RequestMetrics:
             ["class_key", "outcome"],
             registry=r,
         )
+        self.turn_trials = Counter(
+            "tuner_session_trials",
+            "Conversations' later turns that ran a trial on the instance holding their history",
+            ["class_key"],
+            registry=r,
+        )
         self.drafted = Counter("tuner_draft_tokens", "Tokens drafted", arm, registry=r)
         self.accepted = Counter(
             "tuner_draft_accepted_tokens", "Drafted tokens accepted", arm, registry=r
@@ -154,6 +163,8 @@ class RequestMetrics:
             self.overhead.observe(max(record.overhead_ms, 0.0) / 1000)
         if record.session is not None:
             self.turns.labels(arm[0], record.session).inc()
+            if record.session == "stayed" and record.role == "trial":
+                self.turn_trials.labels(arm[0]).inc()
         if record.wait_ms is not None:
             self.waited.labels(arm[0]).observe(record.wait_ms / 1000)
         if record.active is not None:

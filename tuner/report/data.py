@@ -86,6 +86,7 @@ class ClassRow:
     # conversations' later turns kept on the instance holding their history, and moved (why)
     turns_stayed: int = 0
     turns_moved: dict[str, int] = field(default_factory=dict)
+    turns_trials: int = 0  # kept turns that ran a trial on the instance holding them
     arms: list[ArmRow] = field(default_factory=list)
     daemons: int | None = None  # a fleet's report: daemons whose requests are its evidence
 
@@ -246,6 +247,7 @@ def _row(key: str, data: Mapping[str, Any]) -> ClassRow:
         prompt_tok_s=processed / seconds if seconds and processed else None,
         turns_stayed=int(turns.get("stayed", 0)),
         turns_moved={str(k): int(n) for k, n in (turns.get("moved") or {}).items()},
+        turns_trials=int(turns.get("trials", 0)),
         arms=_arms(data.get("arms") or {}, predicted, data.get("speedups") or {}),
     )
 

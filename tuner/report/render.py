@@ -61,7 +61,9 @@ def _cached(row: ClassRow) -> str | None:
         return None
     rate = f", {row.prompt_tok_s:.0f} tok/s" if row.prompt_tok_s else ""
     moved = sum(row.turns_moved.values())
-    turns = f", turns {row.turns_stayed} kept {moved} moved" if row.turns_stayed or moved else ""
+    trials = f" ({row.turns_trials} trials in place)" if row.turns_trials else ""
+    kept = f", turns {row.turns_stayed} kept{trials} {moved} moved"
+    turns = kept if row.turns_stayed or moved else ""
     return f"{row.prompt_cached / total:.0%}{rate}{turns}"
 
 

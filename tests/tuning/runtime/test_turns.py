@@ -49,19 +49,29 @@ def test_a_turn_held_by_a_variant_no_longer_served_moves(
     assert engine.route(CODE, Turn("gone.variant", {"gone.variant": 5000.0})).variant == best
 
 
-def test_a_conversations_later_turns_never_explore(tmp_path: Path, caps: Capabilities) -> None:
-    """Trials take new conversations: with every request allowed to explore, the turns of a
-    conversation are served what their class runs."""
+def test_a_conversations_later_turns_explore_only_where_their_history_is(
+    tmp_path: Path, caps: Capabilities
+) -> None:
+    """With every request allowed to explore: a turn whose history one instance holds runs
+    what its class runs, or a trial of that very instance's variant; where one instance
+    serves every variant (the pool's per-request settings), its turns run trials there."""
     engine = make(tmp_path, config(explore_share=1.0), caps)
     sim = SimUpstream(truth(list(engine.variants.values())))
+    held = "ngram-simple.n3.m16"
+    served = []
+    for _ in range(60):
+        decision = engine.route(CODE, Turn(held, {held: 2000.0}, 64))
+        engine.observe(sim.answer(CODE, decision))
+        served.append((decision.role, decision.variant))
+    assert all(role == "exploit" or variant == held for role, variant in served)
+    everywhere = {name: 2000.0 for name in engine.variants}
     roles = []
     for _ in range(60):
-        decision = engine.route(CODE, Turn("none", {"none": 2000.0}, 64))
+        decision = engine.route(CODE, Turn(held, everywhere, 64))
         engine.observe(sim.answer(CODE, decision))
         roles.append(decision.role)
-    assert set(roles) == {"exploit"}
-    drive(engine, sim, [CODE] * 10)
-    assert engine.classes[CODE].explored > 0  # first turns do
+    assert "trial" in roles
+    assert engine.classes[CODE].explored > 0
 
 
 def _service(tmp_path: Path, **overrides: Override) -> TuningService:
@@ -122,7 +132,12 @@ def test_a_quarantined_instance_gives_its_conversations_up(tmp_path: Path) -> No
 
 
 def _record(
-    variant: str, status: int = 200, rid: str = "r", session: str | None = None, chars: int = 0
+    variant: str,
+    status: int = 200,
+    rid: str = "r",
+    session: str | None = None,
+    chars: int = 0,
+    role: str = "exploit",
 ) -> RequestRecord:
     timings = {"prompt_n": 20, "cache_n": 180, "prompt_ms": 50.0, "predicted_n": 8}
     return RequestRecord(
@@ -134,7 +149,7 @@ def _record(
         error=None if status == 200 else "failed",
         proxy_ms=1.0,
         variant=variant,
-        role="exploit",
+        role=role,
         class_key=PROSE,
         timings=Timings.model_validate(timings),
         session=session,
@@ -145,15 +160,18 @@ def _record(
 def test_turns_are_counted_per_class_and_kept_in_the_policy_file(tmp_path: Path) -> None:
     service = _service(tmp_path)
     for i, outcome in enumerate(["new", "stayed", "stayed", "moved:pays"]):
-        service.observe(_record("none", rid=f"r{i}", session=outcome, chars=600))
+        role = "trial" if i == 1 else "exploit"  # a kept turn that ran a trial in place
+        service.observe(_record("none", rid=f"r{i}", session=outcome, chars=600, role=role))
     state = service.engine.classes[PROSE]
-    assert (state.stayed, state.moved) == (2, {"pays": 1})
+    assert (state.stayed, state.moved, state.turn_trials) == (2, {"pays": 1}, 1)
     assert service.chars_per_token < 4.0  # 600 characters were 200 tokens: learning toward 3
     assert service.save()
     saved = json.loads((tmp_path / "policies.json").read_text())["classes"][PROSE]
-    assert saved["turns"] == {"stayed": 2, "moved": {"pays": 1}}
+    assert saved["turns"] == {"stayed": 2, "moved": {"pays": 1}, "trials": 1}
     restored = parse_class(PROSE, saved)
-    assert (restored.stayed, restored.moved) == (2, {"pays": 1})
+    assert (restored.stayed, restored.moved, restored.turn_trials) == (2, {"pays": 1}, 1)
+    del saved["turns"]["trials"]  # a file written before trials in place
+    assert parse_class(PROSE, saved).turn_trials == 0
     del saved["turns"]  # a file written before conversations were counted
     assert parse_class(PROSE, saved).stayed == 0
 
@@ -170,3 +188,6 @@ def test_the_report_shows_each_classs_kept_and_moved_turns(tmp_path: Path) -> No
     row = next(r for r in report.classes if r.class_key == PROSE)
     assert (row.turns_stayed, row.turns_moved) == (2, {"pays": 1, "unavailable": 1})
     assert "turns 2 kept 2 moved" in as_table(report)
+    service.observe(_record("none", rid="t", session="stayed", role="trial"))
+    assert service.save()
+    assert "turns 3 kept (1 trials in place) 2 moved" in as_table(load_report(tmp_path))

@@ -192,6 +192,7 @@ class TurnsRecord(BaseModel):
 
     stayed: NonNegativeInt = 0
     moved: dict[str, NonNegativeInt] = {}
+    trials: NonNegativeInt = 0  # of those kept, turns that ran a trial there
 
 
 class ClassRecord(BaseModel):
@@ -244,6 +245,7 @@ class ClassState:
     # (by reason: the move paid, or the instance was unavailable)
     stayed: int = 0
     moved: dict[str, int] = field(default_factory=dict)
+    turn_trials: int = 0  # kept turns that ran a trial on the instance holding them
     trial: Trial | None = None
     preparing: bool = False  # a trial is being asked for on the IO thread
     arms: dict[str, Arm] = field(default_factory=dict)
@@ -285,12 +287,15 @@ class ClassState:
             prompt_s=self.prompt_s,
             stayed=self.stayed,
             moved=dict(self.moved),
+            turn_trials=self.turn_trials,
         )
 
-    def count_turn(self, outcome: str) -> None:
-        """A request's session outcome (``new``, ``stayed`` or ``moved:<reason>``)."""
+    def count_turn(self, outcome: str, role: str | None = None) -> None:
+        """A request's session outcome (``new``, ``stayed`` or ``moved:<reason>``) and its
+        routing role (a kept turn may run a trial in place)."""
         if outcome == "stayed":
             self.stayed += 1
+            self.turn_trials += role == "trial"
         elif outcome.startswith("moved:"):
             reason = outcome.removeprefix("moved:")
             self.moved[reason] = self.moved.get(reason, 0) + 1
@@ -308,7 +313,7 @@ class ClassState:
                 processed=self.prompt_processed,
                 seconds=round(self.prompt_s, 3),
             ),
-            turns=TurnsRecord(stayed=self.stayed, moved=dict(self.moved)),
+            turns=TurnsRecord(stayed=self.stayed, moved=dict(self.moved), trials=self.turn_trials),
             policy=self.policy,
             arms={name: arm.record() for name, arm in self.arms.items()},
             pairs=[dict(row) for row in self.pairs],
@@ -330,6 +335,7 @@ def parse_class(key: str, data: object) -> ClassState:
         prompt_s=found.prompt.seconds,
         stayed=found.turns.stayed,
         moved=dict(found.turns.moved),
+        turn_trials=found.turns.trials,
         arms={name: Arm.of(arm) for name, arm in found.arms.items()},
         pairs=deque(found.pairs, maxlen=PAIRS),
         policy=found.policy,

@@ -248,7 +248,7 @@ class Engine:
                 state.prompt_processed += t.prompt_n
                 state.prompt_s += (t.prompt_ms or 0.0) / 1000
                 if record.session is not None:
-                    state.count_turn(record.session)
+                    state.count_turn(record.session, record.role)
             if not t.predicted_per_second or not t.predicted_n:
                 return
             tok_s = float(t.predicted_per_second)

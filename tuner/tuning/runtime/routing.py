@@ -93,9 +93,9 @@ class Router:
         return spec_type is not None and spec_type in self.override(key).forbid
 
     def route(self, class_key: str | None, turn: Turn | None = None) -> Decision:
-        """The variant for one request of this class. A conversation's later ``turn`` never
-        explores, and stays on the instance that holds its history unless moving to the
-        class's variant (its pin included) pays for processing it again."""
+        """The variant for one request of this class. A conversation's later ``turn``
+        explores only on the instance that holds its history, and stays there unless
+        moving to the class's variant (its pin included) pays for processing it again."""
         key = class_key or ROOT
         table = self.table
         pending = self._pending
@@ -134,23 +134,19 @@ class Router:
         note: Routed,
         turn: Turn | None,
     ) -> tuple[Decision, Routed]:
-        """A trial or control request while the budget allows (never for a later turn),
-        else the policy's variant, or the opening variant where the policy runs no
-        speculation only for lack of evidence."""
+        """A trial or control request while the budget allows (for a later turn, only one
+        its history's instance serves: a setting of the spec type it holds), else the
+        policy's variant, or the opening variant where the policy runs no speculation only
+        for lack of evidence."""
         share = table.config.budget.explore_share
         pending = self._pending
         seen = (entry.seen if entry is not None else 0) + pending.seen.get(key, 0) + 1
         spent = (entry.spent if entry is not None else 0.0) + pending.spent.get(key, 0)
         seen_all = table.seen_all + len(pending.notes) + 1
         spent_all = table.spent_all + pending.spent_all
-        if (
-            turn is None
-            and not override.off
-            and spent < share * seen
-            and spent_all < share * seen_all
-        ):
+        if not override.off and spent < share * seen and spent_all < share * seen_all:
             found, note = self._explore(table, key, entry, note, spent, share * seen)
-            if found is not None:
+            if found is not None and (turn is None or _in_place(turn, found.variant)):
                 return found, replace(note, explored=True)
         opening = table.opening
         opens = (
@@ -244,6 +240,12 @@ class _Pending:
             self.spent[note.key] = self.spent.get(note.key, 0) + sign
             self.spent_all += sign
         self.plain += sign * note.plain
+
+
+def _in_place(turn: Turn, variant: str) -> bool:
+    """Whether the instance holding a conversation's history serves ``variant`` too (the
+    pool's variants that differ only in per-request settings), so a trial moves nothing."""
+    return variant in turn.cached and turn.extra(variant) <= 0
 
 
 def _nearest(table: RouteTable, key: str) -> ClassRoute | None:
