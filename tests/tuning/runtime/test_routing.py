@@ -104,4 +104,4 @@ def test_a_later_turn_stays_on_its_instance_without_the_learner(
     held = "ngram-mod.match12.max16" if "ngram-mod.match12.max16" in engine.variants else "none"
     turn = Turn(held, {held: 6000.0}, max_tokens=32)  # a long history, a short answer
     decision = engine.route(CODE, turn)
-    assert decision.variant == held and decision.role == "exploit"
+    assert decision.variant == held and decision.role == "held"

@@ -6,6 +6,8 @@ import json
 from functools import partial
 from pathlib import Path
 
+import pytest
+
 from tests.tuning.sim import CODE, HELP, PROSE, SimUpstream, config, drive, make, truth
 from tuner.records import RequestRecord, Timings
 from tuner.sessions import Turn, prompt_of
@@ -34,11 +36,31 @@ def test_a_turn_stays_where_its_history_is_cached_unless_moving_pays(
     engine = _learned(tmp_path, caps)
     best = engine.effective_policy(CODE)[1].variant
     long = engine.route(CODE, Turn("none", {"none": 3000.0}, 64))
-    assert (long.variant, long.role) == ("none", "exploit")
+    assert (long.variant, long.role) == ("none", "held")
     short = engine.route(CODE, Turn("none", {"none": 10.0}, 64))
     assert short.variant == best
     both = engine.route(CODE, Turn("none", {"none": 3000.0, best: 3000.0}, 64))
     assert both.variant == best  # the faster instance holds it too: nothing to process again
+
+
+def test_turns_held_off_their_classs_choice_spend_its_exploration_budget(
+    tmp_path: Path, caps: Capabilities
+) -> None:
+    """A conversation opened on a slow trial stays there while its history is long: each such
+    turn costs what a trial request would, so the class explores less for a while; turns
+    held on the class's own choice cost nothing."""
+    engine = _learned(tmp_path, caps)
+    sim = SimUpstream(truth(list(engine.variants.values())))
+    best = engine.effective_policy(CODE)[1].variant
+    spent = engine.classes[CODE].spent
+    for _ in range(5):
+        engine.observe(sim.answer(CODE, engine.route(CODE, Turn(best, {best: 3000.0}, 64))))
+    assert engine.classes[CODE].spent == pytest.approx(spent)
+    for _ in range(5):
+        decision = engine.route(CODE, Turn("none", {"none": 3000.0}, 64))
+        assert decision.role == "held"
+        engine.observe(sim.answer(CODE, decision))
+    assert engine.classes[CODE].spent > spent + 5 * 0.1  # none is slower than its choice
 
 
 def test_a_turn_held_by_a_variant_no_longer_served_moves(

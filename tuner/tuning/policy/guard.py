@@ -27,7 +27,8 @@ from tuner.stats import Interval
 
 __all__ = ["Best", "Decision", "Policy", "Role", "choose", "measured_policy", "off_reason"]
 
-Role = Literal["exploit", "trial", "control", "pinned", "fallback"]
+# held: a conversation's turn kept on the instance holding its history, not its class's choice
+Role = Literal["exploit", "trial", "control", "pinned", "fallback", "held"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,8 @@ Per class:
   what exploring cost, in requests at the speed of the class's policy (a trial request
   at half that speed costs 1, one at least as fast costs nothing), so exploring is cheap
   where the variants tried are as fast as what the class runs and rare where they lose.
+  A conversation's turn held on another variant than its class's (it stays where its
+  history is cached) spends it too: an explored opening holds its conversation.
 - Anchors: the first two requests of all traffic run without speculation; with every
   later request they fit one plain decode step's time (``tuner.tuning.pricing.prices``).
 - Opening: until a trial's worth of speculative requests has been served, a class whose
@@ -254,7 +256,7 @@ class Engine:
             tok_s = float(t.predicted_per_second)
             counts = served_counts(t.predicted_n, t.draft_n, t.draft_n_accepted)
             self._served += record.variant != BASELINE.name
-            if record.role in ("trial", "control"):
+            if record.role in ("trial", "control", "held"):
                 gain = self.rules.effective_policy(key)[1].gain
                 cost = self.pricing.explore_cost(key, tok_s, gain)
                 if cost is None and record.variant == BASELINE.name:

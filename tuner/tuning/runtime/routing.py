@@ -95,7 +95,8 @@ class Router:
     def route(self, class_key: str | None, turn: Turn | None = None) -> Decision:
         """The variant for one request of this class. A conversation's later ``turn``
         explores only on the instance that holds its history, and stays there unless
-        moving to the class's variant (its pin included) pays for processing it again."""
+        moving to the class's variant (its pin included) pays for processing it again; a
+        turn held on another variant than its class's spends the exploration budget."""
         key = class_key or ROOT
         table = self.table
         pending = self._pending
@@ -114,7 +115,10 @@ class Router:
             and decision.variant != turn.held
             and self._stays(table, key, entry, decision, turn)
         ):
-            decision = Decision(turn.held, "exploit", policy_class=decision.policy_class)
+            # what the class would run is not served: the budget pays for it, as for a trial
+            # (a conversation opened on a trial holds that trial's variant for its life)
+            decision = Decision(turn.held, "held", policy_class=decision.policy_class)
+            note = replace(note, explored=True)
         if decision.variant == BASELINE.name and decision.role != "pinned":
             note = replace(note, plain=True)
         pending.append(note)
