@@ -100,8 +100,14 @@ async def test_prompt_tokens_the_cache_held_are_counted_apart(
 def test_conversation_turns_are_counted_by_outcome(
     upstream: UpstreamClient, store: RecordStore
 ) -> None:
-    turns = [("new", "trial"), ("stayed", "trial"), ("stayed", "exploit"), ("moved:pays", "")]
-    text = observed([{"session": s, "role": r or None} for s, r in [*turns, (None, "trial")]])
+    turns = [
+        ("new", "trial"),
+        ("stayed", "trial"),
+        ("stayed", "exploit"),
+        ("moved:pays", None),
+        (None, "trial"),
+    ]
+    text = observed([{"session": session, "role": role} for session, role in turns])
     key = {"class_key": "code/echo/greedy"}
     assert value(text, "tuner_session_turns_total", outcome="stayed", **key) == 2
     assert value(text, "tuner_session_trials_total", **key) == 1  # a kept turn's trial

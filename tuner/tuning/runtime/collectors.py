@@ -4,7 +4,7 @@ tuner_class_speedup{class_key,variant}        measured speedup of the chosen var
 tuner_class_alpha{class_key,variant}          its acceptance
 tuner_class_speculation{class_key,variant}    1 when the class's policy speculates
 tuner_class_kill_switch{class_key}            1 when speculation is off because it cannot pay
-tuner_class_exploration_share{class_key}      share of requests spent on trials and controls
+tuner_class_exploration_share{class_key}      share spent on trials, controls, held turns
 tuner_class_exploration_cost{class_key}       what exploring cost, in requests
 tuner_class_trials_total{class_key}, tuner_policy_switches_total{class_key}
 tuner_variant_quarantined{variant,reason}     1 while a variant that failed is left out
@@ -61,7 +61,8 @@ class TuningCollector(Collector):
         )
         share = GaugeMetricFamily(
             "tuner_class_exploration_share",
-            "Share of the class's requests spent on trials and controls",
+            "Share of the class's requests spent on trials, controls and conversations' turns"
+            " held off the class's choice",
             labels=["class_key"],
         )
         cost = GaugeMetricFamily(
