@@ -1,8 +1,8 @@
 """Which engine a bench runs on: pinned, the matrix and the tuner on it; not pinned with two
-engines built, the tuner is the default daemon and the matrix runs on the engine measured
-faster; a challenger that names an engine runs on it, not on the matrix's binary. The
-builds and the measurement are faked here; the real daemon's choice is
-``tests/integration/test_engines_real.py``."""
+engines built, the matrix runs on the engine measured faster and the tuner is the default
+daemon, started with that measurement in its state; a challenger that names an engine runs
+on it, not on the matrix's binary. The builds and the measurement are faked here; the real
+daemon's choice is ``tests/integration/test_engines_real.py``."""
 
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ def _choice(engine: EngineName, why: str = "measured faster") -> Any:
 
 
 def _settings(tmp_path: Path, **kw: Any) -> Settings:
+    kw.setdefault("ctx_size", 4096)  # sized already: no model to read
     return Settings(state_dir=tmp_path / "state", cache_dir=tmp_path / "cache", **kw)
 
 
@@ -65,7 +66,8 @@ async def test_not_pinned_the_matrix_runs_on_the_faster_and_the_tuner_chooses(
 ) -> None:
     found = await bench_engine(_settings(tmp_path), lambda _: None)
     assert found.tuner_auto and found.prepared.capabilities.engine == "ik_llama.cpp"
-    assert found.why == "measured faster" and len(two_built) == 1
+    assert found.choice is not None and found.choice.why == "measured faster"
+    assert len(two_built) == 1 and two_built[0].ctx_size == 4096  # measured at the daemon's
 
 
 @pytest.mark.parametrize(
@@ -95,7 +97,7 @@ def test_the_default_tuner_names_no_binary_and_a_challenger_runs_the_engine_it_n
     state, tuning = tmp_path / "s", tmp_path / "t.toml"
     tuning.write_text("")
     state.mkdir()
-    auto = BenchOptions(out=tmp_path, tuner_auto=True)
+    auto = BenchOptions(out=tmp_path, engines=_choice("ik_llama.cpp"))
     env = daemon_env(settings, ik, state, 1, auto)
     assert env["TUNER_ENGINE"] == "auto" and "TUNER_LLAMA_SERVER" not in env
     pinned = daemon_env(settings, ik, state, 1, BenchOptions(out=tmp_path))

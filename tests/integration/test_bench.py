@@ -51,7 +51,8 @@ def tuner(
 
 def test_bench_replays_the_matrix_and_the_tuner_and_writes_its_summary(tmp_path: Path) -> None:
     """As a user runs it, no engine pinned: where both engines are built the matrix runs on
-    the one measured faster, with that engine's own autotune arms where it has them."""
+    the one measured faster, with that engine's own autotune arms where it has them, and the
+    default daemon serves there from the bench's measurement."""
     out = tmp_path / "bench"
     result = tuner(
         "bench",
@@ -82,9 +83,11 @@ def test_bench_replays_the_matrix_and_the_tuner_and_writes_its_summary(tmp_path:
     run = json.loads((out / "run.json").read_text())
     summary = json.loads((out / "summary.json").read_text())
     chosen = summary["overall"].get("tuner_engine")
-    if chosen is not None:  # two engines built: the daemon chose the matrix's engine too
+    if chosen is not None:  # two engines built: the daemon started from the bench's measurement
         assert chosen["engine"] == run["engine"] and chosen["why"]
         assert set(chosen["tok_s"]) == {"llama.cpp", "ik_llama.cpp"}
+        log = (out / "tuner-daemon.log").read_text()
+        assert "engine_chosen" in log and "engines_measuring" not in log
     tuner_rows = [r for r in rows if r["arm"] == "tuner"]
     # the daemon classified each prompt as the bench did, and said what it served and why
     assert all(r["daemon_class"] == r["class"] for r in tuner_rows)

@@ -1,8 +1,9 @@
-"""TUNER_ENGINE=auto on the real builds of both engines: ``tuner engines --measure``
-measures each side by side, and a daemon started on mainline measures both in the
-background while a client streams to it, and ends serving on the one measured faster with
-no failed request while it switches (two clients through a switch: ``test_swap.py``); what
-it found is in ``/ready``, ``/metrics``, ``tuner report`` and ``tuner engines``."""
+"""TUNER_ENGINE=auto on the real builds of both engines: a daemon started on mainline
+measures both side by side in the background while a client streams to it, and ends
+serving on the one measured faster with no failed request while it switches (two clients
+through a switch: ``test_swap.py``); what it found is in ``/ready``, ``/metrics``,
+``tuner report`` and ``tuner engines``. ``tuner engines --measure`` runs the same
+measurement (``tuner.engines.auto.measure_now``; its wiring: ``tests/cli/test_engines.py``)."""
 
 from __future__ import annotations
 
@@ -38,25 +39,28 @@ def _engines(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "tuner", "engines", "--state-dir", str(state), *args],
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=60,
     )
 
 
-def test_tuner_engines_measures_both_side_by_side(tmp_path: Path) -> None:
-    done = _engines(tmp_path, "--measure", "--format", "json")
+def _measured_side_by_side(state: Path) -> str:
+    """What the daemon measured, as ``tuner engines`` shows it: every engine with its speed
+    without speculation and with at least one n-gram setting, idle and loaded; the engine."""
+    done = _engines(state, "--format", "json")
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout)
     speeds = {r["engine"]: r["tok_s"] for r in found["results"]}
     assert set(speeds) == set(ENGINES) and all(s and s > 0 for s in speeds.values())
-    for result in found["results"]:  # no speculation and at least one n-gram setting
+    for result in found["results"]:
         assert "none" in result["settings"] and len(result["settings"]) >= 2
         assert result["prompt_tok_s"] > 0 and result["decode_tok_s"] > 0
         assert result["loaded_tok_s"] > 0 and result["loaded_setting"] in result["settings"]
-    assert found["engine"] == max(speeds, key=speeds.__getitem__)
-    assert "clients at once" in found["why"]
-    table = _engines(tmp_path)
+    # the clients-at-once figures are in the reason, unless mainline was kept within the margin
+    assert "clients at once" in found["why"] or found["why"].endswith("kept"), found["why"]
+    table = _engines(state)
     assert table.returncode == 0 and f"*{found['engine']}" in table.stdout
     assert "clients at once" in table.stdout
+    return str(found["engine"])
 
 
 def test_auto_switches_to_the_engine_measured_faster_without_a_failed_request(
@@ -73,12 +77,15 @@ def test_auto_switches_to_the_engine_measured_faster_without_a_failed_request(
     running = start_daemon(state, env={"TUNER_ENGINE": "auto"})
     try:
         assert httpx.get(running.url + "/ready").json()["engine"] == "llama.cpp"
-        # one client, pausing: the switch is under load, the measurement not swamped by it
-        with Clients(running, streams=(True,), pause_s=1.0) as clients:
+        # one client: streaming back to back through the switch, pausing while the engines
+        # are measured (their threads and the serving instance's share two cores)
+        with Clients(running, streams=(True,), pause_s=0.2) as clients:
             deadline = time.monotonic() + 900
             ready: dict[str, object] = {}
             while time.monotonic() < deadline:
                 ready = httpx.get(running.url + "/ready", timeout=10).json()
+                measuring = ready.get("engine_selection") == "measuring"
+                clients.pause_s = 5.0 if measuring else 0.2
                 choice = load_choice(state / CHOICE_FILE)
                 if (
                     ready.get("engine_selection") == "done"
@@ -110,3 +117,4 @@ def test_auto_switches_to_the_engine_measured_faster_without_a_failed_request(
     assert errors == []
     report = report_json(state)
     assert report["engines"]["engine"] == choice.engine
+    assert _measured_side_by_side(state) == choice.engine

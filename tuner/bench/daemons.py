@@ -28,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tuner.bench.analyse import FinalPolicy
 from tuner.bench.engine import engine_settled
 from tuner.bench.schedule import TUNER
+from tuner.engines.choice import CHOICE_FILE, EngineChoice, save_choice
 from tuner.errors import UpstreamError
 from tuner.settings import Settings
 from tuner.tuning.config import tuning_text
@@ -74,7 +75,9 @@ class BenchOptions:
     challenger_code: Path | None = None
     peer: Path | None = None  # another build's llama-server, its arms beside the matrix
     peer_arms: tuple[tuple[str, tuple[str, ...]], ...] = ()  # ("peer:NAME", its flags)
-    tuner_auto: bool = False  # the tuner is the default daemon, choosing its own engine
+    # the tuner is the default daemon (TUNER_ENGINE=auto), started from this measurement of
+    # the engines (the bench's own: ``tuner.bench.engine``)
+    engines: EngineChoice | None = None
 
 
 def daemon_env(
@@ -98,7 +101,7 @@ def daemon_env(
         TUNER_CACHE_DIR=str(settings.cache_dir),
         TUNER_CTX_SIZE=str(settings.ctx_size),
     )
-    if options.tuner_auto and tuning is None:  # the default daemon: it measures the engines
+    if options.engines is not None and tuning is None:  # the default daemon: engine auto
         env.pop("TUNER_LLAMA_SERVER", None)
         env["TUNER_ENGINE"] = "auto"
     else:
@@ -148,6 +151,8 @@ async def tuner_daemon(
     state = state_dir(workdir, arm)
     shutil.rmtree(state, ignore_errors=True)
     state.mkdir(parents=True)
+    if options.engines is not None and tuning is None:
+        save_choice(state / CHOICE_FILE, options.engines)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = (workdir / f"{arm}-daemon.log").open("ab")
@@ -178,7 +183,7 @@ async def tuner_daemon(
                 if time.monotonic() > deadline:
                     raise UpstreamError(f"the daemon was not ready in time; see {log.name}")
                 await asyncio.sleep(0.25)
-            if options.tuner_auto and tuning is None:  # its engines measured, switched to
+            if options.engines is not None and tuning is None:  # on the engine it chose
                 await engine_settled(http, url, state)
         yield url
     finally:

@@ -1,12 +1,12 @@
 """Which engine a bench runs on.
 
 Pinned (``--engine``, ``TUNER_ENGINE``, ``TUNER_LLAMA_SERVER``): the matrix and the tuner
-on that engine. Not pinned (``auto``, the default) where two engines are built: the tuner
-is the default daemon, which measures the engines from its fresh state and moves to the
-faster as a user's does, and the matrix runs on the engine this machine measures faster,
-so that the arms it is held against are that engine's. The bench waits for the tuner's
-measurement and switch before the first request: its minutes of calibration never run
-beside an arm's request (they are once per model, machine and build, not in the ratios).
+on that engine. Not pinned (``auto``, the default) where two engines are built: the bench
+measures the engines as the daemon does, the matrix runs on the faster, and the tuner is
+the default daemon started with that measurement in its fresh state (as a user's daemon
+keeps its own), so it serves on the matrix's engine and its arms are held against that
+engine's. Its learning starts cold; the engines' minutes of calibration, once per model,
+machine and build, are not measured again nor run beside an arm's request.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 
+from tuner.daemon.plan import sized
 from tuner.daemon.serve import chooses_engine
 from tuner.engines.auto import prepare_built, saved_or_measured
 from tuner.engines.choice import CHOICE_FILE, EngineChoice, load_choice
@@ -34,8 +35,12 @@ SETTLE_TIMEOUT_S = 1200.0  # the daemon's calibration of two engines and its swi
 @dataclass(frozen=True, slots=True)
 class BenchEngine:
     prepared: Prepared  # the matrix's engine, and the tuner's where it is pinned
-    tuner_auto: bool  # the tuner is the default daemon: it chooses its engine itself
-    why: str | None = None  # why the matrix runs on this engine (auto only)
+    choice: EngineChoice | None = None  # auto: the measurement the default daemon starts from
+
+    @property
+    def tuner_auto(self) -> bool:
+        """The tuner is the default daemon (``TUNER_ENGINE=auto``)."""
+        return self.choice is not None
 
 
 async def bench_engine(settings: Settings, progress: Progress) -> BenchEngine:
@@ -44,11 +49,11 @@ async def bench_engine(settings: Settings, progress: Progress) -> BenchEngine:
         built = await asyncio.to_thread(prepare_built, settings)
         if len(built) > 1:
             progress("engine auto: measuring the built engines for the matrix (a few minutes)")
-            choice = await saved_or_measured(settings, built)
+            choice = await saved_or_measured(sized(settings, built[0]), built)
             chosen = next(p for p in built if p.capabilities.engine == choice.engine)
-            progress(f"engine auto: the matrix on {choice.engine} ({choice.why})")
-            return BenchEngine(chosen, tuner_auto=True, why=choice.why)
-    return BenchEngine(await asyncio.to_thread(prepare, settings, progress), tuner_auto=False)
+            progress(f"engine auto: the matrix and the tuner on {choice.engine} ({choice.why})")
+            return BenchEngine(chosen, choice)
+    return BenchEngine(await asyncio.to_thread(prepare, settings, progress))
 
 
 async def engine_settled(

@@ -216,7 +216,7 @@ async def _run_bench(
     engine = await bench_engine(settings, progress)
     prepared = engine.prepared
     settings = sized(settings, prepared)  # every arm and daemon on the same context
-    options = replace(options, tuner_auto=engine.tuner_auto)
+    options = replace(options, engines=engine.choice)
     if options.peer is None and autotune_arms(prepared):  # the engine's own tuning, beside
         options = replace(options, peer=prepared.binary, peer_arms=autotune_arms(prepared))
     variants = matrix_variants(options.matrix, prepared)
@@ -282,7 +282,7 @@ async def _run_bench(
         if options.requests:
             progress(
                 "starting the tuner daemon from a fresh state"
-                + (" (engine auto: it measures the engines first)" if engine.tuner_auto else "")
+                + (" (engine auto, with the measurement above)" if engine.tuner_auto else "")
             )
             urls[TUNER] = await stack.enter_async_context(
                 tuner_daemon(settings, prepared, options, out)
