@@ -16,6 +16,7 @@ Names follow Prometheus conventions (``_total`` counters, base units in seconds)
     tuner_request_duration_seconds{endpoint}      histogram: arrival to last byte
     tuner_proxy_overhead_seconds                  histogram: time added before the upstream send
     tuner_gate_wait_seconds{class_key}            histogram: waiting for another variant (CPU gate)
+    tuner_gate_joins_total{class_key}             served by the variant decoding, not the class's
     tuner_active_requests                         histogram: requests in flight at arrival
     tuner_decode_tokens_per_second{class_key,variant}  histogram of llama-server's decode speed
     tuner_upstream_ready                          1 when llama-server answers /health
@@ -141,6 +142,13 @@ class RequestMetrics:
             buckets=_SECONDS,
             registry=r,
         )
+        self.joins = Counter(
+            "tuner_gate_joins",
+            "Requests served by the variant decoding now rather than wait at the CPU gate for "
+            "their class's (the wait cost more than the class's variant saves)",
+            ["class_key"],
+            registry=r,
+        )
         self.active = Histogram(
             "tuner_active_requests",
             "Generation requests in flight as a request arrived, itself included",
@@ -167,6 +175,8 @@ class RequestMetrics:
                 self.turn_trials.labels(arm[0]).inc()
         if record.wait_ms is not None:
             self.waited.labels(arm[0]).observe(record.wait_ms / 1000)
+        if record.role == "joined":
+            self.joins.labels(arm[0]).inc()
         if record.active is not None:
             self.active.observe(record.active)
         t = record.timings

@@ -104,7 +104,7 @@ class RequestRecord(BaseModel):
     class_key: str | None = None
     features: dict[str, Any] | None = None
     variant: str | None = None
-    role: str | None = None  # exploit, trial, control or pinned
+    role: str | None = None  # exploit, trial, control, pinned, fallback, held or joined
     trial: int | None = None
     # a conversation's turn: new, stayed (on the instance holding its history) or
     # moved:<reason>; and the prompt's length in characters (routing's unit)

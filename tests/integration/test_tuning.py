@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -126,6 +127,19 @@ def test_engine_settles_per_class_on_real_llama_server(tmp_path: Path) -> None:
         response = _send(again.url, (story_path, story))
         assert response.headers["x-spec-class"] == story_class
         assert response.headers["x-spec-variant"] == "none"
+        # At the CPU gate: an edit that arrives while a long story decodes waits for it the
+        # first time; with that wait measured, the next joins the story's variant instead
+        with ThreadPoolExecutor(1) as pool:
+            for role in ("exploit", "joined"):
+                story_path, story = stories[1].request(300)
+                story |= {"temperature": 1.0, "seed": 7}  # its class runs no speculation
+                long = pool.submit(_send, again.url, (story_path, story))
+                time.sleep(1.5)  # it decodes
+                response = _send(again.url, edits[0].request(32))
+                assert long.result().headers["x-spec-variant"] == "none"
+                assert response.headers["x-spec-role"] == role, response.headers
+                joined = "none" if role == "joined" else edit_policy["variant"]
+                assert response.headers["x-spec-variant"] == joined
         # The report reads the same state while the daemon runs (which may still be
         # updating it with these two requests).
         running_report = json.loads(_report(state, "--format", "json"))
@@ -145,6 +159,8 @@ def test_engine_settles_per_class_on_real_llama_server(tmp_path: Path) -> None:
             policy["reason"],
         ), key
         assert row["requests"] == final[key]["seen"]
+    assert rows[edit_class]["gate_waited"] >= 1 and rows[edit_class]["gate_joined"] == 1
+    assert rows[edit_class]["in_flight"] > 1.0  # its last two arrived behind a story
     learned_on = tmp_path / "state"  # the trial history stays with the Optuna studies there
     history = json.loads(_report(learned_on, "--class", story_class, "--format", "json"))
     assert len(history["trials"]) >= 2 and all(t["variant"] != "?" for t in history["trials"])

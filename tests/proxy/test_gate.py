@@ -84,3 +84,28 @@ def test_never_two_variants_at_once_and_everyone_is_served(plan: list[str], seed
 
     overlap, served = asyncio.run(scenario())
     assert overlap == 1 and served == len(plan)
+
+
+async def test_busy_names_the_variant_to_join_and_the_waits_so_far() -> None:
+    """Nothing to weigh until a request has waited; then the variant decoding (while no
+    other waits) and a moving mean of the waits."""
+    now = [0.0]
+    gate = VariantGate(clock=lambda: now[0])
+    assert gate.busy() is None
+    await gate.acquire("a")
+    assert gate.busy() is None  # a request for b would wait, but no wait is measured yet
+    b = asyncio.create_task(gate.acquire("b"))
+    await asyncio.sleep(0)
+    assert gate.busy() is None  # b waits: a request for a would queue behind it too
+    now[0] = 2.0
+    gate.release()
+    await b
+    assert gate.busy() == ("b", 2.0)
+    a = asyncio.create_task(gate.acquire("a"))
+    await asyncio.sleep(0)
+    now[0] = 3.0
+    gate.release()
+    await a
+    assert gate.busy() == ("a", 1.5) and gate.waits == 2  # (2 + 1) / 2
+    gate.release()
+    assert gate.busy() is None  # idle: nobody waits

@@ -74,6 +74,7 @@ def deploy(topology: Topology) -> Deployment:
             strategy=one_at_a_time(plan.reload_guess_s) if plan.single else lambda e: e,
             unavailable=client.health.is_recovering,
             instances={m.name: repr(m.flags) for m in plan.members},
+            busy=gate.busy if gate is not None else lambda: None,
             fleet=plan.fleet,
         )
         collectors.append(TuningCollector(tuning.engine, tuning.quarantine))

@@ -87,6 +87,13 @@ class ClassRow:
     turns_stayed: int = 0
     turns_moved: dict[str, int] = field(default_factory=dict)
     turns_trials: int = 0  # kept turns that ran a trial on the instance holding them
+    # the load its requests met: in flight as each arrived (mean, most), waits at the CPU
+    # gate for another variant's requests, and requests that joined the variant decoding
+    in_flight: float | None = None
+    busiest: int = 0
+    gate_waited: int = 0
+    gate_wait_s: float = 0.0
+    gate_joined: int = 0
     arms: list[ArmRow] = field(default_factory=list)
     daemons: int | None = None  # a fleet's report: daemons whose requests are its evidence
 
@@ -215,6 +222,8 @@ def _row(key: str, data: Mapping[str, Any]) -> ClassRow:
     prompt: Mapping[str, Any] = data.get("prompt") or {}
     processed, seconds = int(prompt.get("processed", 0)), _float(prompt.get("seconds"))
     turns: Mapping[str, Any] = data.get("turns") or {}
+    load: Mapping[str, Any] = data.get("load") or {}
+    arrived = int(load.get("requests", 0))
     predicted = {
         str(name): float(p) for name, p in prior.get("ranked") or [] if _float(p) is not None
     }
@@ -248,6 +257,11 @@ def _row(key: str, data: Mapping[str, Any]) -> ClassRow:
         turns_stayed=int(turns.get("stayed", 0)),
         turns_moved={str(k): int(n) for k, n in (turns.get("moved") or {}).items()},
         turns_trials=int(turns.get("trials", 0)),
+        in_flight=int(load.get("in_flight", 0)) / arrived if arrived else None,
+        busiest=int(load.get("busiest", 0)),
+        gate_waited=int(load.get("waited", 0)),
+        gate_wait_s=_float(load.get("wait_s")) or 0.0,
+        gate_joined=int(load.get("joined", 0)),
         arms=_arms(data.get("arms") or {}, predicted, data.get("speedups") or {}),
     )
 

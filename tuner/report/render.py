@@ -27,6 +27,7 @@ HEADERS = (
     "explored",
     "trials",
     "prompt cached",
+    "load",
     "uses",
     "since",
     "why",
@@ -67,6 +68,19 @@ def _cached(row: ClassRow) -> str | None:
     return f"{row.prompt_cached / total:.0%}{rate}{turns}"
 
 
+def _load(row: ClassRow) -> str | None:
+    """Requests in flight as the class's arrived (mean, most), and where a CPU gate runs one
+    variant at a time, its waits there and the requests that joined the variant decoding."""
+    if row.in_flight is None:
+        return None
+    text = f"{row.in_flight:.1f} in flight (most {row.busiest})"
+    if row.gate_waited:
+        text += f", {row.gate_waited} waited {row.gate_wait_s:.1f} s"
+    if row.gate_joined:
+        text += f", {row.gate_joined} joined"
+    return text
+
+
 def _cells(row: ClassRow) -> list[object]:
     share = f"{row.exploration_share:.0%}" if row.exploration_share is not None else None
     if share is not None and row.exploration_cost is not None:
@@ -82,6 +96,7 @@ def _cells(row: ClassRow) -> list[object]:
         share,
         row.trials,
         _cached(row),
+        _load(row),
         row.served_by if row.served_by not in (None, row.class_key) else None,
         when(row.since),
         row.reason,

@@ -660,17 +660,21 @@ def test_a_drafted_tokens_cost_before_any_request_is_the_verify_guess(
     assert (engine.costfit.prior, engine.costfit.prior_se) == prior
 
 
-def test_a_class_counts_its_prompt_tokens_cached_and_processed(
-    tmp_path: Path, caps: Capabilities
-) -> None:
+def test_a_class_counts_its_prompts_turns_and_load(tmp_path: Path, caps: Capabilities) -> None:
     """Every answered request adds what the server's cache held and what it processed (and
-    how long that took) to its class, kept across a restart and shown by the report."""
+    how long that took), how its conversation's turn was routed, and the load it met (in
+    flight as it arrived, its wait at the gate, a join) to its class, kept across a restart
+    and shown by the report."""
     from tuner.records import RequestRecord, Timings
     from tuner.report.data import build_report
 
     engine = make(tmp_path, config(), caps)
-    turns = [(0, 1400, 2800.0), (1380, 40, 80.0), (0, 1500, 3000.0)]  # the last one moved
-    for i, (cached, processed, ms) in enumerate(turns):
+    turns = [  # cached, processed, ms; its turn, role, in flight, wait at the gate (ms)
+        (0, 1400, 2800.0, "new", "exploit", 1, 0.01),
+        (1380, 40, 80.0, "stayed", "trial", 3, 900.0),
+        (0, 1500, 3000.0, "moved:pays", "joined", 2, 0.02),
+    ]
+    for i, (cached, processed, ms, session, role, active, wait_ms) in enumerate(turns):
         timings = {"cache_n": cached, "prompt_n": processed, "prompt_ms": ms}
         engine.observe(
             RequestRecord(
@@ -683,6 +687,10 @@ def test_a_class_counts_its_prompt_tokens_cached_and_processed(
                 timings=Timings.model_validate({**timings, "predicted_n": 64}),
                 class_key=CODE,
                 variant="none",
+                session=session,
+                role=role,
+                active=active,
+                wait_ms=wait_ms,
             )
         )
     state = engine.state(CODE)
@@ -690,8 +698,15 @@ def test_a_class_counts_its_prompt_tokens_cached_and_processed(
     assert state.prompt_s == pytest.approx(5.88)
     restored = make(tmp_path / "again", config(), caps)
     restored.restore(json.loads(json.dumps(engine.snapshot())))
-    assert restored.state(CODE).prompt_processed == 2940
-    document = {"version": 2, "classes": engine.snapshot()}
+    again = restored.state(CODE)
+    assert again.prompt_processed == 2940
+    assert (again.stayed, again.moved, again.turn_trials) == (1, {"pays": 1}, 1)
+    assert again.load == state.load and again.load.mean_in_flight == 2.0
+    assert (again.load.waited, again.load.wait_s, again.load.joined) == (1, 0.9, 1)
+    document = {"version": 2, "classes": restored.snapshot()}
     row = next(r for r in build_report(document).classes if r.class_key == CODE)
     assert (row.prompt_cached, row.prompt_processed) == (1380, 2940)
     assert row.prompt_tok_s == pytest.approx(500.0)
+    assert (row.turns_stayed, row.turns_trials) == (1, 1)
+    assert (row.in_flight, row.busiest, row.gate_waited, row.gate_joined) == (2.0, 3, 1, 1)
+    assert row.gate_wait_s == pytest.approx(0.9)

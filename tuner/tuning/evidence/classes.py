@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, NonNegativeInt
 from tuner.classify.classes import parents
 from tuner.stats import Interval, wilson
 from tuner.tuning.evidence.counts import Counts, StoredCounts
+from tuner.tuning.evidence.load import Load, LoadRecord
 from tuner.tuning.policy.guard import Policy
 from tuner.tuning.policy.prior import PriorView
 from tuner.tuning.variants import BASELINE, Variant
@@ -209,6 +210,7 @@ class ClassRecord(BaseModel):
     converged: bool
     prompt: PromptRecord
     turns: TurnsRecord = TurnsRecord()  # absent from files written before conversations
+    load: LoadRecord = LoadRecord()  # absent from files written before it was kept
     policy: Policy | None
     arms: dict[str, ArmRecord] = {}
     pairs: list[dict[str, StoredCounts]]
@@ -246,6 +248,7 @@ class ClassState:
     stayed: int = 0
     moved: dict[str, int] = field(default_factory=dict)
     turn_trials: int = 0  # kept turns that ran a trial on the instance holding them
+    load: Load = field(default_factory=Load)  # in flight as they arrived, gate waits, joins
     trial: Trial | None = None
     preparing: bool = False  # a trial is being asked for on the IO thread
     arms: dict[str, Arm] = field(default_factory=dict)
@@ -288,6 +291,7 @@ class ClassState:
             stayed=self.stayed,
             moved=dict(self.moved),
             turn_trials=self.turn_trials,
+            load=self.load.copy(),
         )
 
     def count_turn(self, outcome: str, role: str | None = None) -> None:
@@ -314,6 +318,7 @@ class ClassState:
                 seconds=round(self.prompt_s, 3),
             ),
             turns=TurnsRecord(stayed=self.stayed, moved=dict(self.moved), trials=self.turn_trials),
+            load=self.load.record(),
             policy=self.policy,
             arms={name: arm.record() for name, arm in self.arms.items()},
             pairs=[dict(row) for row in self.pairs],
@@ -336,6 +341,7 @@ def parse_class(key: str, data: object) -> ClassState:
         stayed=found.turns.stayed,
         moved=dict(found.turns.moved),
         turn_trials=found.turns.trials,
+        load=Load.of(found.load),
         arms={name: Arm.of(arm) for name, arm in found.arms.items()},
         pairs=deque(found.pairs, maxlen=PAIRS),
         policy=found.policy,

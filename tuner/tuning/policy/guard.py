@@ -27,8 +27,9 @@ from tuner.stats import Interval
 
 __all__ = ["Best", "Decision", "Policy", "Role", "choose", "measured_policy", "off_reason"]
 
-# held: a conversation's turn kept on the instance holding its history, not its class's choice
-Role = Literal["exploit", "trial", "control", "pinned", "fallback", "held"]
+# held: a conversation's turn kept on the instance holding its history, not its class's choice;
+# joined: served by the variant decoding now, where waiting for the class's at the gate costs more
+Role = Literal["exploit", "trial", "control", "pinned", "fallback", "held", "joined"]
 
 
 @dataclass(frozen=True, slots=True)

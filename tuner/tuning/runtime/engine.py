@@ -52,6 +52,7 @@ from tuner.tuning.policy.guard import Decision, Policy
 from tuner.tuning.policy.prior import PriorView
 from tuner.tuning.pricing.costfit import CostFit
 from tuner.tuning.pricing.prices import Pricing
+from tuner.tuning.pricing.waiting import Busy
 from tuner.tuning.runtime.events import Event, Served, apply, replayed, served, trial_done
 from tuner.tuning.runtime.routing import Router
 from tuner.tuning.runtime.rules import Rules
@@ -147,9 +148,11 @@ class Engine:
 
     # -- the request path (``routing``: reads the published table, no lock) -----------
 
-    def route(self, class_key: str | None, turn: Turn | None = None) -> Decision:
+    def route(
+        self, class_key: str | None, turn: Turn | None = None, busy: Busy | None = None
+    ) -> Decision:
         """The variant for one request of this class (``Router.route``)."""
-        return self.router.route(class_key, turn)
+        return self.router.route(class_key, turn, busy)
 
     def _notify(self) -> None:
         self.io(self.drain)
@@ -244,8 +247,9 @@ class Engine:
             return
         key = record.class_key or ROOT
         with self._learning((key,)):
+            state = self.rules.state(key)
+            state.load.count(record.active, record.wait_ms, record.role)
             if t.prompt_n is not None:
-                state = self.rules.state(key)
                 state.prompt_cached += t.cache_n or 0
                 state.prompt_processed += t.prompt_n
                 state.prompt_s += (t.prompt_ms or 0.0) / 1000
@@ -560,6 +564,8 @@ class Engine:
                 state.prompt_cached = found.prompt_cached
                 state.prompt_processed = found.prompt_processed
                 state.prompt_s = found.prompt_s
+                state.stayed, state.moved = found.stayed, found.moved
+                state.turn_trials, state.load = found.turn_trials, found.load
                 if found.policy is not None:
                     state.policy = found.policy
             self.pricing.recalibrate()

@@ -29,6 +29,7 @@ from tuner.tuning.config import Override
 from tuner.tuning.evidence.classes import levels
 from tuner.tuning.policy.guard import Decision
 from tuner.tuning.pricing.prices import answer_tokens
+from tuner.tuning.pricing.waiting import Busy, waiting_pays
 from tuner.tuning.runtime.table import ClassRoute, RouteTable, Served
 from tuner.tuning.variants import BASELINE
 
@@ -92,11 +93,15 @@ class Router:
         spec_type = self.table.variants.get(variant)
         return spec_type is not None and spec_type in self.override(key).forbid
 
-    def route(self, class_key: str | None, turn: Turn | None = None) -> Decision:
+    def route(
+        self, class_key: str | None, turn: Turn | None = None, busy: Busy | None = None
+    ) -> Decision:
         """The variant for one request of this class. A conversation's later ``turn``
         explores only on the instance that holds its history, and stays there unless
         moving to the class's variant (its pin included) pays for processing it again; a
-        turn held on another variant than its class's spends the exploration budget."""
+        turn held on another variant than its class's spends the exploration budget.
+        Where the CPU gate is ``busy`` with another variant, a request the policy serves
+        joins that variant unless what its own saves beats the wait (role ``joined``)."""
         key = class_key or ROOT
         table = self.table
         pending = self._pending
@@ -119,6 +124,13 @@ class Router:
             # (a conversation opened on a trial holds that trial's variant for its life)
             decision = Decision(turn.held, "held", policy_class=decision.policy_class)
             note = replace(note, explored=True)
+        elif (
+            busy is not None
+            and decision.role == "exploit"
+            and decision.variant != busy.variant
+            and self._joins(table, key, entry, decision, turn, busy)
+        ):
+            decision = Decision(busy.variant, "joined", policy_class=decision.policy_class)
         if decision.variant == BASELINE.name and decision.role != "pinned":
             note = replace(note, plain=True)
         pending.append(note)
@@ -215,6 +227,34 @@ class Router:
             answer_tokens(found.answer, turn.max_tokens),
             1.0 / found.plain,
             found.speeds.get(held, 1.0),
+            found.speeds.get(wanted.variant, 1.0),
+        )
+
+    def _joins(
+        self,
+        table: RouteTable,
+        key: str,
+        entry: ClassRoute | None,
+        wanted: Decision,
+        turn: Turn | None,
+        busy: Busy,
+    ) -> bool:
+        """Whether a request joins the variant decoding now rather than wait at the gate
+        for ``wanted``: where that variant may serve its class, holds its history (a
+        later turn), and the class's measured speedups save less than the wait."""
+        variant = busy.variant
+        if variant not in table.variants or self.excluded(variant) or self.forbidden(key, variant):
+            return False
+        if turn is not None and turn.extra(variant) > 0:
+            return False  # moving would process its history again
+        found = entry if entry is not None else _nearest(table, key)
+        if found is None or found.plain is None:
+            return False  # nothing measured yet to weigh the wait against
+        return not waiting_pays(
+            busy.wait_s,
+            answer_tokens(found.answer, turn.max_tokens if turn is not None else None),
+            1.0 / found.plain,
+            found.speeds.get(variant, 1.0),
             found.speeds.get(wanted.variant, 1.0),
         )
 

@@ -29,6 +29,7 @@ from tuner.classify.classes import ROOT
 from tuner.logs import get_logger
 from tuner.records import RequestRecord
 from tuner.sessions import Held, PrefixIndex, Prompt, Turn
+from tuner.tuning.pricing.waiting import Busy
 from tuner.tuning.runtime.engine import Decision, Engine
 from tuner.tuning.runtime.policy_file import (
     POLICY_FILE,
@@ -95,6 +96,7 @@ class TuningService:
         strategy: Callable[[Engine], Tuner] = lambda engine: engine,
         unavailable: Callable[[str], bool] = lambda _: False,
         instances: Mapping[str, str] | None = None,
+        busy: Callable[[], tuple[str, float] | None] = lambda: None,
         fleet: Fleet | None = None,
         sync_s: float = 2.0,
         stop_s: float = 15.0,
@@ -120,6 +122,8 @@ class TuningService:
         self.unavailable = unavailable  # presets the router is reloading after a stall
         # the instance each variant runs on, where several share one (default: its own)
         self.instances = dict(instances or {})
+        # the CPU gate's variant decoding now and how long waits for another have lasted
+        self.busy = busy
         self.engine = engine = build(
             io=self._submit, on_change=lambda _: self._mark_dirty(), excluded=self.quarantine.blocks
         )
@@ -141,7 +145,8 @@ class TuningService:
             held = sessions.locate(prompt)
             if held is not None and held.continuing:
                 turn = self._turn(held, prompt)
-        decision = self.tuner.route(class_key, turn)
+        gate = self.busy()
+        decision = self.tuner.route(class_key, turn, Busy(*gate) if gate is not None else None)
         if self._blocked(decision.variant):
             # a pin, a choice not re-decided yet, or an instance being reloaded
             instead = self._stand_in(class_key, decision.variant)

@@ -44,6 +44,7 @@ from tuner.logs import get_logger
 from tuner.records import RequestRecord
 from tuner.sessions.moves import Turn
 from tuner.tuning.policy.guard import Role
+from tuner.tuning.pricing.waiting import Busy
 from tuner.tuning.runtime.engine import Decision, Engine
 from tuner.tuning.variants import BASELINE, Variant
 
@@ -144,9 +145,12 @@ class SingleVariant:
 
     # -- request path ---------------------------------------------------------------
 
-    def route(self, class_key: str | None, turn: Turn | None = None) -> Decision:
-        """The window's or the active variant for one request (``turn`` is not used:
-        there is one instance, which holds every conversation there is)."""
+    def route(
+        self, class_key: str | None, turn: Turn | None = None, busy: Busy | None = None
+    ) -> Decision:
+        """The window's or the active variant for one request (``turn`` and ``busy`` are
+        not used: there is one instance, which holds every conversation there is and
+        decodes every request)."""
         key = class_key or ROOT
         config = self.engine.config
         with self._lock:

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from tuner.records import RequestRecord
 from tuner.sessions.moves import Turn
 from tuner.tuning.policy.guard import Decision
+from tuner.tuning.pricing.waiting import Busy
 
 __all__ = ["Tuner"]
 
@@ -23,8 +24,11 @@ class Tuner(Protocol):
     @property
     def per_class(self) -> bool: ...
 
-    def route(self, class_key: str | None, turn: Turn | None = None) -> Decision:
-        """The variant for one request (the request path: reads state, never waits)."""
+    def route(
+        self, class_key: str | None, turn: Turn | None = None, busy: Busy | None = None
+    ) -> Decision:
+        """The variant for one request (the request path: reads state, never waits);
+        ``turn``: a conversation's later turn; ``busy``: the CPU gate, where one is."""
         ...
 
     def observe(self, record: RequestRecord) -> None:

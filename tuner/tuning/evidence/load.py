@@ -1,0 +1,85 @@
+"""The load a class's requests met: how many requests were in flight as each arrived, how
+long they waited at the CPU gate for another variant's requests, and how many joined the
+variant decoding rather than wait (``tuner.tuning.pricing.waiting``).
+
+Kept per class beside its evidence and persisted with it (``LoadRecord``), for
+``tuner report``; ``/metrics`` has the same as histograms over all requests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, NonNegativeFloat, NonNegativeInt
+
+__all__ = ["Load", "LoadRecord"]
+
+
+class LoadRecord(BaseModel):
+    """``Load`` as the policy file stores it (absent from files written before it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    requests: NonNegativeInt = 0
+    in_flight: NonNegativeInt = 0
+    busiest: NonNegativeInt = 0
+    waited: NonNegativeInt = 0
+    wait_s: NonNegativeFloat = 0.0
+    joined: NonNegativeInt = 0
+
+
+@dataclass(slots=True)
+class Load:
+    requests: int = 0  # requests that arrived with a count of those in flight
+    in_flight: int = 0  # the sum of those counts, each itself included
+    busiest: int = 0  # the most in flight at once as one arrived
+    waited: int = 0  # requests that waited at the gate
+    wait_s: float = 0.0  # ... and how long in all
+    joined: int = 0  # served by the variant decoding now rather than wait for the class's
+
+    def count(self, active: int | None, wait_ms: float | None, role: str | None) -> None:
+        """One answered request: those in flight as it arrived, its wait at the gate (ms;
+        none without a gate) and its routing role.
+
+        >>> load = Load()
+        >>> load.count(3, 1200.0, "exploit"); load.count(1, 0.0, "joined")
+        >>> load.mean_in_flight, load.waited, load.wait_s, load.joined
+        (2.0, 1, 1.2, 1)
+        """
+        if active is not None:
+            self.requests += 1
+            self.in_flight += active
+            self.busiest = max(self.busiest, active)
+        if wait_ms is not None and wait_ms >= 1.0:  # admitted at once costs microseconds
+            self.waited += 1
+            self.wait_s += wait_ms / 1000
+        self.joined += role == "joined"
+
+    @property
+    def mean_in_flight(self) -> float | None:
+        return self.in_flight / self.requests if self.requests else None
+
+    def copy(self) -> Load:
+        return Load(
+            self.requests, self.in_flight, self.busiest, self.waited, self.wait_s, self.joined
+        )
+
+    def record(self) -> LoadRecord:
+        return LoadRecord(
+            requests=self.requests,
+            in_flight=self.in_flight,
+            busiest=self.busiest,
+            waited=self.waited,
+            wait_s=round(self.wait_s, 3),
+            joined=self.joined,
+        )
+
+    @classmethod
+    def of(cls, record: LoadRecord) -> Load:
+        return cls(
+            record.requests,
+            record.in_flight,
+            record.busiest,
+            record.waited,
+            record.wait_s,
+            record.joined,
+        )
