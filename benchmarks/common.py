@@ -79,15 +79,17 @@ def start_llama_server(
 
 
 def start_tuner(
-    state: Path, env: Mapping[str, str], *, timeout_s: float = 300.0
+    state: Path, env: Mapping[str, str], *, timeout_s: float = 300.0, code: Path | None = None
 ) -> tuple[subprocess.Popen[bytes], str]:
     """``tuner serve`` on state dir ``state`` with these settings (its log in
     ``state/daemon.log``) once ``/ready`` answers 200: the process and its URL. One that
-    exits or is not ready in time stops the script with a message (``SystemExit``)."""
+    exits or is not ready in time stops the script with a message (``SystemExit``).
+    ``code``: a checkout whose tuner package it runs (``-m`` imports from there first)."""
     port = free_port()
     argv = [sys.executable, "-m", "tuner", "serve", "--port", str(port), "--state-dir", str(state)]
     with (state / "daemon.log").open("wb") as sink:
-        proc = subprocess.Popen(argv, stdout=sink, stderr=sink, env={**os.environ, **env})
+        env = {**os.environ, **env}
+        proc = subprocess.Popen(argv, cwd=code, stdout=sink, stderr=sink, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -124,6 +124,13 @@ def test_an_ik_build_cuts_its_last_round_unless_built_with_the_fix() -> None:
     assert not load("0c1e570").cuts_last_round
 
 
+def test_only_an_instance_with_batching_slots_takes_a_request_beside_another() -> None:
+    """Mainline's default slots decode concurrent requests together; ik_llama.cpp's one slot
+    queues them (so joining its variant at the gate would only queue there)."""
+    assert load("0c1e570").batches
+    assert not load("ik-55d3c05").batches and not load("ik-8337e4c").batches
+
+
 def test_a_provisioned_binary_is_read_with_its_build_record(tmp_path: Path) -> None:
     """``probe_capabilities`` runs the binary, then takes the commit its tarball build does
     not print and the patches it was built with from the record beside it."""

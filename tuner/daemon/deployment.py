@@ -54,6 +54,10 @@ class Deployment:
         return self.backend.engine
 
 
+def _idle() -> None:
+    """No gate to join a variant at (``TuningService``'s ``busy``)."""
+
+
 def deploy(topology: Topology) -> Deployment:
     """The tuner, replayer and gate a topology's plan asks for, wired to its client."""
     settings, client, plan = topology.settings, topology.client, topology.plan
@@ -74,7 +78,9 @@ def deploy(topology: Topology) -> Deployment:
             strategy=one_at_a_time(plan.reload_guess_s) if plan.single else lambda e: e,
             unavailable=client.health.is_recovering,
             instances={m.name: repr(m.flags) for m in plan.members},
-            busy=gate.busy if gate is not None else lambda: None,
+            # joining the variant decoding starts a request at once only where its instance
+            # batches it with the others; on one slot it would queue there instead
+            busy=gate.busy if gate is not None and caps is not None and caps.batches else _idle,
             fleet=plan.fleet,
         )
         collectors.append(TuningCollector(tuning.engine, tuning.quarantine))

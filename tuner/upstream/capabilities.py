@@ -68,6 +68,13 @@ class Capabilities:
         accepted drafts (ik_llama.cpp without ``COUNT_EMITTED``); its usage counts them."""
         return self.engine == "ik_llama.cpp" and COUNT_EMITTED.name not in self.patches
 
+    @property
+    def batches(self) -> bool:
+        """Whether an instance decodes concurrent requests together: mainline's default
+        slots do; ik_llama.cpp's instance runs one slot (``--parallel 2`` aborts 55d3c05 on
+        Gemma 3), so a request for its variant queues there while another decodes."""
+        return self.engine != "ik_llama.cpp"
+
     def supports_spec_type(self, name: str) -> bool:
         return name in self.spec_types
 
