@@ -317,10 +317,11 @@ def _stream_through_sigterm(running: RunningDaemon, max_tokens: int) -> tuple[li
 def test_sigterm_lets_an_in_flight_stream_finish(tmp_path: Path) -> None:
     """SIGTERM: no new connections, the open stream runs to its end, state saved, exit 0.
     The drain bound is raised: the claim is that the stream ends whole, however slowly a
-    busy runner decodes it (on ik_llama.cpp, once, 100 tokens took 32 s)."""
-    running = start_daemon(tmp_path, env={"TUNER_DRAIN_TIMEOUT_S": "120"})
+    busy runner decodes it (on ik_llama.cpp in the full suite, once, 90 tokens took 125 s:
+    not understood yet, the test alone takes 8 s)."""
+    running = start_daemon(tmp_path, env={"TUNER_DRAIN_TIMEOUT_S": "300"})
     server = running.llama_server()
-    events, request_id, refused = _stream_through_sigterm(running, max_tokens=160)
+    events, request_id, refused = _stream_through_sigterm(running, max_tokens=100)
     assert refused, "the daemon kept accepting connections while draining"
     assert events[-1] == "data: [DONE]"
     last = json.loads(events[-2].removeprefix("data: "))
