@@ -317,8 +317,9 @@ def _stream_through_sigterm(running: RunningDaemon, max_tokens: int) -> tuple[li
 def test_sigterm_lets_an_in_flight_stream_finish(tmp_path: Path) -> None:
     """SIGTERM: no new connections, the open stream runs to its end, state saved, exit 0.
     The drain bound is raised: the claim is that the stream ends whole, however slowly a
-    busy runner decodes it (on ik_llama.cpp in the full suite, once, 90 tokens took 125 s:
-    not understood yet, the test alone takes 8 s)."""
+    busy runner decodes it (on ik_llama.cpp in the full suite, 90 tokens once took 125 s:
+    ik_llama.cpp refuses ``test_context_overflow_is_an_openai_400``'s 40,000 words, then
+    processes them anyway, two minutes of both cores; alone the test takes 7 s)."""
     running = start_daemon(tmp_path, env={"TUNER_DRAIN_TIMEOUT_S": "300"})
     server = running.llama_server()
     events, request_id, refused = _stream_through_sigterm(running, max_tokens=100)

@@ -140,8 +140,10 @@ def test_engine_settles_per_class_on_real_llama_server(tmp_path: Path) -> None:
                 response = _send(again.url, edits[0].request(32))
                 assert long.result().headers["x-spec-variant"] == "none"
                 assert response.headers["x-spec-role"] == role, response.headers
-                served = "none" if role == "joined" else edit_policy["variant"]
-                assert response.headers["x-spec-variant"] == served
+                # its class's speculative choice (which new evidence may move among
+                # settings), or the story's variant where it joined
+                joined_none = response.headers["x-spec-variant"] == "none"
+                assert joined_none == (role == "joined"), response.headers
         # The report reads the same state while the daemon runs (which may still be
         # updating it with these two requests).
         running_report = json.loads(_report(state, "--format", "json"))
