@@ -22,6 +22,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import signal
 import statistics
 import subprocess
@@ -55,7 +56,10 @@ def _daemon(code: Path, state: Path, policies: Path) -> tuple[subprocess.Popen[b
     env.setdefault("TUNER_ENGINE", "llama.cpp")
     tuning = (ROOT / "tuner" / "data" / "tuning.toml").read_text()
     frozen = state.parent / f"{state.name}-tuning.toml"
-    frozen.write_text(tuning.replace("explore_share = 0.01", "explore_share = 0.0", 1))
+    off, found = re.subn(r"(?m)^explore_share = [0-9.]+", "explore_share = 0.0", tuning, count=1)
+    if not found:
+        raise SystemExit("the shipped tuning file has no explore_share to turn off")
+    frozen.write_text(off)
     env["TUNER_TUNING_FILE"] = str(frozen)
     imports = ["policies", "import", str(policies), "--state-dir", str(state)]
     subprocess.run(

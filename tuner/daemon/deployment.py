@@ -54,10 +54,6 @@ class Deployment:
         return self.backend.engine
 
 
-def _idle() -> None:
-    """No gate to join a variant at (``TuningService``'s ``busy``)."""
-
-
 def deploy(topology: Topology) -> Deployment:
     """The tuner, replayer and gate a topology's plan asks for, wired to its client."""
     settings, client, plan = topology.settings, topology.client, topology.plan
@@ -80,7 +76,7 @@ def deploy(topology: Topology) -> Deployment:
             instances={m.name: repr(m.flags) for m in plan.members},
             # joining the variant decoding starts a request at once only where its instance
             # batches it with the others; on one slot it would queue there instead
-            busy=gate.busy if gate is not None and caps is not None and caps.batches else _idle,
+            busy=gate.busy if gate is not None and caps is not None and caps.batches else None,
             fleet=plan.fleet,
         )
         collectors.append(TuningCollector(tuning.engine, tuning.quarantine))

@@ -7,7 +7,7 @@ Kept per class beside its evidence and persisted with it (``LoadRecord``), for
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 
 from pydantic import BaseModel, ConfigDict, NonNegativeFloat, NonNegativeInt
 
@@ -59,27 +59,11 @@ class Load:
         return self.in_flight / self.requests if self.requests else None
 
     def copy(self) -> Load:
-        return Load(
-            self.requests, self.in_flight, self.busiest, self.waited, self.wait_s, self.joined
-        )
+        return replace(self)
 
     def record(self) -> LoadRecord:
-        return LoadRecord(
-            requests=self.requests,
-            in_flight=self.in_flight,
-            busiest=self.busiest,
-            waited=self.waited,
-            wait_s=round(self.wait_s, 3),
-            joined=self.joined,
-        )
+        return LoadRecord(**{**asdict(self), "wait_s": round(self.wait_s, 3)})
 
     @classmethod
     def of(cls, record: LoadRecord) -> Load:
-        return cls(
-            record.requests,
-            record.in_flight,
-            record.busiest,
-            record.waited,
-            record.wait_s,
-            record.joined,
-        )
+        return cls(**record.model_dump())

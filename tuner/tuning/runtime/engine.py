@@ -269,10 +269,9 @@ class Engine:
                     # budget for 1 / explore_share requests)
                     cost = max(0.0, gain - 1.0)
                 if cost is not None:
-                    self.rules.state(key).spent -= 1.0 - cost
+                    state.spent -= 1.0 - cost
             # a request that drafted nothing (a baseline one included) only fits a step
             self.own(served(key, record.variant, tok_s, counts))
-            state = self.rules.state(key)
             trial, finish = state.trial, None
             if trial is not None and record.trial == trial.number:
                 trial.counts.append(counts)

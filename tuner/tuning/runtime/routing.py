@@ -202,6 +202,14 @@ class Router:
         wants = entry.wants_trial if entry is not None else table.searching
         return None, replace(note, prepare=wants) if wants else note
 
+    def _may_run(self, table: RouteTable, key: str, variant: str) -> bool:
+        """Whether ``variant`` is served now and allowed to class ``key``."""
+        return (
+            variant in table.variants
+            and not self.excluded(variant)
+            and not self.forbidden(key, variant)
+        )
+
     def _stays(
         self,
         table: RouteTable,
@@ -214,7 +222,7 @@ class Router:
         to ``wanted``: it stays unless the decode time the class's measured speedups save
         over its answer beats processing the history again."""
         held = turn.held
-        if held not in table.variants or self.excluded(held) or self.forbidden(key, held):
+        if not self._may_run(table, key, held):
             return False
         if turn.extra(wanted.variant) <= 0:
             return False  # its instance holds the history too: nothing to process again
@@ -243,7 +251,7 @@ class Router:
         for ``wanted``: where that variant may serve its class, holds its history (a
         later turn), and the class's measured speedups save less than the wait."""
         variant = busy.variant
-        if variant not in table.variants or self.excluded(variant) or self.forbidden(key, variant):
+        if not self._may_run(table, key, variant):
             return False
         if turn is not None and turn.extra(variant) > 0:
             return False  # moving would process its history again

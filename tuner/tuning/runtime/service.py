@@ -96,7 +96,7 @@ class TuningService:
         strategy: Callable[[Engine], Tuner] = lambda engine: engine,
         unavailable: Callable[[str], bool] = lambda _: False,
         instances: Mapping[str, str] | None = None,
-        busy: Callable[[], tuple[str, float] | None] = lambda: None,
+        busy: Callable[[], tuple[str, float] | None] | None = None,
         fleet: Fleet | None = None,
         sync_s: float = 2.0,
         stop_s: float = 15.0,
@@ -123,6 +123,7 @@ class TuningService:
         # the instance each variant runs on, where several share one (default: its own)
         self.instances = dict(instances or {})
         # the CPU gate's variant decoding now and how long waits for another have lasted
+        # (None: no gate a request may join a variant at)
         self.busy = busy
         self.engine = engine = build(
             io=self._submit, on_change=lambda _: self._mark_dirty(), excluded=self.quarantine.blocks
@@ -145,7 +146,7 @@ class TuningService:
             held = sessions.locate(prompt)
             if held is not None and held.continuing:
                 turn = self._turn(held, prompt)
-        gate = self.busy()
+        gate = self.busy() if self.busy is not None else None
         decision = self.tuner.route(class_key, turn, Busy(*gate) if gate is not None else None)
         if self._blocked(decision.variant):
             # a pin, a choice not re-decided yet, or an instance being reloaded
