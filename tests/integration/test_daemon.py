@@ -156,12 +156,32 @@ def test_grammar_field_reaches_llama_server(daemon: RunningDaemon) -> None:
     assert response.json()["choices"][0]["text"] in {"yes", "no"}
 
 
-def test_context_overflow_is_an_openai_400(client: openai.OpenAI) -> None:
+def _engines_cpu_seconds(daemon: RunningDaemon) -> float:
+    """CPU time used so far by the daemon's llama-server processes."""
+    total = 0.0
+    for child in psutil.Process(daemon.process.pid).children(recursive=True):
+        try:
+            if "llama-server" in child.name():
+                times = child.cpu_times()
+                total += times.user + times.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def test_context_overflow_is_an_openai_400(client: openai.OpenAI, daemon: RunningDaemon) -> None:
+    """Refused, and then not processed anyway: ik_llama.cpp without our build patch went on
+    loading the refused prompt into its slot until the cache was full (minutes of both
+    cores), starving every request after it."""
     with pytest.raises(openai.BadRequestError) as caught:
         # more tokens than the largest context an unset ctx_size chooses (32768)
         client.completions.create(model="x", prompt="word " * 40_000, max_tokens=4)
     error = caught.value.body
     assert isinstance(error, dict) and error["code"] == "context_length_exceeded"
+    time.sleep(1)
+    before = _engines_cpu_seconds(daemon)
+    time.sleep(4)
+    assert _engines_cpu_seconds(daemon) - before < 2.0  # busy: about 8 s of both cores
 
 
 def test_bad_input_to_the_real_stack_is_400(daemon: RunningDaemon) -> None:

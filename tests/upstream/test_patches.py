@@ -49,7 +49,7 @@ def test_the_ik_patches_apply_to_the_pinned_source(tmp_path: Path) -> None:
         pytest.skip(f"{sdist} is downloaded by `tuner provision --engine ik_llama.cpp`")
     prefix = f"{IK_LLAMA_CPP.archive.removesuffix('.tar.gz')}/{IK_LLAMA_CPP.vendor}/"
     with tarfile.open(sdist) as archive:
-        wanted = {prefix + edit.path for edit in COUNT_EMITTED.edits}
+        wanted = {prefix + edit.path for patch in IK_LLAMA_CPP.patches for edit in patch.edits}
         members = [m for m in archive.getmembers() if m.name in wanted]
         archive.extractall(tmp_path, members=members, filter="data")
     tree = tmp_path / prefix
@@ -57,3 +57,5 @@ def test_the_ik_patches_apply_to_the_pinned_source(tmp_path: Path) -> None:
     text = (tree / COUNT_EMITTED.edits[0].path).read_text()
     assert "slot.n_decoded += ids.size();" not in text
     assert text.count("slot.n_decoded += 1;") == 2  # the plain path's, and the round's
+    refused = text.split("the request exceeds the available context size", 1)[1]
+    assert refused.index("slot.state = SLOT_STATE_PROCESSING;") < refused.index("slot.release();")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tuner.errors import ProvisionError
 
-__all__ = ["COUNT_EMITTED", "Edit", "Patch", "apply_patches", "patches_tag"]
+__all__ = ["COUNT_EMITTED", "RELEASE_REFUSED", "Edit", "Patch", "apply_patches", "patches_tag"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +62,35 @@ COUNT_EMITTED = Patch(
                 "            completion_token_output result;\n"
                 "            slot.n_decoded += 1;\n"
                 "\n"
+            ),
+        ),
+    ),
+)
+
+
+# ik_llama.cpp (55d3c05 and 8337e4cd3) refuses a prompt longer than the context, then
+# releases a slot that is not yet processing, which does nothing: the slot goes on loading
+# the refused prompt until its cache is full (about 150 s of both cores at 32k tokens here).
+# Marking it processing first, as the empty-prompt branch above it does, frees it at once.
+_INDENT = " " * 32
+_REFUSED = (
+    _INDENT + 'send_error(slot, "the request exceeds the available context size, try increasing'
+    ' it", ERROR_TYPE_SERVER);\n'
+)
+RELEASE_REFUSED = Patch(
+    name="release-refused-prompt",
+    edits=(
+        Edit(
+            path=_SERVER,
+            old=_REFUSED + _INDENT + "slot.release();\n",
+            new=(
+                _REFUSED
+                + _INDENT
+                + "slot.state = SLOT_STATE_PROCESSING;\n"
+                + _INDENT
+                + "slot.command = SLOT_COMMAND_NONE;\n"
+                + _INDENT
+                + "slot.release();\n"
             ),
         ),
     ),

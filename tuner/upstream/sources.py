@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from tuner.upstream.patches import COUNT_EMITTED, Patch
+from tuner.upstream.patches import COUNT_EMITTED, RELEASE_REFUSED, Patch
 
 __all__ = ["ENGINES", "SOURCES", "EngineName", "EngineSetting", "Source", "source_for"]
 
@@ -58,7 +58,8 @@ LLAMA_CPP = Source(
 
 # The sdist lacks the script that writes common/build-info.cpp; the build writes it from
 # its template (``provision.write_build_info``). The server is one of its examples. Its
-# answers count a verify round's tokens before emitting them (``patches``).
+# answers count a verify round's tokens before emitting them, and a refused prompt keeps its
+# slot loading it (``patches``).
 IK_LLAMA_CPP = Source(
     engine="ik_llama.cpp",
     sdist="ik-llama-cpp-python",
@@ -70,7 +71,7 @@ IK_LLAMA_CPP = Source(
     minutes=9,
     cmake=("-DLLAMA_BUILD_EXAMPLES=ON", "-DGGML_IQK_FA_ALL_QUANTS=OFF"),
     key_prefix="ik-",
-    patches=(COUNT_EMITTED,),
+    patches=(COUNT_EMITTED, RELEASE_REFUSED),
 )
 
 SOURCES: dict[EngineName, Source] = {s.engine: s for s in (LLAMA_CPP, IK_LLAMA_CPP)}
