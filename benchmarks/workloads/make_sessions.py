@@ -180,7 +180,12 @@ def main() -> None:
     system = agent_system()
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     sessions = [agent_session(p, rng, system) for p in rng.sample(modules(stdlib), args.agents)]
-    sessions += [chat_session(p, rng) for p in rng.sample(documents(), args.chats)]
+    docs = documents()
+    # more chats than licence texts: passages of a text drawn again (at other offsets)
+    picked = (
+        rng.sample(docs, args.chats) if args.chats <= len(docs) else rng.choices(docs, k=args.chats)
+    )
+    sessions += [chat_session(p, rng) for p in picked]
     rng.shuffle(sessions)
     args.out.write_text("".join(json.dumps(s, ensure_ascii=False) + "\n" for s in sessions))
 
