@@ -140,12 +140,17 @@ async def test_the_load_a_request_met_and_its_wait_at_the_gate_are_seen(
     assert value(text, "tuner_active_requests_bucket", le="2.0") == 2
 
 
-def test_time_waited_at_the_gate_and_joins_are_counted_per_class() -> None:
+def test_time_waited_at_the_gate_joins_and_variant_batches_are_counted() -> None:
     roles = ("exploit", "joined", "joined")
     text = observed(
-        [{"wait_ms": w, "role": r} for w, r in zip((250.0, 0.5, None), roles, strict=True)]
+        [
+            {"wait_ms": w, "role": r, "batch": b}
+            for w, r, b in zip((250.0, 0.5, None), roles, (1, 2, None), strict=True)
+        ]
     )
     code = {"class_key": "code/echo/greedy"}
     assert value(text, "tuner_gate_wait_seconds_count", **code) == 2
+    assert value(text, "tuner_variant_batch_requests_count") == 2
+    assert value(text, "tuner_variant_batch_requests_sum") == 3
     assert value(text, "tuner_gate_wait_seconds_sum", **code) == pytest.approx(0.2505)
     assert value(text, "tuner_gate_joins_total", **code) == 2

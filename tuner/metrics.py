@@ -18,6 +18,7 @@ Names follow Prometheus conventions (``_total`` counters, base units in seconds)
     tuner_gate_wait_seconds{class_key}            histogram: waiting for another variant (CPU gate)
     tuner_gate_joins_total{class_key}             served by the variant decoding, not the class's
     tuner_active_requests                         histogram: requests in flight at arrival
+    tuner_variant_batch_requests                  histogram: its variant's in flight as one is sent
     tuner_decode_tokens_per_second{class_key,variant}  histogram of llama-server's decode speed
     tuner_upstream_ready                          1 when llama-server answers /health
     tuner_upstream_restarts_total                 restarts of the managed llama-server
@@ -155,6 +156,13 @@ class RequestMetrics:
             buckets=_ACTIVE,
             registry=r,
         )
+        self.batch = Histogram(
+            "tuner_variant_batch_requests",
+            "Routed requests of one variant in flight as a request of it was sent (past the CPU "
+            "gate), itself included: the batch its instance decoded it in",
+            buckets=_ACTIVE,
+            registry=r,
+        )
         self.decode = Histogram(
             "tuner_decode_tokens_per_second",
             "llama-server's decode speed per request",
@@ -179,6 +187,8 @@ class RequestMetrics:
             self.joins.labels(arm[0]).inc()
         if record.active is not None:
             self.active.observe(record.active)
+        if record.batch is not None:
+            self.batch.observe(record.batch)
         t = record.timings
         if t is None:
             return

@@ -99,6 +99,9 @@ class RequestRecord(BaseModel):
     ttfb_ms: float | None = None  # request sent upstream to response headers
     wait_ms: float | None = None  # queued behind another variant (exclusive variants)
     active: int | None = None  # generation requests in flight as it arrived, itself included
+    # routed: its variant's requests in flight as it was sent (past the gate), itself
+    # included; the batch its instance decoded it in, where an instance serves one variant
+    batch: int | None = None
     timings: Timings | None = None
     # Filled in by the classifier and the tuner.
     class_key: str | None = None

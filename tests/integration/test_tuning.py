@@ -166,6 +166,7 @@ def test_engine_settles_per_class_on_real_llama_server(tmp_path: Path) -> None:
     joined = 1 if second == "joined" else 0
     assert rows[edit_class]["gate_waited"] >= 2 - joined
     assert rows[edit_class]["gate_joined"] == joined
+    assert rows[edit_class]["widest"] == 1 + joined  # the joined edit was batched with the story
     assert rows[edit_class]["in_flight"] > 1.0  # its last two arrived behind a story
     learned_on = tmp_path / "state"  # the trial history stays with the Optuna studies there
     history = json.loads(_report(learned_on, "--class", story_class, "--format", "json"))

@@ -13,7 +13,8 @@ import pytest
 from tests.fake_llama import TIMINGS, FakeLlamaServer
 from tuner.proxy.app import create_app
 from tuner.proxy.backend import Backend
-from tuner.records import RecordStore
+from tuner.proxy.gate import VariantGate
+from tuner.records import RecordStore, read_records
 from tuner.upstream.client import UpstreamClient
 
 CHAT = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
@@ -383,3 +384,48 @@ async def test_records_carry_the_class_and_features(
     record = await next_record(store)
     assert record.class_key == "code/echo/greedy"
     assert record.features["content_type"] == "code" and record.features["echo"] >= 0.5
+
+
+@pytest.mark.parametrize("gated", [False, True])
+async def test_each_routed_request_records_its_variants_batch(
+    upstream: UpstreamClient, store: RecordStore, fake: FakeLlamaServer, gated: bool
+) -> None:
+    """Streams held open at once: each record says how many requests of its variant were in
+    flight as it was sent, itself included (through the CPU gate: a request of another
+    variant waits, then is sent alone); the counts drop back as the streams end."""
+    fake.hold_stream = asyncio.Event()
+
+    def router(key: str | None, prompt: Any) -> _Routed:
+        variant = "ngram-mod.match24.max16" if prompt.chars < 40 else "none"  # by its text
+        return _Routed(variant=variant, model=variant)
+
+    backend = Backend(
+        upstream, router=router, gate=VariantGate() if gated else None, public_models=["g"]
+    )
+    app = create_app(backend, store)
+    transport = httpx.ASGITransport(app=app)
+
+    async def one(client: httpx.AsyncClient, text: str) -> None:
+        body = {**CHAT, "stream": True, "messages": [{"role": "user", "content": text}]}
+        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            await response.aread()
+
+    async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
+        tasks = [asyncio.create_task(one(client, "m")) for _ in range(2)]
+        while len(fake.requests) < 2:
+            await asyncio.sleep(0.01)
+        tasks.append(asyncio.create_task(one(client, "p" * 60)))
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if len(fake.requests) == 3:
+                break
+        assert len(fake.requests) == (2 if gated else 3)  # gated: the third waits its turn
+        fake.hold_stream.set()
+        await asyncio.gather(*tasks)
+    await store.flush()
+    records = list(read_records(store.directory))
+    batches = sorted((r.variant, r.batch) for r in records)
+    assert batches == [("ngram-mod.match24.max16", 1), ("ngram-mod.match24.max16", 2), ("none", 1)]
+    assert backend.running == {}
+    waited = [r.wait_ms for r in records if r.variant == "none"]
+    assert (waited[0] is not None and waited[0] > 0) if gated else waited == [None]

@@ -28,6 +28,7 @@ import httpx
 from tuner.atomic import write_atomic
 from tuner.bench.conversation_summary import looping, messages_for, summarise
 from tuner.bench.daemons import BenchOptions, Quiet, tuner_daemon
+from tuner.bench.engine import bench_engine
 from tuner.bench.run import cancelled_by_sigterm, matrix_server, matrix_variants
 from tuner.bench.schedule import TUNER
 from tuner.daemon.plan import sized
@@ -35,7 +36,6 @@ from tuner.errors import ConfigError
 from tuner.records import Timings
 from tuner.settings import Settings
 from tuner.tuning.variants import BASELINE
-from tuner.upstream.launch import prepare
 from tuner.upstream.provision import Progress, stderr_progress
 
 __all__ = ["SessionOptions", "load_sessions", "run_sessions"]
@@ -124,7 +124,8 @@ async def _run(
 ) -> dict[str, Any]:
     out = options.out
     out.mkdir(parents=True, exist_ok=True)
-    prepared = prepare(settings, progress)
+    engine = await bench_engine(settings, progress)  # engine auto: the measured faster one
+    prepared = engine.prepared
     settings = sized(settings, prepared)  # every arm and the daemon on the same context
     variants = matrix_variants(options.matrix, prepared)
     static = [BASELINE.name, *(v.name for v in variants)]
@@ -139,7 +140,7 @@ async def _run(
         urls = dict.fromkeys(static, url)
         if options.tuner:
             progress("starting the tuner daemon from a fresh state")
-            daemon = BenchOptions(out=out, seed=options.seed)
+            daemon = BenchOptions(out=out, seed=options.seed, engines=engine.choice)
             urls[TUNER] = await stack.enter_async_context(
                 tuner_daemon(settings, prepared, daemon, out)
             )

@@ -36,7 +36,6 @@ from tuner.logs import get_logger
 from tuner.metrics import Metrics, RequestMetrics
 from tuner.proxy.auth import BearerAuth, KeyRing
 from tuner.proxy.backend import Backend, BackendSlot, Routing
-from tuner.proxy.gate import VariantGate
 from tuner.proxy.openai_errors import (
     OpenAIError,
     error_for_exception,
@@ -66,22 +65,27 @@ class Lifecycle(Protocol):
 
 
 class _Hold:
-    """One request's place in the variant gate (none without a gate); released once."""
+    """One routed request's place on its variant: in the variant gate (where there is one)
+    and in the backend's count of that variant's requests; released once."""
 
-    def __init__(self, gate: VariantGate | None) -> None:
-        self.gate, self.held = gate, False
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.variant: str | None = None  # held
 
-    async def acquire(self, variant: str) -> bool:
-        if self.gate is None:
-            return False
-        await self.gate.acquire(variant)
-        self.held = True
-        return True
+    async def acquire(self, variant: str) -> int:
+        """Wait for the variant's turn at the gate; the requests of the variant in flight
+        once admitted, this one included."""
+        if self.backend.gate is not None:
+            await self.backend.gate.acquire(variant)
+        self.variant = variant
+        return self.backend.sent(variant)
 
     async def release(self) -> None:
-        if self.held and self.gate is not None:
-            self.held = False
-            self.gate.release()
+        if self.variant is not None:
+            self.backend.done(self.variant)
+            self.variant = None
+            if self.backend.gate is not None:
+                self.backend.gate.release()
 
 
 class _Handlers:
@@ -146,7 +150,7 @@ class _Handlers:
             self.in_flight += 1
             trace.active = self.in_flight
             backend.begin()
-            handed_over, hold = False, _Hold(backend.gate)
+            handed_over, hold = False, _Hold(backend)
 
             async def release() -> None:
                 self.in_flight -= 1
@@ -206,7 +210,8 @@ class _Handlers:
         for attempt in range(2):
             if trace.variant is not None:
                 queued = time.perf_counter()
-                if await hold.acquire(trace.variant):
+                trace.batch = await hold.acquire(trace.variant)
+                if backend.gate is not None:
                     trace.wait_ms = (time.perf_counter() - queued) * 1000
             try:
                 response = await forward(

@@ -60,7 +60,20 @@ class Backend:
     public_models: Sequence[str] = ()
     engine: str | None = None
     in_flight: int = 0  # requests begun on it that have not ended
+    # per variant, routed requests sent to it that have not ended: its instance's batch
+    running: dict[str, int] = field(default_factory=dict)
     _idle: asyncio.Event | None = field(default=None, repr=False)
+
+    def sent(self, variant: str) -> int:
+        """A routed request goes to ``variant``'s instance: how many of that variant's are
+        in flight now, itself included."""
+        self.running[variant] = self.running.get(variant, 0) + 1
+        return self.running[variant]
+
+    def done(self, variant: str) -> None:
+        left = self.running.pop(variant, 1) - 1
+        if left > 0:
+            self.running[variant] = left
 
     def begin(self) -> None:
         self.in_flight += 1

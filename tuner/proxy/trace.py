@@ -50,6 +50,7 @@ class Trace:
     prompt_chars: int | None = None
     wait_ms: float | None = None
     active: int | None = None  # generation requests in flight as it arrived, itself included
+    batch: int | None = None  # its variant's requests in flight as it was sent, itself included
     engine: str | None = None  # the llama-server engine it was sent to
     finished: bool = False
     error: str | None = None  # what it finished with, for the second try's caller
@@ -112,6 +113,7 @@ class Trace:
             timings=parsed,
             wait_ms=self.wait_ms,
             active=self.active,
+            batch=self.batch,
             class_key=self.class_key,
             features=self.features,
             variant=self.variant,

@@ -87,10 +87,13 @@ class ClassRow:
     turns_stayed: int = 0
     turns_moved: dict[str, int] = field(default_factory=dict)
     turns_trials: int = 0  # kept turns that ran a trial on the instance holding them
-    # the load its requests met: in flight as each arrived (mean, most), waits at the CPU
+    # the load its requests met: in flight as each arrived (mean, most), of its variant as
+    # each was sent (mean, most: the batch its instance decoded it in), waits at the CPU
     # gate for another variant's requests, and requests that joined the variant decoding
     in_flight: float | None = None
     busiest: int = 0
+    batch: float | None = None
+    widest: int = 0
     gate_waited: int = 0
     gate_wait_s: float = 0.0
     gate_joined: int = 0
@@ -259,6 +262,8 @@ def _row(key: str, data: Mapping[str, Any]) -> ClassRow:
         turns_trials=int(turns.get("trials", 0)),
         in_flight=int(load.get("in_flight", 0)) / arrived if arrived else None,
         busiest=int(load.get("busiest", 0)),
+        batch=int(load.get("batch", 0)) / sent if (sent := int(load.get("sent", 0))) else None,
+        widest=int(load.get("widest", 0)),
         gate_waited=int(load.get("waited", 0)),
         gate_wait_s=_float(load.get("wait_s")) or 0.0,
         gate_joined=int(load.get("joined", 0)),

@@ -69,11 +69,14 @@ def _cached(row: ClassRow) -> str | None:
 
 
 def _load(row: ClassRow) -> str | None:
-    """Requests in flight as the class's arrived (mean, most), and where a CPU gate runs one
-    variant at a time, its waits there and the requests that joined the variant decoding."""
+    """Requests in flight as the class's arrived (mean, most), of their variant as they were
+    sent (the batch), and where a CPU gate runs one variant at a time, its waits there and
+    the requests that joined the variant decoding."""
     if row.in_flight is None:
         return None
     text = f"{row.in_flight:.1f} in flight (most {row.busiest})"
+    if row.batch is not None:
+        text += f", batch {row.batch:.1f} (most {row.widest})"
     if row.gate_waited:
         text += f", {row.gate_waited} waited {row.gate_wait_s:.1f} s"
     if row.gate_joined:

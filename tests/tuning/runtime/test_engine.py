@@ -669,12 +669,12 @@ def test_a_class_counts_its_prompts_turns_and_load(tmp_path: Path, caps: Capabil
     from tuner.report.data import build_report
 
     engine = make(tmp_path, config(), caps)
-    turns = [  # cached, processed, ms; its turn, role, in flight, wait at the gate (ms)
-        (0, 1400, 2800.0, "new", "exploit", 1, 0.01),
-        (1380, 40, 80.0, "stayed", "trial", 3, 900.0),
-        (0, 1500, 3000.0, "moved:pays", "joined", 2, 0.02),
+    turns = [  # cached, processed, ms; its turn, role, in flight, wait at the gate (ms), batch
+        (0, 1400, 2800.0, "new", "exploit", 1, 0.01, 1),
+        (1380, 40, 80.0, "stayed", "trial", 3, 900.0, 1),
+        (0, 1500, 3000.0, "moved:pays", "joined", 2, 0.02, 2),
     ]
-    for i, (cached, processed, ms, session, role, active, wait_ms) in enumerate(turns):
+    for i, (cached, processed, ms, session, role, active, wait_ms, batch) in enumerate(turns):
         timings = {"cache_n": cached, "prompt_n": processed, "prompt_ms": ms}
         engine.observe(
             RequestRecord(
@@ -691,6 +691,7 @@ def test_a_class_counts_its_prompts_turns_and_load(tmp_path: Path, caps: Capabil
                 role=role,
                 active=active,
                 wait_ms=wait_ms,
+                batch=batch,
             )
         )
     state = engine.state(CODE)
@@ -709,4 +710,5 @@ def test_a_class_counts_its_prompts_turns_and_load(tmp_path: Path, caps: Capabil
     assert row.prompt_tok_s == pytest.approx(500.0)
     assert (row.turns_stayed, row.turns_trials) == (1, 1)
     assert (row.in_flight, row.busiest, row.gate_waited, row.gate_joined) == (2.0, 3, 1, 1)
+    assert (row.batch, row.widest) == (pytest.approx(4 / 3), 2)
     assert row.gate_wait_s == pytest.approx(0.9)

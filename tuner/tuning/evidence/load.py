@@ -1,6 +1,7 @@
-"""The load a class's requests met: how many requests were in flight as each arrived, how
-long they waited at the CPU gate for another variant's requests, and how many joined the
-variant decoding rather than wait (``tuner.tuning.pricing.waiting``).
+"""The load a class's requests met: how many requests were in flight as each arrived (in all,
+and of its variant as it was sent: the batch its instance decoded it in), how long they
+waited at the CPU gate for another variant's requests, and how many joined the variant
+decoding rather than wait (``tuner.tuning.pricing.waiting``).
 
 Kept per class beside its evidence and persisted with it (``LoadRecord``), for
 ``tuner report``; ``/metrics`` has the same as histograms over all requests."""
@@ -25,6 +26,9 @@ class LoadRecord(BaseModel):
     waited: NonNegativeInt = 0
     wait_s: NonNegativeFloat = 0.0
     joined: NonNegativeInt = 0
+    sent: NonNegativeInt = 0
+    batch: NonNegativeInt = 0
+    widest: NonNegativeInt = 0
 
 
 @dataclass(slots=True)
@@ -35,15 +39,20 @@ class Load:
     waited: int = 0  # requests that waited at the gate
     wait_s: float = 0.0  # ... and how long in all
     joined: int = 0  # served by the variant decoding now rather than wait for the class's
+    sent: int = 0  # requests sent with a count of their variant's in flight
+    batch: int = 0  # the sum of those counts, each itself included
+    widest: int = 0  # the most of one variant in flight as one was sent
 
-    def count(self, active: int | None, wait_ms: float | None, role: str | None) -> None:
+    def count(
+        self, active: int | None, wait_ms: float | None, role: str | None, batch: int | None
+    ) -> None:
         """One answered request: those in flight as it arrived, its wait at the gate (ms;
-        none without a gate) and its routing role.
+        none without a gate), its routing role and its variant's in flight as it was sent.
 
         >>> load = Load()
-        >>> load.count(3, 1200.0, "exploit"); load.count(1, 0.0, "joined")
-        >>> load.mean_in_flight, load.waited, load.wait_s, load.joined
-        (2.0, 1, 1.2, 1)
+        >>> load.count(3, 1200.0, "exploit", 2); load.count(1, 0.0, "joined", 3)
+        >>> load.mean_in_flight, load.waited, load.wait_s, load.joined, load.mean_batch
+        (2.0, 1, 1.2, 1, 2.5)
         """
         if active is not None:
             self.requests += 1
@@ -53,10 +62,18 @@ class Load:
             self.waited += 1
             self.wait_s += wait_ms / 1000
         self.joined += role == "joined"
+        if batch is not None:
+            self.sent += 1
+            self.batch += batch
+            self.widest = max(self.widest, batch)
 
     @property
     def mean_in_flight(self) -> float | None:
         return self.in_flight / self.requests if self.requests else None
+
+    @property
+    def mean_batch(self) -> float | None:
+        return self.batch / self.sent if self.sent else None
 
     def copy(self) -> Load:
         return replace(self)

@@ -248,7 +248,7 @@ class Engine:
         key = record.class_key or ROOT
         with self._learning((key,)):
             state = self.rules.state(key)
-            state.load.count(record.active, record.wait_ms, record.role)
+            state.load.count(record.active, record.wait_ms, record.role, record.batch)
             if t.prompt_n is not None:
                 state.prompt_cached += t.cache_n or 0
                 state.prompt_processed += t.prompt_n
