@@ -70,7 +70,7 @@ COUNT_EMITTED = Patch(
 
 # ik_llama.cpp (55d3c05 and 8337e4cd3) refuses a prompt longer than the context, then
 # releases a slot that is not yet processing, which does nothing: the slot goes on loading
-# the refused prompt until its cache is full (about 150 s of both cores at 32k tokens here).
+# the refused prompt until its cache is full (minutes of every core at a 32k context).
 # Marking it processing first, as the empty-prompt branch above it does, frees it at once.
 _INDENT = " " * 32
 _REFUSED = (
