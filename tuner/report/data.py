@@ -226,7 +226,7 @@ def _row(key: str, data: Mapping[str, Any]) -> ClassRow:
     processed, seconds = int(prompt.get("processed", 0)), _float(prompt.get("seconds"))
     turns: Mapping[str, Any] = data.get("turns") or {}
     load: Mapping[str, Any] = data.get("load") or {}
-    arrived = int(load.get("requests", 0))
+    arrived, sent = int(load.get("requests", 0)), int(load.get("sent", 0))
     predicted = {
         str(name): float(p) for name, p in prior.get("ranked") or [] if _float(p) is not None
     }
@@ -262,7 +262,7 @@ def _row(key: str, data: Mapping[str, Any]) -> ClassRow:
         turns_trials=int(turns.get("trials", 0)),
         in_flight=int(load.get("in_flight", 0)) / arrived if arrived else None,
         busiest=int(load.get("busiest", 0)),
-        batch=int(load.get("batch", 0)) / sent if (sent := int(load.get("sent", 0))) else None,
+        batch=int(load.get("batch", 0)) / sent if sent else None,
         widest=int(load.get("widest", 0)),
         gate_waited=int(load.get("waited", 0)),
         gate_wait_s=_float(load.get("wait_s")) or 0.0,

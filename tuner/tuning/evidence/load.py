@@ -51,8 +51,8 @@ class Load:
 
         >>> load = Load()
         >>> load.count(3, 1200.0, "exploit", 2); load.count(1, 0.0, "joined", 3)
-        >>> load.mean_in_flight, load.waited, load.wait_s, load.joined, load.mean_batch
-        (2.0, 1, 1.2, 1, 2.5)
+        >>> load.mean_in_flight, load.waited, load.wait_s, load.joined, load.batch, load.widest
+        (2.0, 1, 1.2, 1, 5, 3)
         """
         if active is not None:
             self.requests += 1
@@ -70,10 +70,6 @@ class Load:
     @property
     def mean_in_flight(self) -> float | None:
         return self.in_flight / self.requests if self.requests else None
-
-    @property
-    def mean_batch(self) -> float | None:
-        return self.batch / self.sent if self.sent else None
 
     def copy(self) -> Load:
         return replace(self)
