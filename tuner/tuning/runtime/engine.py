@@ -22,7 +22,8 @@ Per class:
   later request they fit one plain decode step's time (``tuner.tuning.pricing.prices``).
 - Opening: until a trial's worth of speculative requests has been served, a class whose
   policy runs no speculation only for lack of evidence runs the variant with the highest
-  lower bound on all traffic's counts (replays included), if its speedup is above 1.
+  lower bound on all traffic's counts (replays included), if its speedup is above 1, and
+  before anything is measured the prior's best where the prior says speculation pays.
 - Borrowing: a class whose own policy is not settled is served, until it finishes a trial
   of its own, by the nearest settled policy along ``levels(key)``.
 - Search, guard and kill switch: ``tuner.tuning.search.trials`` and ``tuner.tuning.policy.guard``;
@@ -121,8 +122,11 @@ class Engine:
         self._tables = 0  # routing tables published
         self._priced: set[str] | None = set()  # classes to price again (None: all)
         self._lock = threading.RLock()
+        self._open()
         self.router = Router(
-            table_of(self.rules, self.pricing, searching=studies is not None),
+            table_of(
+                self.rules, self.pricing, opening=self._opening, searching=studies is not None
+            ),
             excluded=excluded,
             notify=self._notify,
         )
@@ -338,20 +342,37 @@ class Engine:
     def _open(self) -> None:
         """Choose the opening variant (caller holds the lock): until a trial's worth of
         speculative requests has been served, the variant with the highest lower bound on
-        all traffic's counts, if its speedup is above 1 on at least two requests; else none.
+        all traffic's counts, if its speedup is above 1 on at least two requests; before
+        any variant is measured, the prior's best where it says speculation pays (else
+        requests routed at once, before any answer, would all run without it); else none.
         A drafted token's cost is still the cost model's guess, its error wide, so the
         lower bound prefers variants that draft little for what they accept."""
         self._opening = None
         if not self.config.guard.replay or self._served >= self.config.budget.trial_requests:
             return
         need = min(2, self.config.budget.min_trial_requests)
-        ranked = sorted(
-            (s.low, name)
-            for name, s in self.pricing.measured(self.rules.state(ROOT), need).items()
-            if s.value > 1.0
-        )
+        root = self.classes.get(ROOT)
+        measured = {
+            name: s
+            for name, s in (self.pricing.measured(root, need) if root is not None else {}).items()
+            if name != BASELINE.name
+        }
+        if not measured:
+            self._opening = self._predicted(root)
+            return
+        ranked = sorted((s.low, name) for name, s in measured.items() if s.value > 1.0)
         if ranked:
             self._opening = ranked[-1][1]
+
+    def _predicted(self, root: ClassState | None) -> str | None:
+        """The prior's best-predicted variant on all traffic that can run, if it pays."""
+        prior = root.prior if root is not None and root.prior is not None else None
+        prior = prior or self.rules.rank(ROOT)
+        if not prior.pays:
+            return None
+        return next(
+            (v.name for v, s in prior.ranked if s > 1.0 and not self.excluded(v.name)), None
+        )
 
     # -- the trial search (IO thread) -------------------------------------------------
 
@@ -570,3 +591,4 @@ class Engine:
             self.pricing.recalibrate()
             for state in self.classes.values():
                 self.rules.decide(state)
+            self._open()
