@@ -391,14 +391,18 @@ def _instances(running: RunningDaemon) -> list[psutil.Process]:
 def test_a_stopped_no_speculation_instance_is_restarted_and_both_requests_answered(
     tmp_path: Path, engine: str
 ) -> None:
-    """From a fresh state every class opens on no speculation, which is also where failed
-    requests go. SIGSTOP of that instance while it works on a 300-token sampled answer, with
-    a 16-token request after it: it is killed at once and started again, and both requests
-    are answered (by another loaded instance or the restarted one), well inside the stall
-    bound; the failure is recorded once per request as a stall of ``none``."""
+    """Speculation off for all traffic: every request runs on no speculation, which is also
+    where failed requests go. SIGSTOP of that instance while it works on a 300-token sampled
+    answer, with a 16-token request after it: it is killed at once and started again, and
+    both requests are answered (by another loaded instance or the restarted one), well
+    inside the stall bound; the failure is recorded once per request as a stall of
+    ``none``."""
     state = tmp_path / "state"
     state.mkdir()
-    running = start_daemon(state, env={"TUNER_THREADS": "2", "TUNER_ENGINE": engine})
+    tuning = tmp_path / "tuning.toml"
+    tuning.write_text("[overrides.all]\noff = true\n")
+    env = {"TUNER_THREADS": "2", "TUNER_ENGINE": engine, "TUNER_TUNING_FILE": str(tuning)}
+    running = start_daemon(state, env=env)
     client = openai.OpenAI(api_key="unused", base_url=running.v1, max_retries=0, timeout=120)
     opened = client.completions.with_raw_response.create(model="x", prompt=PROMPT, max_tokens=8)
     assert opened.headers["x-spec-variant"] == "none"

@@ -50,7 +50,8 @@ def _record_write_errors_counted(url: str) -> bool:
 def test_notify_reload_and_stop_under_systemd_protocol(tmp_path: Path) -> None:
     notify = Listener(str(tmp_path / "notify"))
     tuning = tmp_path / "tuning.toml"
-    tuning.write_text("[budget]\nexplore_share = 0.0\n" + SPACE)
+    off = "[overrides.all]\noff = true\n"  # plain until the reload pins the variant
+    tuning.write_text("[budget]\nexplore_share = 0.0\n" + SPACE + off)
     config = tmp_path / "spec-tuner.toml"
     config.write_text(f'tuning_file = "{tuning}"\n')
     env = {

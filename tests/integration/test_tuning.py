@@ -344,15 +344,18 @@ size_m = [8, 16]
 
 
 def _opening_roles(state: Path, env: dict[str, str]) -> list[tuple[str, str]]:
-    """Role and variant of a fresh daemon's first three echo-heavy edits, the third sent once
-    the first two's replays have arrived."""
+    """Role and variant of a fresh daemon's echo-heavy edits until the two anchors have run
+    (at most four), then of one more, sent once their replays have arrived."""
     edit = WorkloadItem(id="edit", prompt=CODE_EDIT, temperature=0.0)
     running = start_daemon(state, env=env)
     try:
-        served = [_send(running.url, edit.request(64)).headers for _ in range(2)]
+        served: list[httpx.Headers] = []
+        while sum(h["x-spec-role"] == "control" for h in served) < 2 and len(served) < 4:
+            served.append(_send(running.url, edit.request(64)).headers)
         for _ in range(150):  # the replays run after the answers, on their own thread
             text = httpx.get(running.url + "/metrics", timeout=10).text
-            if _metric(text, 'tuner_counterfactual_replays_total{outcome="done"}') >= 2:
+            done = _metric(text, 'tuner_counterfactual_replays_total{outcome="done"}')
+            if done >= len(served):
                 break
             time.sleep(0.2)
         served.append(_send(running.url, edit.request(64)).headers)
@@ -364,14 +367,17 @@ def _opening_roles(state: Path, env: dict[str, str]) -> list[tuple[str, str]]:
 def test_an_opening_speculates_before_the_guard_clears_on_real_llama_server(
     tmp_path: Path,
 ) -> None:
-    """On the real server, after the two plain requests that anchor the fitted step time
-    (the first a control; the second a control too where the budget allows), and once
-    their replays have arrived, a fresh daemon serves the echo-heavy edit with the replayed
-    variant of the highest lower bound: an exploit request on a policy that is not settled
-    yet (two replayed requests are too few for the guard, which alone would run it plain)."""
+    """On the real server a fresh daemon's first request is a plain anchor; until the second
+    anchor runs (when the budget allows), requests sent before anything is measured run the
+    prior's best variant, never plain for lack of evidence; once the replays have arrived,
+    the echo-heavy edit is served an opening variant: an exploit request on a policy that
+    is not settled yet (two replayed requests are too few for the guard, which alone would
+    run it plain)."""
     state, env = _tuned(tmp_path, OPENING_TUNING)
     roles = _opening_roles(state, env)
-    assert [variant for _, variant in roles[:2]] == ["none", "none"], roles
-    role, variant = roles[2]
+    assert roles[0] == ("control", "none"), roles
+    assert [r for r in roles[:-1] if r[0] == "control"] == [("control", "none")] * 2, roles
+    assert all(role == ("control" if v == "none" else "exploit") for role, v in roles), roles
+    role, variant = roles[-1]
     assert role == "exploit", roles
     assert variant.startswith("ngram-simple"), roles
