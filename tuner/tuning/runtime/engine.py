@@ -351,12 +351,8 @@ class Engine:
         if not self.config.guard.replay or self._served >= self.config.budget.trial_requests:
             return
         need = min(2, self.config.budget.min_trial_requests)
-        root = self.classes.get(ROOT)
-        measured = {
-            name: s
-            for name, s in (self.pricing.measured(root, need) if root is not None else {}).items()
-            if name != BASELINE.name
-        }
+        root = self.classes.get(ROOT)  # not created here: a fresh engine has no classes
+        measured = self.pricing.measured(root, need) if root is not None else {}
         if not measured:
             self._opening = self._predicted(root)
             return
@@ -366,8 +362,7 @@ class Engine:
 
     def _predicted(self, root: ClassState | None) -> str | None:
         """The prior's best-predicted variant on all traffic that can run, if it pays."""
-        prior = root.prior if root is not None and root.prior is not None else None
-        prior = prior or self.rules.rank(ROOT)
+        prior = root.prior if root is not None and root.prior is not None else self.rules.rank(ROOT)
         if not prior.pays:
             return None
         return next(
