@@ -31,6 +31,27 @@ def test_more_history_to_process_never_makes_a_move_pay() -> None:
     assert len(checked) >= 50  # the property was checked, not assumed away
 
 
+def test_a_longer_wait_to_stay_never_stops_a_move_paying() -> None:
+    checked: list[bool] = []
+
+    @given(SPEED, SPEED, POSITIVE, st.floats(1e-4, 1.0), st.floats(0, 1e5), st.floats(-60, 60))
+    def check(held: float, wanted: float, n: float, step: float, extra: float, wait: float) -> None:
+        assume(move_pays(extra, 500.0, n, step, held, wanted, wait))
+        checked.append(True)
+        assert move_pays(extra, 500.0, n, step, held, wanted, wait + 1.0)
+
+    check()
+    assert len(checked) >= 50
+
+
+def test_a_wait_to_stay_that_outweighs_the_history_moves_even_to_a_slower_variant() -> None:
+    """2,000 tokens at 500 tokens/s are 4 s; behind a 10 s wait, staying costs more than
+    losing 0.05x over 96 tokens."""
+    assert not move_pays(2000, 500.0, 96, 1 / 40, 1.2, 1.15)
+    assert move_pays(2000, 500.0, 96, 1 / 40, 1.2, 1.15, 10.0)
+    assert not move_pays(2000, 500.0, 96, 1 / 40, 1.2, 1.15, 3.0)
+
+
 @given(SPEED, SPEED, POSITIVE, st.floats(1e-4, 1.0))
 def test_the_saving_is_the_decode_time_between_the_two_speeds(
     held: float, wanted: float, n: float, step: float

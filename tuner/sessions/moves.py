@@ -1,8 +1,9 @@
 """Whether moving a conversation's turn to a faster variant's instance pays (pure).
 
 Moving costs the history the new instance does not hold, processed at the machine's
-prefill rate; it saves the answer's decode time between the two variants' speeds. A turn
-moves only when the saving is larger.
+prefill rate; it saves the answer's decode time between the two variants' speeds, and the
+CPU gate's wait where staying waits for another variant's requests and moving does not. A
+turn moves only when the saving is larger.
 """
 
 from __future__ import annotations
@@ -50,16 +51,20 @@ def move_pays(
     step_s: float,
     held: float,
     wanted: float,
+    wait_s: float = 0.0,
 ) -> bool:
-    """Whether the decode time saved beats the history processed again.
+    """Whether the decode time saved, with the gate's ``wait_s`` that staying costs beyond
+    moving (negative where moving waits and staying does not), beats the history processed
+    again.
 
     A 2,000-token history at 350 tokens/s costs 5.7 s; 96 tokens at 40 tokens/s, 1.4x
-    against 1.9x, save 0.45 s:
+    against 1.9x, save 0.45 s; staying behind a 6 s wait for the other variant's requests
+    costs more:
 
-    >>> move_pays(2000, 350, 96, 1 / 40, 1.4, 1.9)
-    False
+    >>> move_pays(2000, 350, 96, 1 / 40, 1.4, 1.9), move_pays(2000, 350, 96, 1 / 40, 1.4, 1.9, 6.0)
+    (False, True)
     >>> move_pays(0, 350, 96, 1 / 40, 1.4, 1.9)
     True
     """
-    saving = move_saving(answer_tokens, step_s, held, wanted)
-    return saving > 0 and saving > move_cost(extra_tokens, prefill_tok_s)
+    saving = move_saving(answer_tokens, step_s, held, wanted) + wait_s
+    return saving > move_cost(extra_tokens, prefill_tok_s)

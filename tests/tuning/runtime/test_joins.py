@@ -56,16 +56,43 @@ def test_joined_requests_are_evidence_and_spend_no_exploration_budget(
     assert state.load.joined == 4
 
 
-def test_nothing_joins_a_variant_its_class_may_not_run_or_that_lacks_its_history(
+def test_a_later_turn_joins_only_where_the_wait_beats_processing_its_history_again(
     tmp_path: Path, caps: Capabilities
 ) -> None:
+    """3,000 tokens of history take about 6 s to process again here: a 30 s wait for the
+    turn's own variant costs more, a 5 s one less; where the busy variant's instance holds
+    the history too, the 5 s wait is the longer."""
     engine = _exploiting(tmp_path, caps)
     best = engine.effective_policy(CODE)[1].variant
     history = Turn(best, {best: 3000.0}, 64)
-    kept = engine.route(CODE, history, Busy("none", 30.0))
-    assert (kept.variant, kept.role) == (best, "exploit")  # "none" would process it again
+    joined = engine.route(CODE, history, Busy("none", 30.0))
+    assert (joined.variant, joined.role) == ("none", "joined")
+    kept = engine.route(CODE, history, Busy("none", 5.0))
+    assert (kept.variant, kept.role) == (best, "exploit")
     shared = Turn(best, {best: 3000.0, "none": 3000.0}, 64)
-    assert engine.route(CODE, shared, Busy("none", 30.0)).role == "joined"
+    assert engine.route(CODE, shared, Busy("none", 5.0)).role == "joined"
+
+
+def test_a_held_turn_moves_to_the_variant_decoding_where_its_wait_costs_more_than_its_history(
+    tmp_path: Path, caps: Capabilities
+) -> None:
+    """A turn held on no speculation, where code runs a faster variant: its 3,000 tokens cost
+    more to process again than the answer saves, so it stays, unless the gate is busy with
+    its class's variant and waiting for that to drain costs longer still. Where the gate is
+    busy with the variant holding it, staying waits for nothing."""
+    engine = _exploiting(tmp_path, caps)
+    best = engine.effective_policy(CODE)[1].variant
+    held = Turn("none", {"none": 3000.0}, 64)
+    assert engine.route(CODE, held).role == "held"
+    assert engine.route(CODE, held, Busy(best, 5.0)).role == "held"
+    moved = engine.route(CODE, held, Busy(best, 30.0))
+    assert (moved.variant, moved.role) == (best, "exploit")
+    assert engine.route(CODE, held, Busy("none", 30.0)).role == "held"
+
+
+def test_nothing_joins_a_variant_its_class_may_not_run(tmp_path: Path, caps: Capabilities) -> None:
+    engine = _exploiting(tmp_path, caps)
+    best = engine.effective_policy(CODE)[1].variant
     forbid = config(explore_share=0.0).model_copy(
         update={"overrides": {"code": Override(forbid=["none"])}}
     )

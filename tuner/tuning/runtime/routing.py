@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from tuner.classify.classes import ROOT
-from tuner.sessions.moves import Turn, move_pays
+from tuner.sessions.moves import Turn, move_cost, move_pays
 from tuner.tuning.config import Override
 from tuner.tuning.evidence.classes import levels
 from tuner.tuning.policy.guard import Decision
@@ -101,7 +101,8 @@ class Router:
         moving to the class's variant (its pin included) pays for processing it again; a
         turn held on another variant than its class's spends the exploration budget.
         Where the CPU gate is ``busy`` with another variant, a request the policy serves
-        joins that variant unless what its own saves beats the wait (role ``joined``)."""
+        joins that variant unless what its own saves beats the wait, less the history it
+        would process again there (role ``joined``); a turn's stay prices that wait too."""
         key = class_key or ROOT
         table = self.table
         pending = self._pending
@@ -118,7 +119,7 @@ class Router:
         if (
             turn is not None
             and decision.variant != turn.held
-            and self._stays(table, key, entry, decision, turn)
+            and self._stays(table, key, entry, decision, turn, busy)
         ):
             # what the class would run is not served: the budget pays for it, as for a trial
             # (a conversation opened on a trial holds that trial's variant for its life)
@@ -217,10 +218,13 @@ class Router:
         entry: ClassRoute | None,
         wanted: Decision,
         turn: Turn,
+        busy: Busy | None,
     ) -> bool:
         """Whether a conversation's turn stays where its history is cached rather than move
         to ``wanted``: it stays unless the decode time the class's measured speedups save
-        over its answer beats processing the history again."""
+        over its answer, with the gate's wait where the CPU gate is ``busy`` with
+        ``wanted`` and not with the variant holding it, beats processing the history
+        again."""
         held = turn.held
         if not self._may_run(table, key, held):
             return False
@@ -236,6 +240,7 @@ class Router:
             1.0 / found.plain,
             found.speeds.get(held, 1.0),
             found.speeds.get(wanted.variant, 1.0),
+            _waits(busy, held) - _waits(busy, wanted.variant),
         )
 
     def _joins(
@@ -248,18 +253,18 @@ class Router:
         busy: Busy,
     ) -> bool:
         """Whether a request joins the variant decoding now rather than wait at the gate
-        for ``wanted``: where that variant may serve its class, holds its history (a
-        later turn), and the class's measured speedups save less than the wait."""
+        for ``wanted``: where that variant may serve its class and the class's measured
+        speedups save less than the wait, less the history a later ``turn`` would process
+        again there."""
         variant = busy.variant
         if not self._may_run(table, key, variant):
             return False
-        if turn is not None and turn.extra(variant) > 0:
-            return False  # moving would process its history again
         found = entry if entry is not None else _nearest(table, key)
         if found is None or found.plain is None:
             return False  # nothing measured yet to weigh the wait against
+        extra = turn.extra(variant) - turn.extra(wanted.variant) if turn is not None else 0.0
         return not waiting_pays(
-            busy.wait_s,
+            busy.wait_s - move_cost(extra, found.prefill),
             answer_tokens(found.answer, turn.max_tokens if turn is not None else None),
             1.0 / found.plain,
             found.speeds.get(variant, 1.0),
@@ -298,6 +303,12 @@ def _in_place(turn: Turn, variant: str) -> bool:
     """Whether the instance holding a conversation's history serves ``variant`` too (the
     pool's variants that differ only in per-request settings), so a trial moves nothing."""
     return variant in turn.cached and turn.extra(variant) <= 0
+
+
+def _waits(busy: Busy | None, variant: str) -> float:
+    """The gate's wait a request for ``variant`` expects: none where nothing decodes that
+    a request would wait for, or where ``variant`` is the one decoding."""
+    return busy.wait_s if busy is not None and busy.variant != variant else 0.0
 
 
 def _nearest(table: RouteTable, key: str) -> ClassRoute | None:
