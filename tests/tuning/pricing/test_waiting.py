@@ -44,3 +44,19 @@ def test_the_saving_is_the_answers_decode_time_between_the_two_speeds() -> None:
     """100 tokens at 0.025 s a plain step: 1.25 s at 2x, 2.5 s at 1x; the saving 1.25 s."""
     assert waiting_pays(1.2, 100, 0.025, 1.0, 2.0)
     assert not waiting_pays(1.3, 100, 0.025, 1.0, 2.0)
+
+
+@given(WAIT, WAIT, st.floats(0.0, 60.0), ANSWER, STEP, SPEEDUP, SPEEDUP)
+def test_what_joining_costs_beyond_the_wait_never_makes_waiting_pay_less(
+    wait: float, cheap: float, dear: float, answer: float, step: float, busy: float, wanted: float
+) -> None:
+    cheap, dear = min(cheap, dear), max(cheap, dear)
+    if waiting_pays(wait, answer, step, busy, wanted, cheap):
+        assert waiting_pays(wait, answer, step, busy, wanted, dear)
+
+
+def test_a_turn_waits_for_a_slower_variant_where_joining_costs_its_history() -> None:
+    """Joining a faster variant that lacks a turn's history: 6 s to process it again against
+    a 1 s wait; behind a 10 s wait, joining is the cheaper."""
+    assert waiting_pays(1.0, 96, 1 / 40, 1.5, 1.2, 6.0)
+    assert not waiting_pays(10.0, 96, 1 / 40, 1.5, 1.2, 6.0)

@@ -264,11 +264,12 @@ class Router:
             return False  # nothing measured yet to weigh the wait against
         extra = turn.extra(variant) - turn.extra(wanted.variant) if turn is not None else 0.0
         return not waiting_pays(
-            busy.wait_s - move_cost(extra, found.prefill),
+            busy.wait_s,
             answer_tokens(found.answer, turn.max_tokens if turn is not None else None),
             1.0 / found.plain,
             found.speeds.get(variant, 1.0),
             found.speeds.get(wanted.variant, 1.0),
+            move_cost(extra, found.prefill),
         )
 
 
