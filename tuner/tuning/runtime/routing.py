@@ -101,8 +101,9 @@ class Router:
         moving to the class's variant (its pin included) pays for processing it again; a
         turn held on another variant than its class's spends the exploration budget.
         Where the CPU gate is ``busy`` with another variant, a request the policy serves
-        joins that variant unless what its own saves beats the wait, less the history it
-        would process again there (role ``joined``); a turn's stay prices that wait too."""
+        joins that variant unless what its own saves, with what processing a turn's history
+        again there would cost, beats the wait (role ``joined``); a turn's stay prices that
+        wait too."""
         key = class_key or ROOT
         table = self.table
         pending = self._pending
@@ -253,9 +254,9 @@ class Router:
         busy: Busy,
     ) -> bool:
         """Whether a request joins the variant decoding now rather than wait at the gate
-        for ``wanted``: where that variant may serve its class and the class's measured
-        speedups save less than the wait, less the history a later ``turn`` would process
-        again there."""
+        for ``wanted``: where that variant may serve its class and the wait is longer than
+        what the class's measured speedups save plus what processing a later ``turn``'s
+        history again there costs."""
         variant = busy.variant
         if not self._may_run(table, key, variant):
             return False
