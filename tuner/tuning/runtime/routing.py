@@ -224,8 +224,8 @@ class Router:
         """Whether a conversation's turn stays where its history is cached rather than move
         to ``wanted``: it stays unless the decode time the class's measured speedups save
         over its answer, with the gate's wait where the CPU gate is ``busy`` with
-        ``wanted`` and not with the variant holding it, beats processing the history
-        again."""
+        ``wanted`` and not with the variant holding it (less it, where busy with the held
+        one), beats processing the history again."""
         held = turn.held
         if not self._may_run(table, key, held):
             return False
