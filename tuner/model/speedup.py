@@ -262,17 +262,15 @@ def batched_cost(c: float, batch: float) -> float:
 
 
 def batched_curve(verify: Callable[[int], float], batch: int) -> Callable[[int], float]:
-    """``T(n)`` per sequence where ``batch`` sequences each verify ``n`` tokens in one step,
-    over the plain step of ``batch``: each sequence's ``n - 1`` drafts add what they add to a
-    step alone, ``T(n) - T(1)`` (on an affine curve, exactly ``T(batch n)``; a measured
-    curve is not read past its largest point, where it is flat).
+    """``T(n)`` per sequence where ``batch`` sequences each verify ``n`` tokens in one step:
+    the step of ``batch * n`` tokens over the plain step of ``batch``.
 
     >>> curve = batched_curve(lambda n: 1.0 + 0.1 * (n - 1), 4)
     >>> curve(1), round(curve(17), 2)
     (1.0, 5.92)
     """
-    plain, alone = verify(batch), verify(1)
-    return lambda n: 1.0 + batch * (verify(n) - alone) / plain
+    plain = verify(batch)
+    return lambda n: verify(batch * n) / plain
 
 
 def best_gamma(alpha: float, cost: CostModel, gamma_max: int = 16) -> tuple[int, float]:

@@ -7,13 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tuner.model.speedup import (
-    CostModel,
-    batched_cost,
-    batched_curve,
-    interpolated_curve,
-    leviathan,
-)
+from tuner.model.speedup import CostModel, batched_cost, batched_curve, leviathan
 from tuner.tuning.pricing.batching import BATCHES, batch_of, costs_in_batch, model_in_batch
 
 COST = st.floats(0.0, 3.0)
@@ -82,13 +76,3 @@ def test_the_cost_in_a_batch_carries_its_error(c: float, se: float, batch: int) 
     value, error = costs_in_batch({"v": (c, se)}, batch)["v"]
     low, _ = costs_in_batch({"v": (max(0.0, c - 0.001), se)}, batch)["v"]
     assert value >= low and error >= 0.0
-
-
-def test_a_measured_curve_prices_drafts_dearer_in_each_larger_batch() -> None:
-    """A calibration measures ``T(n)`` up to 64 tokens and is flat past it: read there, eight
-    sequences' drafts would cost less than four's. The batched curve never reads past the
-    tokens one sequence verifies."""
-    points = [(1, 1.0), (4, 1.13), (8, 1.42), (16, 2.46), (32, 3.23), (64, 6.2)]
-    curve = interpolated_curve(points)
-    costs = [batched_curve(curve, b)(17) for b in BATCHES]
-    assert costs == sorted(costs) and costs[0] == pytest.approx(curve(17))
