@@ -123,8 +123,7 @@ async def test_answers_name_the_offered_model_not_the_variants_preset(
     """In router mode the body goes upstream with the preset as its ``model`` and
     llama-server names it in the answer; the client sees the model it was offered."""
     app = create_app(
-        Backend(upstream, router=lambda key, prompt, active: _Routed(), public_models=["gemma"]),
-        store,
+        Backend(upstream, router=lambda key, prompt: _Routed(), public_models=["gemma"]), store
     )
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
@@ -151,7 +150,7 @@ async def test_the_router_gets_the_prompt_and_the_record_says_how_the_turn_went(
     outcome."""
     seen: list[Any] = []
 
-    def router(key: str | None, prompt: Any, active: int) -> _Routed:
+    def router(key: str | None, prompt: Any) -> _Routed:
         seen.append(prompt)
         return _Routed(session="stayed")
 
@@ -387,25 +386,22 @@ async def test_records_carry_the_class_and_features(
     assert record.features["content_type"] == "code" and record.features["echo"] >= 0.5
 
 
-@pytest.mark.parametrize(("gated", "batches"), [(False, True), (True, True), (False, False)])
+@pytest.mark.parametrize("gated", [False, True])
 async def test_each_routed_request_records_its_variants_batch(
-    upstream: UpstreamClient, store: RecordStore, fake: FakeLlamaServer, gated: bool, batches: bool
+    upstream: UpstreamClient, store: RecordStore, fake: FakeLlamaServer, gated: bool
 ) -> None:
-    """Streams held open at once: the router hears how many requests are in flight as each
-    arrives, and each record says how many requests of its variant were in flight as it was
-    sent, itself included (through the CPU gate: a request of another variant waits, then
-    is sent alone; where instances decode one request at a time, each decodes alone); the
-    counts drop back as the streams end."""
+    """Streams held open at once: each record says how many requests of its variant were in
+    flight as it was sent, itself included (through the CPU gate: a request of another
+    variant waits, then is sent alone); the counts drop back as the streams end."""
     fake.hold_stream = asyncio.Event()
-    heard: list[int] = []
 
-    def router(key: str | None, prompt: Any, active: int) -> _Routed:
-        heard.append(active)
+    def router(key: str | None, prompt: Any) -> _Routed:
         variant = "ngram-mod.match24.max16" if prompt.chars < 40 else "none"  # by its text
         return _Routed(variant=variant, model=variant)
 
-    gate = VariantGate() if gated else None
-    backend = Backend(upstream, router=router, gate=gate, public_models=["g"], batches=batches)
+    backend = Backend(
+        upstream, router=router, gate=VariantGate() if gated else None, public_models=["g"]
+    )
     app = create_app(backend, store)
     transport = httpx.ASGITransport(app=app)
 
@@ -428,14 +424,8 @@ async def test_each_routed_request_records_its_variants_batch(
         await asyncio.gather(*tasks)
     await store.flush()
     records = list(read_records(store.directory))
-    found = sorted((r.variant, r.batch) for r in records)
-    second = 2 if batches else 1
-    assert found == [
-        ("ngram-mod.match24.max16", 1),
-        ("ngram-mod.match24.max16", second),
-        ("none", 1),
-    ]
-    assert sorted(heard) == [1, 2, 3]
+    batches = sorted((r.variant, r.batch) for r in records)
+    assert batches == [("ngram-mod.match24.max16", 1), ("ngram-mod.match24.max16", 2), ("none", 1)]
     assert backend.running == {}
     waited = [r.wait_ms for r in records if r.variant == "none"]
     assert (waited[0] is not None and waited[0] > 0) if gated else waited == [None]

@@ -164,7 +164,7 @@ def _to_ngram_mod(
     ``fallback`` for a second try."""
     backend = Backend(
         upstream,
-        router=lambda key, prompt, active: _Routed("ngram-mod"),
+        router=lambda key, prompt: _Routed("ngram-mod"),
         fallback=fallback,
         gate=VariantGate(),
     )
@@ -300,9 +300,7 @@ async def test_a_second_try_that_fails_is_recorded_too(
         upstream.health.answering(False)  # gone between the two tries
         return _Routed("none", "fallback")
 
-    backend = Backend(
-        upstream, router=lambda key, prompt, active: _Routed("ngram-mod"), fallback=fallback
-    )
+    backend = Backend(upstream, router=lambda key, prompt: _Routed("ngram-mod"), fallback=fallback)
     app = create_app(backend, store)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://p") as p:
         response = await p.post("/v1/completions", json={"prompt": "hi"})

@@ -77,7 +77,6 @@ def deploy(topology: Topology) -> Deployment:
             # joining the variant decoding starts a request at once only where its instance
             # batches it with the others; on one slot it would queue there instead
             busy=gate.busy if gate is not None and caps is not None and caps.batches else None,
-            batches=caps is None or caps.batches,
             fleet=plan.fleet,
         )
         collectors.append(TuningCollector(tuning.engine, tuning.quarantine))
@@ -104,7 +103,6 @@ def deploy(topology: Topology) -> Deployment:
         keep=replayer.submit if replayer else None,
         public_models=topology.public_models,
         engine=engine,
-        batches=caps is None or caps.batches,
     )
     return Deployment(topology, backend, services, collectors, tuning)
 

@@ -52,8 +52,6 @@ from dataclasses import dataclass, field
 __all__ = [
     "CostModel",
     "Verdict",
-    "batched_cost",
-    "batched_curve",
     "best_gamma",
     "copy_speedup",
     "distinct_experts",
@@ -240,37 +238,6 @@ def interpolated_curve(points: Sequence[tuple[int, float]]) -> Callable[[float],
         return pts[-1][1]
 
     return verify
-
-
-def batched_cost(c: float, batch: float) -> float:
-    """What a drafted token costs, in plain steps, where ``batch`` sequences decode together
-    and each drafts alike, from ``c``, its cost decoding alone.
-
-    A step's time is affine in the tokens it verifies, ``A + B k``, and ``c = B / (A + B)``
-    alone. In a batch the fixed part ``A`` is shared while every sequence's drafts lengthen
-    the step all of them wait for, so in that step's time a draft costs ``L B / (A + L B)``:
-    near ``L c`` where a step is memory-bound (``c`` small: a GPU), toward a whole step where
-    it is compute-bound (a CPU's cores already busy). A ``c`` of a step or more is not
-    verify (drafting's own work, lookups): it is kept as it is.
-
-    >>> [round(batched_cost(0.3, n), 2) for n in (1, 2, 4)], round(batched_cost(0.02, 4), 3)
-    ([0.3, 0.46, 0.63], 0.075)
-    """
-    if batch <= 1 or c <= 0 or c >= 1:
-        return max(c, 0.0)
-    return batch * c / (1.0 + (batch - 1.0) * c)
-
-
-def batched_curve(verify: Callable[[int], float], batch: int) -> Callable[[int], float]:
-    """``T(n)`` per sequence where ``batch`` sequences each verify ``n`` tokens in one step:
-    the step of ``batch * n`` tokens over the plain step of ``batch``.
-
-    >>> curve = batched_curve(lambda n: 1.0 + 0.1 * (n - 1), 4)
-    >>> curve(1), round(curve(17), 2)
-    (1.0, 5.92)
-    """
-    plain = verify(batch)
-    return lambda n: verify(batch * n) / plain
 
 
 def best_gamma(alpha: float, cost: CostModel, gamma_max: int = 16) -> tuple[int, float]:

@@ -74,13 +74,11 @@ class _Hold:
 
     async def acquire(self, variant: str) -> int:
         """Wait for the variant's turn at the gate; the requests of the variant in flight
-        once admitted, this one included: the batch it decodes in (1 where an instance
-        decodes one request at a time and queues the others)."""
+        once admitted, this one included."""
         if self.backend.gate is not None:
             await self.backend.gate.acquire(variant)
         self.variant = variant
-        running = self.backend.sent(variant)
-        return running if self.backend.batches else 1
+        return self.backend.sent(variant)
 
     async def release(self) -> None:
         if self.variant is not None:
@@ -193,9 +191,7 @@ class _Handlers:
         assert backend.router is not None
         prompt = prompt_of(body, session)
         trace.prompt_chars = prompt.chars
-        changed = self._apply(
-            trace, body, backend.router(trace.class_key, prompt, trace.active or 1)
-        )
+        changed = self._apply(trace, body, backend.router(trace.class_key, prompt))
         self._keep_answer(backend, trace, body)
         return changed
 

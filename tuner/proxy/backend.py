@@ -37,8 +37,7 @@ class Routing(Protocol):
 
 
 # a request's class and prompt -> what to send it to
-# a request's class, its prompt, and the generation requests in flight (itself included)
-Router = Callable[[str | None, Prompt, int], Routing]
+Router = Callable[[str | None, Prompt], Routing]
 # a routed request's variant failed on the server: the routing for a second try, or None
 # (given the variant, the request's id, the error's message and the request's class)
 Fallback = Callable[[str, str, str, str | None], Routing | None]
@@ -60,7 +59,6 @@ class Backend:
     keep: Keep | None = None
     public_models: Sequence[str] = ()
     engine: str | None = None
-    batches: bool = True  # its instances decode concurrent requests together
     in_flight: int = 0  # requests begun on it that have not ended
     # per variant, routed requests sent to it that have not ended: its instance's batch
     running: dict[str, int] = field(default_factory=dict)

@@ -80,8 +80,6 @@ class ClassRow:
     converged: bool
     since: float | None
     served_by: str | None  # whose policy its requests use (itself or a parent)
-    # where more requests decode together (a bucket's size), what serves it instead
-    by_batch: dict[str, str] = field(default_factory=dict)
     prompt_cached: int = 0  # prompt tokens the server's cache held
     prompt_processed: int = 0  # ... and those it processed
     prompt_tok_s: float | None = None  # how fast it processed them
@@ -256,7 +254,6 @@ def _row(key: str, data: Mapping[str, Any]) -> ClassRow:
         converged=bool(data.get("converged", False)),
         since=_float(policy.get("since")),
         served_by=data.get("served_by"),
-        by_batch={str(k): str(v) for k, v in (data.get("by_batch") or {}).items()},
         prompt_cached=int(prompt.get("cached", 0)),
         prompt_processed=processed,
         prompt_tok_s=processed / seconds if seconds and processed else None,

@@ -49,19 +49,9 @@ def _interval(value: float | None, low: float | None, high: float | None, unit: 
     return f"{value:.2f}{unit} [{low:.2f}, {high:.2f}]"
 
 
-BUCKETS = {"2": "2", "4": "3-4", "8": "5+"}  # ``tuner.tuning.pricing.batching.BATCHES``
-
-
 def _policy(row: ClassRow) -> str:
     text = row.variant if row.speculation else "speculation off"
-    text = f"{text} (override)" if row.override else text
-    if row.by_batch:
-        shown = (
-            f"{BUCKETS.get(size, size)}: {'off' if variant == 'none' else variant}"
-            for size, variant in sorted(row.by_batch.items(), key=lambda kv: int(kv[0]))
-        )
-        text += f"; decoding together {', '.join(shown)}"
-    return text
+    return f"{text} (override)" if row.override else text
 
 
 def _cached(row: ClassRow) -> str | None:

@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, NonNegativeInt, PositiveInt
+from pydantic import BaseModel, ConfigDict, NonNegativeInt
 
 from tuner.classify.classes import parents
 from tuner.stats import Interval, wilson
@@ -91,19 +91,16 @@ class Arm:
     samples: deque[float] = field(default_factory=lambda: deque(maxlen=SAMPLES))  # tok/s
     # the counts of each served request, beside its speed in ``samples``
     served: deque[Counts] = field(default_factory=lambda: deque(maxlen=SAMPLES))
-    # ... and how many decoded together with it (only those alone price a drafted token)
-    batches: deque[int] = field(default_factory=lambda: deque(maxlen=SAMPLES))
     replayed: int = 0
     replays: deque[Counts] = field(default_factory=lambda: deque(maxlen=SAMPLES))
 
-    def add(self, tok_s: float, counts: Counts, batch: int = 1) -> None:
+    def add(self, tok_s: float, counts: Counts) -> None:
         self.requests += 1
         self.tokens += counts.tokens
         self.drafted += counts.drafted
         self.accepted += counts.accepted
         self.samples.append(tok_s)
         self.served.append(counts)
-        self.batches.append(batch)
 
     def add_replayed(self, counts: Counts) -> None:
         self.replayed += 1
@@ -146,7 +143,6 @@ class Arm:
             accepted=self.accepted,
             samples=list(self.samples),
             served=list(self.served),
-            batches=list(self.batches),
             replayed=self.replayed,
             replays=list(self.replays),
         )
@@ -159,8 +155,6 @@ class Arm:
         arm = cls(found.requests, found.tokens, found.drafted, found.accepted)
         arm.samples.extend(found.samples)
         arm.served.extend(found.served)
-        # a file written before batches were kept: its requests were priced as alone
-        arm.batches.extend([1] * (len(found.served) - len(found.batches)) + found.batches)
         arm.replayed = found.replayed
         arm.replays.extend(found.replays)
         return arm
@@ -182,7 +176,6 @@ class ArmRecord(BaseModel):
     accepted: NonNegativeInt
     samples: list[float]
     served: list[StoredCounts]
-    batches: list[PositiveInt] = []  # absent from files written before it was kept
     replayed: NonNegativeInt
     replays: list[StoredCounts]
 
@@ -205,8 +198,8 @@ class TurnsRecord(BaseModel):
 
 class ClassRecord(BaseModel):
     """A class as the policy file stores it: what ``ClassState.dump`` writes, and what the
-    engine adds beside it for the report (``served_by``, ``prior``, ``speedups``,
-    ``by_batch``), which is derived again on restore."""
+    engine adds beside it for the report (``served_by``, ``prior``, ``speedups``), which is
+    derived again on restore."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -224,7 +217,6 @@ class ClassRecord(BaseModel):
     served_by: str | None = None
     prior: dict[str, Any] | None = None
     speedups: dict[str, list[float]] | None = None
-    by_batch: dict[str, str] | None = None
 
 
 @dataclass(slots=True)
@@ -330,7 +322,7 @@ class ClassState:
             policy=self.policy,
             arms={name: arm.record() for name, arm in self.arms.items()},
             pairs=[dict(row) for row in self.pairs],
-        ).model_dump(mode="json", exclude={"served_by", "prior", "speedups", "by_batch"})
+        ).model_dump(mode="json", exclude={"served_by", "prior", "speedups"})
 
 
 def parse_class(key: str, data: object) -> ClassState:

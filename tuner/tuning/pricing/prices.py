@@ -22,7 +22,6 @@ from tuner.model.speedup import CostModel
 from tuner.stats import Interval, ratio_interval, z_for
 from tuner.tuning.evidence.classes import SAMPLED, Arm, ClassState, Trial, levels, under
 from tuner.tuning.evidence.counts import Counts, count_speedup, log_interval, ratio_of_sums
-from tuner.tuning.pricing.batching import costs_in_batch
 from tuner.tuning.pricing.costfit import GUESS_SE, CostFit, Row
 from tuner.tuning.variants import BASELINE, Variant
 
@@ -203,14 +202,13 @@ class Pricing:
     # -- speedups -----------------------------------------------------------------------
 
     def costs(
-        self, variants: Iterable[str], key: str | None = None, batch: int = 1
+        self, variants: Iterable[str], key: str | None = None
     ) -> dict[str, tuple[float, float]]:
         """What a drafted token of each variant costs, in plain decode steps, and its
         standard error: over all traffic, or in class ``key`` (its requests and those of the
-        classes under it, shrunk toward all traffic's); fitted on requests that decoded
-        alone, and as each of ``batch`` decoding together pays it."""
+        classes under it, shrunk toward all traffic's)."""
         within = functools.partial(under, key) if key is not None and key != ROOT else None
-        return costs_in_batch(self.costfit.costs(variants, self.baseline_speed, within), batch)
+        return self.costfit.costs(variants, self.baseline_speed, within)
 
     def priced(self, state: ClassState, need: int) -> dict[str, Arm]:
         """A class's speculative arms of ``need`` requests (served or replayed)."""
@@ -284,33 +282,26 @@ class Pricing:
             return min(MAX_COST, max(0.0, gain / found.value - 1.0)) if found.value > 0 else 0.0
         return 0.0
 
-    def measured(self, state: ClassState, need: int, batch: int = 1) -> dict[str, Interval]:
-        """What the class's variants measure now, each of ``batch`` decoding together
-        (empty before any baseline)."""
+    def measured(self, state: ClassState, need: int) -> dict[str, Interval]:
+        """What the class's variants measure now (empty before any baseline)."""
         base = self.base(state)
-        if base is None:
-            return {}
-        costs = self.costs(self.priced(state, need), state.key, batch) if batch > 1 else None
-        return self.speedups(state, base, need, costs)
+        return self.speedups(state, base, need) if base is not None else {}
 
     def recalibrate(self) -> None:
         """Rebuild the calibration from the kept requests (after a restore): each leaf
-        class's requests once (speculative ones price a drafted token, all fit a step),
-        those that decoded alone (``CostFit``)."""
+        class's requests once (speculative ones price a drafted token, all fit a step)."""
         rows: list[Row] = []
         shared = {level for key in self.classes for level in levels(key)[1:]}
         for key, state in self.classes.items():
             if key in shared or key in (SAMPLED, ROOT):
                 continue  # a leaf's requests count at every level: once is enough
             for name, arm in state.arms.items():
-                # newest first: the windows hold the same requests, newest last
-                kept = zip(
-                    reversed(arm.samples), reversed(arm.served), reversed(arm.batches), strict=False
-                )
+                # newest first: the two windows hold the same requests, newest last
+                kept = zip(reversed(arm.samples), reversed(arm.served), strict=False)
                 rows += [
                     (key, name, counts, counts.tokens / tok_s)
-                    for tok_s, counts, batch in kept
-                    if counts.tokens > 0 and tok_s > 0 and batch <= 1
+                    for tok_s, counts in kept
+                    if counts.tokens > 0 and tok_s > 0
                 ]
         self.costfit = CostFit.rebuilt(
             rows, *prior_cost(self.cost, self.draft_step), self.costfit.lengths

@@ -51,7 +51,6 @@ from tuner.tuning.evidence.counts import Counts, served_counts
 from tuner.tuning.evidence.drift import drift
 from tuner.tuning.policy.guard import Decision, Policy
 from tuner.tuning.policy.prior import PriorView
-from tuner.tuning.pricing.batching import BATCHES
 from tuner.tuning.pricing.costfit import CostFit
 from tuner.tuning.pricing.prices import Pricing
 from tuner.tuning.pricing.waiting import Busy
@@ -119,7 +118,6 @@ class Engine:
         # requests observed that speculated, and those routed without speculation
         self._served = self._plain_routed = 0
         self._opening: str | None = None  # what an unsettled class runs (``_open``)
-        self._openings: dict[int, str | None] = {}  # ... where more decode together
         self._applied = 0  # the last routed request whose counters the classes hold
         self._tables = 0  # routing tables published
         self._priced: set[str] | None = set()  # classes to price again (None: all)
@@ -127,11 +125,7 @@ class Engine:
         self._open()
         self.router = Router(
             table_of(
-                self.rules,
-                self.pricing,
-                opening=self._opening,
-                openings=self._openings,
-                searching=studies is not None,
+                self.rules, self.pricing, opening=self._opening, searching=studies is not None
             ),
             excluded=excluded,
             notify=self._notify,
@@ -159,14 +153,10 @@ class Engine:
     # -- the request path (``routing``: reads the published table, no lock) -----------
 
     def route(
-        self,
-        class_key: str | None,
-        turn: Turn | None = None,
-        busy: Busy | None = None,
-        batch: int = 1,
+        self, class_key: str | None, turn: Turn | None = None, busy: Busy | None = None
     ) -> Decision:
         """The variant for one request of this class (``Router.route``)."""
-        return self.router.route(class_key, turn, busy, batch)
+        return self.router.route(class_key, turn, busy)
 
     def _notify(self) -> None:
         self.io(self.drain)
@@ -244,7 +234,6 @@ class Engine:
             self.rules,
             self.pricing,
             opening=self._opening,
-            openings=self._openings,
             applied=self._applied,
             anchors=self._anchors(),
             searching=self.studies is not None,
@@ -286,7 +275,7 @@ class Engine:
                 if cost is not None:
                     state.spent -= 1.0 - cost
             # a request that drafted nothing (a baseline one included) only fits a step
-            self.own(served(key, record.variant, tok_s, counts, record.batch or 1))
+            self.own(served(key, record.variant, tok_s, counts))
             trial, finish = state.trial, None
             if trial is not None and record.trial == trial.number:
                 trial.counts.append(counts)
@@ -357,34 +346,23 @@ class Engine:
         any variant is measured, the prior's best where it says speculation pays (else
         requests routed at once, before any answer, would all run without it); else none.
         A drafted token's cost is still the cost model's guess, its error wide, so the
-        lower bound prefers variants that draft little for what they accept. The same for
-        each bucket of requests decoding together, priced there (``_openings``)."""
-        self._opening, self._openings = None, {}
+        lower bound prefers variants that draft little for what they accept."""
+        self._opening = None
         if not self.config.guard.replay or self._served >= self.config.budget.trial_requests:
             return
-        self._opening = self._opening_in(1)
-        for batch in BATCHES[1:]:
-            if (found := self._opening_in(batch)) != self._opening:
-                self._openings[batch] = found
-
-    def _opening_in(self, batch: int) -> str | None:
         need = min(2, self.config.budget.min_trial_requests)
         root = self.classes.get(ROOT)  # not created here: a fresh engine has no classes
-        measured = self.pricing.measured(root, need, batch) if root is not None else {}
+        measured = self.pricing.measured(root, need) if root is not None else {}
         if not measured:
-            return self._predicted(root, batch)
+            self._opening = self._predicted(root)
+            return
         ranked = sorted((s.low, name) for name, s in measured.items() if s.value > 1.0)
-        return ranked[-1][1] if ranked else None
+        if ranked:
+            self._opening = ranked[-1][1]
 
-    def _predicted(self, root: ClassState | None, batch: int = 1) -> str | None:
-        """The prior's best-predicted variant on all traffic that can run, if it pays, each
-        of ``batch`` decoding together."""
-        if batch > 1:
-            prior = self.rules.rank(ROOT, batch)
-        elif root is not None and root.prior is not None:
-            prior = root.prior
-        else:
-            prior = self.rules.rank(ROOT)
+    def _predicted(self, root: ClassState | None) -> str | None:
+        """The prior's best-predicted variant on all traffic that can run, if it pays."""
+        prior = root.prior if root is not None and root.prior is not None else self.rules.rank(ROOT)
         if not prior.pays:
             return None
         return next(
@@ -581,10 +559,6 @@ class Engine:
                         name: [round(x, 4) for x in (i.value, i.low, i.high)]
                         for name, i in self.pricing.measured(s, need).items()
                     },
-                    # where more decode together, what serves it instead of its policy's
-                    "by_batch": {str(b): v for b, v in self.rules.by_batch(key).items()}
-                    if s.seen
-                    else {},
                 }
                 for key, s in sorted(self.classes.items())
             }

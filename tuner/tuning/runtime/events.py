@@ -14,8 +14,7 @@ so that a bad row is skipped and counted, never fatal.
 
 Version 1 (before versions were written) used one-letter keys: ``{"k": "served", "c":
 class, "v": variant, "r": tok/s, "n": counts}``, ``{"k": "replayed", "c", "x": {variant:
-counts}, "s": {"v", "n"}}``, ``{"k": "trial", "c", "v", "conv": bool}``. Version 2 had no
-``batch``: its served requests were all priced as decoded alone.
+counts}, "s": {"v", "n"}}``, ``{"k": "trial", "c", "v", "conv": bool}``.
 """
 
 from __future__ import annotations
@@ -44,25 +43,23 @@ __all__ = [
     "upgrade",
 ]
 
-VERSION = 3
+VERSION = 2
 
 
 class _Event(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
-    version: Literal[3] = 3  # VERSION
+    version: Literal[2] = 2  # VERSION
     class_key: str
 
 
 class Served(_Event):
-    """One request ``variant`` answered: its speed and counts, and how many requests its
-    instance decoded together with it (only one decoded alone prices a drafted token)."""
+    """One request ``variant`` answered: its speed and counts."""
 
     kind: Literal["served"] = "served"
     variant: str
     tok_s: float = Field(gt=0, allow_inf_nan=False)
     counts: StoredCounts
-    batch: int = Field(default=1, ge=1)
 
 
 class ServedCounts(BaseModel):
@@ -94,10 +91,8 @@ Event = Annotated[Served | Replayed | TrialDone, Field(discriminator="kind")]
 _EVENT: TypeAdapter[Served | Replayed | TrialDone] = TypeAdapter(Event)
 
 
-def served(key: str, variant: str, tok_s: float, counts: Counts, batch: int = 1) -> Served:
-    return Served(
-        class_key=key, variant=variant, tok_s=tok_s, counts=Counts(*counts), batch=max(1, batch)
-    )
+def served(key: str, variant: str, tok_s: float, counts: Counts) -> Served:
+    return Served(class_key=key, variant=variant, tok_s=tok_s, counts=Counts(*counts))
 
 
 def replayed(
@@ -134,13 +129,8 @@ def _from_v1(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _from_v2(data: dict[str, Any]) -> dict[str, Any]:
-    """A version-2 event in version 3 (a served one decoded alone, as it was priced)."""
-    return {**data, "version": 3}
-
-
 # version -> the function that takes an event of that version to the next one
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _from_v1, 2: _from_v2}
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _from_v1}
 
 
 def upgrade(
@@ -165,7 +155,7 @@ def parse(data: object) -> Served | Replayed | TrialDone | None:
     >>> parse(dump(served("code", "ngram-mod", 41.5, Counts(64, 30, 12)))) is not None
     True
     >>> parse({"k": "served", "c": "code", "v": "x", "r": 41.5, "n": [1, 0, 0]}).version
-    3
+    2
     >>> parse({"k": "served", "c": "code", "v": "x", "r": -1.0, "n": [1, 0, 0]}) is None
     True
     >>> parse({"k": "replayed", "c": "code", "x": {"a": [5, 2, 3]}}) is None  # a > d
@@ -194,10 +184,9 @@ def apply(
         if not known(event.variant):
             return False
         counts = event.counts
-        if event.batch <= 1:  # in a batch its time is the others' drafts too
-            calibration.add(key, event.variant, counts, counts.tokens / event.tok_s)
+        calibration.add(key, event.variant, counts, counts.tokens / event.tok_s)
         for level in levels(key):
-            state(level).arm(event.variant).add(event.tok_s, counts, event.batch)
+            state(level).arm(event.variant).add(event.tok_s, counts)
         return True
     if isinstance(event, Replayed):
         rows = {name: counts for name, counts in event.counts.items() if known(name)}

@@ -94,15 +94,9 @@ class Router:
         return spec_type is not None and spec_type in self.override(key).forbid
 
     def route(
-        self,
-        class_key: str | None,
-        turn: Turn | None = None,
-        busy: Busy | None = None,
-        batch: int = 1,
+        self, class_key: str | None, turn: Turn | None = None, busy: Busy | None = None
     ) -> Decision:
-        """The variant for one request of this class, which arrives where ``batch`` requests
-        decode together (a bucket of ``tuner.tuning.pricing.batching``): the policy's
-        variant, or what serves the class in that bucket. A conversation's later ``turn``
+        """The variant for one request of this class. A conversation's later ``turn``
         explores only on the instance that holds its history, and stays there unless
         moving to the class's variant (its pin included) pays for processing it again; a
         turn held on another variant than its class's spends the exploration budget.
@@ -122,7 +116,7 @@ class Router:
             decision = Decision(override.pin, "pinned", policy_class=key)
         else:
             serves = entry.serves if entry is not None else _fresh(table, key, override)
-            decision, note = self._decide(table, key, entry, override, serves, note, turn, batch)
+            decision, note = self._decide(table, key, entry, override, serves, note, turn)
         if (
             turn is not None
             and decision.variant != turn.held
@@ -157,12 +151,11 @@ class Router:
         serves: Served,
         note: Routed,
         turn: Turn | None,
-        batch: int,
     ) -> tuple[Decision, Routed]:
         """A trial or control request while the budget allows (for a later turn, only one
         its history's instance serves: a setting of the spec type it holds), else the
-        policy's variant in ``batch``, or the opening variant there where the policy runs no
-        speculation only for lack of evidence."""
+        policy's variant, or the opening variant where the policy runs no speculation only
+        for lack of evidence."""
         share = table.config.budget.explore_share
         pending = self._pending
         seen = (entry.seen if entry is not None else 0) + pending.seen.get(key, 0) + 1
@@ -173,7 +166,7 @@ class Router:
             found, note = self._explore(table, key, entry, note, spent, share * seen)
             if found is not None and (turn is None or _in_place(turn, found.variant)):
                 return found, replace(note, explored=True)
-        opening = table.opening_at(batch)
+        opening = table.opening
         opens = (
             entry.opening_ok
             if entry is not None
@@ -183,8 +176,7 @@ class Router:
         )
         if opening is not None and opens and not self.excluded(opening):
             return Decision(opening, "exploit", policy_class=ROOT), note
-        variant = _in_batch(table, key, entry, serves, batch)
-        return Decision(variant, "exploit", policy_class=serves.policy_class), note
+        return Decision(serves.variant, "exploit", policy_class=serves.policy_class), note
 
     def _explore(
         self,
@@ -319,18 +311,6 @@ def _waits(busy: Busy | None, variant: str) -> float:
     """The gate's wait a request for ``variant`` expects: none where nothing decodes that
     a request would wait for, or where ``variant`` is the one decoding."""
     return busy.wait_s if busy is not None and busy.variant != variant else 0.0
-
-
-def _in_batch(
-    table: RouteTable, key: str, entry: ClassRoute | None, serves: Served, batch: int
-) -> str:
-    """The variant ``serves`` runs where ``batch`` decode together: the class's choice
-    there, or for a class the table lacks, its nearest level's where that lends the same
-    policy."""
-    source = entry if entry is not None else _nearest(table, key)
-    if batch <= 1 or source is None or source.serves.variant != serves.variant:
-        return serves.variant
-    return source.serving(batch)
 
 
 def _nearest(table: RouteTable, key: str) -> ClassRoute | None:

@@ -22,7 +22,6 @@ from tuner.tuning.config import Override, TuningConfig
 from tuner.tuning.evidence.classes import ClassState, levels
 from tuner.tuning.policy.guard import Best, Policy, choose, measured_policy, off_reason
 from tuner.tuning.policy.prior import PriorView, rank
-from tuner.tuning.pricing.batching import BATCHES, model_in_batch
 from tuner.tuning.pricing.prices import Pricing
 from tuner.tuning.variants import BASELINE, Variant
 
@@ -105,10 +104,10 @@ class Rules:
             state.policy = self._policy(state)
         return state
 
-    def rank(self, key: str, batch: int = 1) -> PriorView:
-        """The prior's prediction for a class, each of ``batch`` decoding together."""
-        cost = model_in_batch(self.cost, batch)
-        return rank(key, list(self.variants.values()), self.config.prior, cost, self.draft_step)
+    def rank(self, key: str) -> PriorView:
+        return rank(
+            key, list(self.variants.values()), self.config.prior, self.cost, self.draft_step
+        )
 
     def decide_all(self, key: str) -> bool:
         changed = False
@@ -277,33 +276,6 @@ class Rules:
         if root is not None and lendable(ROOT, root):
             return ROOT, root
         return key, own.policy
-
-    def by_batch(self, key: str) -> dict[int, str]:
-        """The variant that serves this class where more requests decode together, for each
-        bucket where it is not its policy's: the policy's class's measured variants priced as
-        each of that many pays a drafted token (``tuner.tuning.pricing.batching``), through
-        the guard, and no speculation where none clears it. Only a policy whose variant is
-        measured there moves: none, a pin and a variant nothing priced yet keep theirs."""
-        policy_class, policy = self.effective_policy(key)
-        state = self.classes.get(policy_class)
-        if state is None or not policy.speculation or policy.override:
-            return {}
-        need, gain = self.config.budget.min_trial_requests, self.config.guard.min_gain
-        out: dict[int, str] = {}
-        for batch in BATCHES[1:]:
-            speedups = self.pricing.measured(state, need, batch)
-            if policy.variant not in speedups:
-                break  # the same arms are priced in every batch
-            allowed = {
-                name
-                for name in speedups
-                if not self.forbidden(key, name) and not self.excluded(name)
-            }
-            best = choose(speedups, min_gain=gain, held=policy.variant, allowed=allowed)
-            chosen = best.chosen or BASELINE.name
-            if chosen != policy.variant:
-                out[batch] = chosen
-        return out
 
     def may_borrow(self, state: ClassState, variant: str) -> bool:
         """Whether a class may be served a parent's speculative ``variant``: only before it

@@ -29,7 +29,6 @@ from tuner.classify.classes import ROOT
 from tuner.logs import get_logger
 from tuner.records import RequestRecord
 from tuner.sessions import Held, PrefixIndex, Prompt, Turn
-from tuner.tuning.pricing.batching import batch_of
 from tuner.tuning.pricing.waiting import Busy
 from tuner.tuning.runtime.engine import Decision, Engine
 from tuner.tuning.runtime.policy_file import (
@@ -98,7 +97,6 @@ class TuningService:
         unavailable: Callable[[str], bool] = lambda _: False,
         instances: Mapping[str, str] | None = None,
         busy: Callable[[], tuple[str, float] | None] | None = None,
-        batches: bool = True,
         fleet: Fleet | None = None,
         sync_s: float = 2.0,
         stop_s: float = 15.0,
@@ -127,7 +125,6 @@ class TuningService:
         # the CPU gate's variant decoding now and how long waits for another have lasted
         # (None: no gate a request may join a variant at)
         self.busy = busy
-        self.batches = batches  # instances decode concurrent requests together
         self.engine = engine = build(
             io=self._submit, on_change=lambda _: self._mark_dirty(), excluded=self.quarantine.blocks
         )
@@ -140,11 +137,9 @@ class TuningService:
 
     # -- request path -----------------------------------------------------------------
 
-    def route(self, class_key: str | None, prompt: Prompt | None = None, active: int = 1) -> Routed:
+    def route(self, class_key: str | None, prompt: Prompt | None = None) -> Routed:
         """What to send one request of this class; with its ``prompt``, a conversation's
-        later turn goes where its history is cached unless moving pays; ``active``: the
-        generation requests in flight, itself included (they decode together where
-        instances batch)."""
+        later turn goes where its history is cached unless moving pays."""
         sessions = self.sessions
         turn: Turn | None = None
         if sessions is not None and prompt is not None:
@@ -152,10 +147,7 @@ class TuningService:
             if held is not None and held.continuing:
                 turn = self._turn(held, prompt)
         gate = self.busy() if self.busy is not None else None
-        batch = batch_of(active) if self.batches else 1
-        decision = self.tuner.route(
-            class_key, turn, Busy(*gate) if gate is not None else None, batch
-        )
+        decision = self.tuner.route(class_key, turn, Busy(*gate) if gate is not None else None)
         if self._blocked(decision.variant):
             # a pin, a choice not re-decided yet, or an instance being reloaded
             instead = self._stand_in(class_key, decision.variant)

@@ -146,15 +146,11 @@ class SingleVariant:
     # -- request path ---------------------------------------------------------------
 
     def route(
-        self,
-        class_key: str | None,
-        turn: Turn | None = None,
-        busy: Busy | None = None,
-        batch: int = 1,
+        self, class_key: str | None, turn: Turn | None = None, busy: Busy | None = None
     ) -> Decision:
-        """The window's or the active variant for one request (``turn``, ``busy`` and
-        ``batch`` are not used: there is one instance, which holds every conversation there
-        is and decodes every request, and one variant at a time)."""
+        """The window's or the active variant for one request (``turn`` and ``busy`` are
+        not used: there is one instance, which holds every conversation there is and
+        decodes every request)."""
         key = class_key or ROOT
         config = self.engine.config
         with self._lock:

@@ -49,12 +49,6 @@ class ClassRoute:
     prefill: float  # prompt tok/s
     answer: float | None  # the mean answer of its nearest level, in tokens
     speeds: Mapping[str, float] = field(default_factory=dict)
-    # where more requests decode together, the variant that serves instead (``Rules.by_batch``)
-    by_batch: Mapping[int, str] = field(default_factory=dict)
-
-    def serving(self, batch: int) -> str:
-        """The variant the class's policy serves where ``batch`` decode together."""
-        return self.by_batch.get(batch, self.serves.variant)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,12 +63,7 @@ class RouteTable:
     spent_all: float = 0.0
     anchors: int = 0  # plain requests routed, or observed in the root class
     opening: str | None = None
-    # where more requests decode together, the opening there (None: none) where it differs
-    openings: Mapping[int, str | None] = field(default_factory=dict)
     searching: bool = False  # trials are asked of a study
-
-    def opening_at(self, batch: int) -> str | None:
-        return self.openings.get(batch, self.opening) if batch > 1 else self.opening
 
 
 def table_of(
@@ -82,7 +71,6 @@ def table_of(
     pricing: Pricing,
     *,
     opening: str | None = None,
-    openings: Mapping[int, str | None] | None = None,
     applied: int = 0,
     anchors: int = 0,
     searching: bool = False,
@@ -133,18 +121,10 @@ def table_of(
                 prefill=pricing.prefill_speed(plain) if plain is not None else 0.0,
                 answer=pricing.mean_answer(key),
                 speeds=speeds,
-                by_batch=rules.by_batch(key),
             )
         else:
             prices = _Prices(
-                old.opening_ok,
-                old.trial_cost,
-                old.plain,
-                old.prefill,
-                old.answer,
-                old.speeds,
-                # computed for the variant the class served then
-                old.by_batch if old.serves.variant == policy.variant else rules.by_batch(key),
+                old.opening_ok, old.trial_cost, old.plain, old.prefill, old.answer, old.speeds
             )
         classes[key] = ClassRoute(
             seen=state.seen,
@@ -165,7 +145,6 @@ def table_of(
             prefill=prices.prefill,
             answer=prices.answer,
             speeds=prices.speeds,
-            by_batch=prices.by_batch,
         )
     return RouteTable(
         config=config,
@@ -176,7 +155,6 @@ def table_of(
         spent_all=sum(s.spent for s in rules.classes.values()),
         anchors=anchors,
         opening=opening,
-        openings=dict(openings or {}),
         searching=searching,
     )
 
@@ -214,7 +192,6 @@ class _Prices:
     prefill: float
     answer: float | None
     speeds: Mapping[str, float]
-    by_batch: Mapping[int, str]
 
 
 def _trial(state: ClassState) -> tuple[str, int] | None:

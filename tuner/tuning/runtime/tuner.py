@@ -25,15 +25,10 @@ class Tuner(Protocol):
     def per_class(self) -> bool: ...
 
     def route(
-        self,
-        class_key: str | None,
-        turn: Turn | None = None,
-        busy: Busy | None = None,
-        batch: int = 1,
+        self, class_key: str | None, turn: Turn | None = None, busy: Busy | None = None
     ) -> Decision:
         """The variant for one request (the request path: reads state, never waits);
-        ``turn``: a conversation's later turn; ``busy``: the CPU gate, where one is;
-        ``batch``: the bucket of requests decoding together it arrives in."""
+        ``turn``: a conversation's later turn; ``busy``: the CPU gate, where one is."""
         ...
 
     def observe(self, record: RequestRecord) -> None:
