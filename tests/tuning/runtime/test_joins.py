@@ -3,15 +3,17 @@ variant saves over the answer beats the wait (``Router.route``, role ``joined``)
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
-from tests.tuning.runtime.test_turns import _learned
-from tests.tuning.sim import CODE, PROSE, SimUpstream, config, truth
-from tuner.sessions import Turn
+from tests.tuning.runtime.test_turns import _chat, _learned
+from tests.tuning.sim import CODE, HELP, PROSE, SimUpstream, config, make, truth
+from tuner.sessions import Turn, prompt_of
 from tuner.tuning.config import Override
 from tuner.tuning.pricing.waiting import Busy
 from tuner.tuning.runtime.engine import Engine
-from tuner.upstream.capabilities import Capabilities
+from tuner.tuning.runtime.service import TuningService
+from tuner.upstream.capabilities import Capabilities, parse_capabilities
 
 
 def _exploiting(tmp_path: Path, caps: Capabilities) -> Engine:
@@ -99,3 +101,53 @@ def test_nothing_joins_a_variant_its_class_may_not_run(tmp_path: Path, caps: Cap
     engine.reconfigure(forbid)
     assert engine.route(CODE, busy=Busy("none", 30.0)).variant == best
     assert engine.route(CODE, busy=Busy("gone.variant", 30.0)).variant == best
+
+
+def test_a_request_that_may_open_a_conversation_joins_the_variant_decoding_however_short_the_wait(
+    tmp_path: Path, caps: Capabilities
+) -> None:
+    """A conversation stays where its first turn goes: waiting for code's variant while the
+    gate runs none would make each of its turns wait while the load lasts, so its first
+    turn joins none even where the waits so far were short; not a variant its class
+    measured slower than none: there it waits for its own."""
+    engine = _exploiting(tmp_path, caps)
+    best = engine.effective_policy(CODE)[1].variant
+    short = Busy("none", 0.01)
+    assert engine.route(CODE, busy=short).variant == best  # one request: the wait is priced
+    opened = engine.route(CODE, busy=short, opens=True)
+    assert (opened.variant, opened.role) == ("none", "joined")
+    slow = next(n for n, s in engine.router.table.classes[PROSE].speeds.items() if s < 1.0)
+    assert engine.route(PROSE, busy=Busy(slow, 0.01), opens=True).variant == "none"
+    same = engine.route(CODE, busy=Busy(best, 0.01), opens=True)
+    assert (same.variant, same.role) == (best, "exploit")  # it is the one decoding
+
+
+def test_first_turns_at_once_on_a_fresh_state_join_the_variant_decoding(
+    tmp_path: Path, caps: Capabilities
+) -> None:
+    """Four clients' first turns at once, before anything is measured: the first is the plain
+    anchor and decodes; the others join it rather than each open a session on the prior's
+    best and wait for it (on one CPU the four decode together)."""
+    engine = make(tmp_path, config(), caps)
+    first = engine.route(CODE, opens=True)
+    assert first.variant == "none"
+    busy = Busy(first.variant, 0.0)
+    rest = [engine.route(key, busy=busy, opens=True) for key in (CODE, PROSE, CODE)]
+    assert [(d.variant, d.role) for d in rest] == [("none", "joined")] * 3
+
+
+def test_the_service_says_which_requests_may_open_a_conversation(tmp_path: Path) -> None:
+    """With a busy gate, a new conversation's first turn joins the variant decoding; a
+    request without a prompt is not one, and waits for the opening variant there."""
+    caps = parse_capabilities(HELP.read_text())
+    service = TuningService(
+        partial(make, tmp_path, config(explore_share=0.0), caps),
+        tmp_path,
+        {"model_key": "m"},
+        busy=lambda: ("none", 0.01),
+    )
+    first = prompt_of(_chat("Rename x in this code:\n" + "x = x + 1\n" * 60))
+    routed = service.route(CODE, first)
+    assert (routed.variant, routed.role, routed.session) == ("none", "joined", "new")
+    plain = service.route(CODE)  # no prompt: one request, nothing measured to price a wait
+    assert plain.role == "exploit" and plain.variant != "none"

@@ -153,10 +153,15 @@ class Engine:
     # -- the request path (``routing``: reads the published table, no lock) -----------
 
     def route(
-        self, class_key: str | None, turn: Turn | None = None, busy: Busy | None = None
+        self,
+        class_key: str | None,
+        turn: Turn | None = None,
+        busy: Busy | None = None,
+        *,
+        opens: bool = False,
     ) -> Decision:
         """The variant for one request of this class (``Router.route``)."""
-        return self.router.route(class_key, turn, busy)
+        return self.router.route(class_key, turn, busy, opens=opens)
 
     def _notify(self) -> None:
         self.io(self.drain)

@@ -94,7 +94,12 @@ class Router:
         return spec_type is not None and spec_type in self.override(key).forbid
 
     def route(
-        self, class_key: str | None, turn: Turn | None = None, busy: Busy | None = None
+        self,
+        class_key: str | None,
+        turn: Turn | None = None,
+        busy: Busy | None = None,
+        *,
+        opens: bool = False,
     ) -> Decision:
         """The variant for one request of this class. A conversation's later ``turn``
         explores only on the instance that holds its history, and stays there unless
@@ -103,7 +108,10 @@ class Router:
         Where the CPU gate is ``busy`` with another variant, a request the policy serves
         joins that variant unless what its own saves, with what processing a turn's history
         again there would cost, beats the wait (role ``joined``); a turn's stay prices that
-        wait too."""
+        wait too. A request that ``opens`` a conversation joins however short the wait so
+        far, unless that variant measured slower than no speculation in its class: the
+        conversation stays where its first turn goes, so each of its turns would wait for
+        the other variant while the load lasts, and joining now costs it no history."""
         key = class_key or ROOT
         table = self.table
         pending = self._pending
@@ -130,7 +138,7 @@ class Router:
             busy is not None
             and decision.role == "exploit"
             and decision.variant != busy.variant
-            and self._joins(table, key, entry, decision, turn, busy)
+            and self._joins(table, key, entry, decision, turn, busy, opens)
         ):
             decision = Decision(busy.variant, "joined", policy_class=decision.policy_class)
         if decision.variant == BASELINE.name and decision.role != "pinned":
@@ -252,15 +260,19 @@ class Router:
         wanted: Decision,
         turn: Turn | None,
         busy: Busy,
+        opens: bool,
     ) -> bool:
         """Whether a request joins the variant decoding now rather than wait at the gate
         for ``wanted``: where that variant may serve its class and the wait is longer than
         what the class's measured speedups save plus what processing a later ``turn``'s
-        history again there costs."""
+        history again there costs; one that ``opens`` a conversation, unless the class
+        measured that variant slower than no speculation."""
         variant = busy.variant
         if not self._may_run(table, key, variant):
             return False
         found = entry if entry is not None else _nearest(table, key)
+        if opens:
+            return found is None or found.speeds.get(variant, 1.0) >= 1.0
         if found is None or found.plain is None:
             return False  # nothing measured yet to weigh the wait against
         extra = turn.extra(variant) - turn.extra(wanted.variant) if turn is not None else 0.0

@@ -147,7 +147,11 @@ class TuningService:
             if held is not None and held.continuing:
                 turn = self._turn(held, prompt)
         gate = self.busy() if self.busy is not None else None
-        decision = self.tuner.route(class_key, turn, Busy(*gate) if gate is not None else None)
+        # no history held anywhere: it may open a conversation, which stays where it goes
+        opens = sessions is not None and prompt is not None and turn is None
+        decision = self.tuner.route(
+            class_key, turn, Busy(*gate) if gate is not None else None, opens=opens
+        )
         if self._blocked(decision.variant):
             # a pin, a choice not re-decided yet, or an instance being reloaded
             instead = self._stand_in(class_key, decision.variant)

@@ -146,11 +146,16 @@ class SingleVariant:
     # -- request path ---------------------------------------------------------------
 
     def route(
-        self, class_key: str | None, turn: Turn | None = None, busy: Busy | None = None
+        self,
+        class_key: str | None,
+        turn: Turn | None = None,
+        busy: Busy | None = None,
+        *,
+        opens: bool = False,
     ) -> Decision:
-        """The window's or the active variant for one request (``turn`` and ``busy`` are
-        not used: there is one instance, which holds every conversation there is and
-        decodes every request)."""
+        """The window's or the active variant for one request (``turn``, ``busy`` and
+        ``opens`` are not used: there is one instance, which holds every conversation there
+        is and decodes every request)."""
         key = class_key or ROOT
         config = self.engine.config
         with self._lock:

@@ -25,10 +25,16 @@ class Tuner(Protocol):
     def per_class(self) -> bool: ...
 
     def route(
-        self, class_key: str | None, turn: Turn | None = None, busy: Busy | None = None
+        self,
+        class_key: str | None,
+        turn: Turn | None = None,
+        busy: Busy | None = None,
+        *,
+        opens: bool = False,
     ) -> Decision:
         """The variant for one request (the request path: reads state, never waits);
-        ``turn``: a conversation's later turn; ``busy``: the CPU gate, where one is."""
+        ``turn``: a conversation's later turn; ``busy``: the CPU gate, where one is;
+        ``opens``: it may open a conversation (no history held anywhere)."""
         ...
 
     def observe(self, record: RequestRecord) -> None:
