@@ -87,13 +87,13 @@ def test_never_two_variants_at_once_and_everyone_is_served(plan: list[str], seed
 
 
 async def test_busy_names_the_variant_to_join_and_the_waits_so_far() -> None:
-    """Nothing to weigh until a request has waited; then the variant decoding (while no
-    other waits) and a moving mean of the waits."""
+    """The variant decoding while no other waits, and a moving mean of the waits (0 before
+    any: a request that opens a conversation may join already)."""
     now = [0.0]
     gate = VariantGate(clock=lambda: now[0])
     assert gate.busy() is None
     await gate.acquire("a")
-    assert gate.busy() is None  # a request for b would wait, but no wait is measured yet
+    assert gate.busy() == ("a", 0.0)  # a request for b would wait; none has yet
     b = asyncio.create_task(gate.acquire("b"))
     await asyncio.sleep(0)
     assert gate.busy() is None  # b waits: a request for a would queue behind it too

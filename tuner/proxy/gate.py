@@ -37,9 +37,11 @@ class VariantGate:
 
     def busy(self) -> tuple[str, float] | None:
         """The variant a request joins now without waiting, while one for another variant
-        would wait, and how long such waits have lasted; None where no request would wait
-        or none has waited yet (nothing measured to weigh)."""
-        if self.active is None or self._waiting or not self.waits:
+        would wait, and how long such waits have lasted (0 before any has: a request may
+        still join, where the variant decoding is no slower than its own, or where it opens
+        a conversation); None where no request would wait, or where others already wait
+        (a request of the variant decoding queues behind them)."""
+        if self.active is None or self._waiting:
             return None
         return self.active, self.mean_wait_s
 
