@@ -19,7 +19,6 @@ from tuner.engines.choice import LOADED_CLIENTS, choose
 from tuner.engines.measure import measure_engines
 from tuner.settings import Settings
 from tuner.upstream.launch import Prepared
-from tuner.upstream.pool import INSTANCE_FLAGS
 from tuner.workload import WorkloadItem
 
 
@@ -38,9 +37,6 @@ async def _complete(server: _Server, prompt: str, n: int) -> dict[str, float]:
     return {"prompt_n": 4, "prompt_ms": 1.0, "predicted_n": n, "predicted_ms": timed}
 
 
-LAUNCHED: dict[str, list[str]] = {}
-
-
 @pytest.fixture
 def servers(monkeypatch: pytest.MonkeyPatch) -> None:
     # ik_llama.cpp faster at one client, its one slot taking four in turn
@@ -48,7 +44,6 @@ def servers(monkeypatch: pytest.MonkeyPatch) -> None:
 
     @contextlib.asynccontextmanager
     async def server(binary: Path, *args: Any) -> AsyncIterator[_Server]:
-        LAUNCHED[binary.parent.name] = list(args[3])  # the flags beside the settings'
         yield _Server(*kinds[binary.parent.name])
 
     monkeypatch.setattr(measure, "temporary_server", server)
@@ -66,9 +61,6 @@ async def test_one_slot_is_measured_as_one_slot_when_clients_come_at_once(
     assert ik.tok_s and main.tok_s and ik.tok_s > 1.2 * main.tok_s  # by the servers' timings
     assert main.loaded_tok_s and ik.loaded_tok_s
     assert main.loaded_tok_s > 2 * ik.loaded_tok_s  # four slots against one, in turn
-    # the engine without a router is launched as the daemon's pool launches it
-    assert " ".join(INSTANCE_FLAGS) in " ".join(LAUNCHED["ik_llama.cpp"])
-    assert "--threads-http" not in LAUNCHED["llama.cpp"]
     engine, why = choose(results, None)
     assert engine == "ik_llama.cpp"
     assert f"with {LOADED_CLIENTS} clients at once llama.cpp is faster" in why

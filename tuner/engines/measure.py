@@ -27,7 +27,6 @@ from tuner.settings import Settings
 from tuner.tuning.variants import BASELINE, Variant, parse_name
 from tuner.upstream.client import UpstreamClient
 from tuner.upstream.launch import Prepared
-from tuner.upstream.pool import INSTANCE_FLAGS
 from tuner.upstream.sources import ENGINES
 from tuner.workload import DEFAULT_WORKLOAD, WorkloadItem, load_workload
 
@@ -116,8 +115,6 @@ async def _measure_setting(
             caps = engine.prepared.capabilities
             try:
                 flags = variant.flags(caps) if variant.speculative else []
-                if not caps.router:  # launched as the daemon's pool launches its instances
-                    flags += INSTANCE_FLAGS
                 client = await stack.enter_async_context(
                     temporary_server(
                         engine.prepared.binary,

@@ -17,8 +17,10 @@ from tuner.upstream.provision import (
 )
 
 __all__ = [
+    "HTTP_THREADS",
     "Prepared",
     "default_model_path",
+    "http_flags",
     "instance_argv",
     "prepare",
     "resolve_model",
@@ -60,6 +62,16 @@ def resolve_model(settings: Settings) -> tuple[Path, Path | None]:
     return target, draft
 
 
+# Every server answers HTTP on this many threads, so a busy one still answers a probe at
+# once: a router's own pool (10 threads on two cores) left a probe unanswered for 30 s
+# behind four streaming answers in 3 of 8 tries, and ik_llama.cpp's is fixed at slots + 2.
+HTTP_THREADS = 16
+
+
+def http_flags(caps: Capabilities) -> list[str]:
+    return ["--threads-http", str(HTTP_THREADS)] if caps.has_flag("--threads-http") else []
+
+
 def model_alias(settings: Settings, model: Path) -> str:
     return settings.model_alias or model.stem
 
@@ -91,6 +103,7 @@ def server_argv(
         argv.append("--metrics")
     if caps.has_flag("--no-webui"):
         argv.append("--no-webui")
+    argv += http_flags(caps)
     if caps.engine == "ik_llama.cpp" and caps.has_flag("--no-context-shift"):
         # mainline's default: a prompt longer than the context is refused, not cut
         argv.append("--no-context-shift")
@@ -128,7 +141,7 @@ def router_argv(
     ]
     if caps.has_flag("--no-webui"):
         argv.append("--no-webui")
-    return argv
+    return argv + http_flags(caps)
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,9 +28,10 @@ from pathlib import Path
 import httpx
 
 from tuner.logs import get_logger
+from tuner.upstream.launch import HTTP_THREADS
 from tuner.upstream.process import die_with_parent, free_port, signal_group
 
-__all__ = ["INSTANCE_FLAGS", "POOL_URL", "AnyInstance", "Member", "Pool"]
+__all__ = ["POOL_URL", "AnyInstance", "Member", "Pool"]
 
 log = get_logger(__name__)
 
@@ -42,15 +43,11 @@ HEALTH_POLL_S = 0.1
 # the connection broke before any byte of an answer came back
 _UNANSWERED = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 STOP_GRACE_S = 5.0
-# Each instance answers HTTP on this many threads (ik_llama.cpp's pool of them is fixed, at
-# its slots + 2 by default) and the pool lets two fewer of its requests in at once (the rest
-# wait here), so a probe of a busy instance always finds a thread: one that does not answer
-# is stuck, not busy.
-HTTP_THREADS = 16
+# The pool lets two fewer requests into an instance at once than it has HTTP threads (the
+# rest wait here), so a probe of a busy instance always finds a thread: one that does not
+# answer is stuck, not busy. (With ik_llama.cpp's default of slots + 2 threads, four clients
+# at once on its one slot ran 0.6x of one after another: benchmarks/concurrent_clients.py.)
 ADMITTED = HTTP_THREADS - 2
-# ... and with ik_llama.cpp's default of slots + 2, four clients at once on its one slot
-# ran 0.6x of one after another (benchmarks/concurrent_clients.py; with 16, 1.0x)
-INSTANCE_FLAGS = ("--threads-http", str(HTTP_THREADS))
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,7 +322,7 @@ class Pool(httpx.AsyncBaseTransport):
 
     async def _launch(self, instance: _Instance) -> None:
         instance.port = free_port()
-        argv = [*self.argv(instance.key, instance.port), *INSTANCE_FLAGS]
+        argv = self.argv(instance.key, instance.port)
         log_path = self.log_dir / f"instance-{instance.index}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with log_path.open("ab") as sink:
