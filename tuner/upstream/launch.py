@@ -63,8 +63,8 @@ def resolve_model(settings: Settings) -> tuple[Path, Path | None]:
 
 
 # Every server answers HTTP on this many threads, so a busy one still answers a probe at
-# once: a router's own pool (10 threads on two cores) left a probe unanswered for 30 s
-# behind four streaming answers in 3 of 8 tries, and ik_llama.cpp's is fixed at slots + 2.
+# once: on its default pool the router left a probe unanswered behind four streaming answers
+# in 6 of 20 tries (none of 18 with 16), and ik_llama.cpp's is fixed at slots + 2.
 HTTP_THREADS = 16
 
 

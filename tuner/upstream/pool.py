@@ -46,7 +46,8 @@ STOP_GRACE_S = 5.0
 # The pool lets two fewer requests into an instance at once than it has HTTP threads (the
 # rest wait here), so a probe of a busy instance always finds a thread: one that does not
 # answer is stuck, not busy. (With ik_llama.cpp's default of slots + 2 threads, four clients
-# at once on its one slot ran 0.6x of one after another: benchmarks/concurrent_clients.py.)
+# at once on its one slot ran 0.6x of one after another, with 16 1.0x:
+# benchmarks/concurrent_clients.py.)
 ADMITTED = HTTP_THREADS - 2
 
 
