@@ -37,6 +37,21 @@ def _servers(running: RunningDaemon) -> list[psutil.Process]:
     return [c for c in children if "llama-server" in c.name()]
 
 
+def _events(running: RunningDaemon) -> str:
+    """The daemon's log without its request lines, and its requests that failed: what a
+    failure of this test is explained by."""
+    kept = []
+    for line in running.log.read_text().splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            kept.append(line)
+            continue
+        if event.get("event") != "request" or event.get("status") != 200:
+            kept.append(line)
+    return "\n".join(kept)[-6000:]
+
+
 def test_sighup_swaps_the_engine_without_a_failed_request(tmp_path: Path) -> None:
     tuning = tmp_path / "tuning.toml"
     tuning.write_text(SPACE)
@@ -58,15 +73,19 @@ def test_sighup_swaps_the_engine_without_a_failed_request(tmp_path: Path) -> Non
             assert _engine(running) == "ik_llama.cpp", running.log.read_text()[-3000:]
             switched = sum(clients.done.values())
             time.sleep(5)  # served on the new engine for a while
-        assert clients.failures == []
+        assert clients.failures == [], _events(running)
         assert sum(clients.done.values()) > switched and min(clients.done.values()) > 0
-        log = running.log.read_text()
-        assert "topology_replaced" in log and "topology_retired" in log
-        # the old engine's server is gone: the only llama-server left is a new process
+        # the old engine drains (its last answers may take a while on a loaded machine) and
+        # is gone: the only llama-server left is a new process
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and {p.pid for p in _servers(running)} & before:
+        while time.monotonic() < deadline and (
+            {p.pid for p in _servers(running)} & before
+            or "topology_retired" not in running.log.read_text()
+        ):
             time.sleep(0.5)
         assert _servers(running) and not {p.pid for p in _servers(running)} & before
+        assert "topology_replaced" in running.log.read_text(), _events(running)
+        assert "topology_retired" in running.log.read_text(), _events(running)
     finally:
         assert running.stop() == 0
     records = sorted(read_records(state / "records"), key=lambda r: r.ts)

@@ -273,6 +273,26 @@ async def test_the_warm_instance_is_started_again_by_the_readiness_poll(pool: Po
         assert set(statuses) == {200}, statuses
 
 
+async def test_while_an_instance_is_being_stopped_a_request_waits_for_it_to_start_again(
+    pool: Pool,
+) -> None:
+    """Between the kill of an instance (a stall's unload, a death on a request) and its
+    reaping, the pool stays ready and a request for it is answered by it started anew,
+    not refused: a single readiness poll in that instant answered 503, and the daemon
+    then refused every request with "the model server is not ready" until the next one."""
+    async with client_of(pool) as client:
+        for model in ("none", "mod.max16"):
+            pid = (await ask(pool, model, prompt="x")).json()["pid"]
+            unload = asyncio.ensure_future(client.post("/models/unload", json={"model": model}))
+            await asyncio.sleep(0)  # the kill is sent; the process is not reaped yet
+            health = await client.get("/health")
+            again = await ask(pool, model, prompt="x")
+            assert (await unload).status_code == 200
+            assert health.status_code == 200, (model, health.text)
+            assert again.status_code == 200, (model, again.text)
+            assert again.json()["pid"] != pid and not alive(pid)
+
+
 async def test_a_probe_never_starts_an_instance_and_one_loading_is_alive(pool: Pool) -> None:
     """The stall probe (``autoload=false``) of an instance not running is answered at once,
     as a router answers for one loading: alive, and not started by the probe."""

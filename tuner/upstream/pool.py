@@ -285,6 +285,11 @@ class Pool(httpx.AsyncBaseTransport):
         async with self._lock:
             if self._stopping:
                 raise RuntimeError("the daemon is stopping")
+            if instance.running and not instance.ready.is_set() and not instance.launching:
+                # being stopped (a stall, a death on a request) or dead and not yet reaped:
+                # started again once it is gone, so that a request waits instead of failing
+                assert instance.process is not None
+                await instance.process.wait()
             if not instance.running and not instance.launching:
                 instance.making_room = True
                 try:
