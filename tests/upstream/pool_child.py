@@ -4,7 +4,8 @@ it in the middle.
 
 Usage: pool_child.py FLAG... --port PORT   (``--fail`` among the flags: exit at once;
 ``--slow``: take a second and a half to start, as a model loads; ``--slow-stop``: a second
-to stop)
+to stop; ``--drop-first``: close the first POST's connection without an answer, then take
+a second and a half to answer ``/health``, as a live server on a loaded machine)
 The real engine's pool is exercised in tests/integration/test_pool_real.py.
 """
 
@@ -17,16 +18,24 @@ import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+DROPPED: list[bool] = []  # ``--drop-first``: the first POST was dropped
+
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def do_GET(self) -> None:
+        if DROPPED:
+            time.sleep(1.5)
         self._json({"status": "ok", "path": self.path, "pid": os.getpid()})
 
     def do_POST(self) -> None:
         length = int(self.headers.get("content-length") or 0)
         body = json.loads(self.rfile.read(length) or b"{}")
+        if "--drop-first" in sys.argv and not DROPPED:
+            DROPPED.append(True)
+            self.close_connection = True
+            return
         if body.get("stream"):
             self._stream()
             return

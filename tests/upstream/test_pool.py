@@ -217,6 +217,23 @@ async def test_an_instance_that_dies_on_a_request_answers_it_with_a_502(pool: Po
     assert (await ask(pool, "mod.max16", prompt="x")).status_code == 200
 
 
+async def test_a_live_instance_slow_to_answer_its_health_is_sent_the_request_again(
+    tmp_path: Path,
+) -> None:
+    """A connection closed before any byte of the answer, by an instance that is alive but
+    slow (a second and a half for ``/health``, as on a loaded machine): the request is sent
+    again and answered, and the instance is not killed for dead."""
+    members = [Member("none", ("--none",)), Member("drops", ("--drop-first",))]
+    pool = Pool(members, argv, capacity=2, log_dir=tmp_path, startup_timeout_s=20)
+    await pool.start()
+    try:
+        answer = await ask(pool, "drops", prompt="x")
+        assert answer.status_code == 200, answer.text
+        assert alive(answer.json()["pid"])
+    finally:
+        await pool.stop()
+
+
 async def test_an_instance_killed_mid_stream_cuts_the_stream_with_an_error(pool: Pool) -> None:
     async with client_of(pool) as client:
         request = {"model": "mod.max16", "stream": True}

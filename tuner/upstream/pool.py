@@ -43,6 +43,10 @@ HEALTH_POLL_S = 0.1
 # the connection broke before any byte of an answer came back
 _UNANSWERED = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 STOP_GRACE_S = 5.0
+# how long a live instance may take to answer /health before it is taken for dead (and
+# killed): on two cores busy with two answers and two other processes, ik_llama.cpp took over
+# 1 s in 12 of 120 tries (at most 1.8 s); a dead one refuses the connection at once
+ANSWERS_S = 5.0
 # The pool lets two fewer requests into an instance at once than it has HTTP threads (the
 # rest wait here), so a probe of a busy instance always finds a thread: one that does not
 # answer is stuck, not busy. (With ik_llama.cpp's default of slots + 2 threads, four clients
@@ -230,7 +234,7 @@ class Pool(httpx.AsyncBaseTransport):
     async def _answers(self, instance: _Instance) -> bool:
         if not instance.running:
             return False
-        async with httpx.AsyncClient(base_url=instance.url, timeout=1.0) as client:
+        async with httpx.AsyncClient(base_url=instance.url, timeout=ANSWERS_S) as client:
             try:
                 return (await client.get("/health")).status_code == 200
             except httpx.HTTPError:
