@@ -44,8 +44,7 @@ HEALTH_POLL_S = 0.1
 _UNANSWERED = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 STOP_GRACE_S = 5.0
 # how long a live instance may take to answer /health before it is taken for dead (and
-# killed): on two cores busy with two answers and two other processes, ik_llama.cpp took over
-# 1 s in 12 of 120 tries (at most 1.8 s); a dead one refuses the connection at once
+# killed): a loaded one takes over a second (docs/decisions.md); a dead one refuses at once
 ANSWERS_S = 5.0
 # The pool lets two fewer requests into an instance at once than it has HTTP threads (the
 # rest wait here), so a probe of a busy instance always finds a thread: one that does not
