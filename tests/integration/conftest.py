@@ -159,6 +159,16 @@ class Clients:
         for thread in self.threads:
             thread.join(180)
 
+    def answered_more(self, more: int, within_s: float = 120) -> bool:
+        """Wait until ``more`` answers beyond those so far have come (at most ``within_s``):
+        after a switch, the ones in flight end where they began, the later ones begin on the
+        new server. Whether they came."""
+        wanted = sum(self.done.values()) + more
+        deadline = time.monotonic() + within_s
+        while sum(self.done.values()) < wanted and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return sum(self.done.values()) >= wanted
+
     def _loop(self, stream: bool) -> None:
         while not self.stop.is_set():
             try:
