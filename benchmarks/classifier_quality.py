@@ -1,7 +1,10 @@
 """Classifier quality on the project's labeled prompt sets: confusion matrices as markdown.
 
 tests/classify/labeled.jsonl is the set the rules were written against; heldout.jsonl was
-written after they were frozen and measured once. Both were written by this project.
+written after they were frozen and measured once; short.jsonl holds short completion prompts
+(signatures, imports, fill-in-the-middle prefixes, and short prose beside them), written
+before the rule for short code and measured before and after it. All were written by this
+project.
 Usage: python benchmarks/classifier_quality.py
 """
 
@@ -54,3 +57,4 @@ def report(name: str) -> str:
 if __name__ == "__main__":
     print(report("labeled.jsonl"))
     print(report("heldout.jsonl"))
+    print(report("short.jsonl"))

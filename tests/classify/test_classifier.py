@@ -47,6 +47,19 @@ def test_accuracy_on_the_held_out_set() -> None:
     assert types >= 0.75 and echoes >= 0.90
 
 
+def test_short_code_prompts_are_code_and_short_prose_is_not() -> None:
+    """What editors and the README send: a signature, an import, a FIM prefix (before the
+    rule for them, 9 of 30 were code). The short prompts that are not code stay off it."""
+    rows = labeled("short.jsonl")
+    code = [r for r in rows if r["expected_type"] == "code"]
+    types, echoes = accuracy(code)
+    assert types == 1.0 and echoes == 1.0
+    others = [classify(r, DEFS).features.content_type for r in rows if r not in code]
+    assert "code" not in others
+    readme = classify({"prompt": "def fibonacci(n):", "max_tokens": 64}, DEFS)
+    assert readme.key == "code/fresh/sampled"
+
+
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=30),
     lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
@@ -256,3 +269,11 @@ def test_gated_marker_counts_equal_plain_counts(text: str) -> None:
         assert counted.get(name, 0) == plain
     plain_math = sum(scan.lower.count(m) for m in lx.MATH_PHRASES)
     assert scan.marks(lx.MATH_PHRASE_MARKS).get("math", 0) == plain_math
+
+
+def test_a_fill_in_the_middle_request_is_code_that_echoes() -> None:
+    """Whatever its text: the middle copies names and shapes from around it."""
+    body = {"input_prefix": "Dear Anna,\n", "input_suffix": "\nBest, Tom", "temperature": 0}
+    found = classify(body, DEFS)
+    assert found.key == "code/echo/greedy"
+    assert found.features.length_tokens > 0  # the prefix and suffix are its text

@@ -1,21 +1,23 @@
 """Class definitions (data in ``tuner/data/classes.toml``) and the class of a request. Pure.
 
 ``classify(body, definitions)`` returns the class key (``code/echo/greedy``) and
-the features it came from. ``parents`` gives the chain of levels a class's evidence
-counts at, and where a class with too little of its own borrows a policy from.
+the features it came from; a fill-in-the-middle request (``/infill``) is code whose answer
+copies its context, so it is always ``code/echo``. ``parents`` gives the chain of levels a
+class's evidence counts at, and where a class with too little of its own borrows a policy
+from.
 """
 
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tuner.classify.features import Features, extract
-from tuner.classify.prompt import view_of
+from tuner.classify.prompt import is_infill, view_of
 from tuner.errors import ConfigError
 from tuner.logs import get_logger
 
@@ -105,6 +107,8 @@ def classify(body: Any, definitions: ClassDefinitions) -> Classification:
     safe = body if isinstance(body, dict) else {}
     t = definitions.thresholds
     features = extract(view_of(safe), safe, t.greedy_max_temperature)
+    if is_infill(safe):  # code whose answer copies its context: n-gram drafting's best case
+        features = replace(features, content_type="code", echo=max(features.echo, t.echo))
     echo = "echo" if features.echo >= t.echo else "fresh"
     key = f"{definitions.group_of(features.content_type)}/{echo}/{features.sampling}"
     return Classification(key, features)

@@ -313,6 +313,20 @@ def _is_math(scan: _Scan) -> bool:
     return hits >= 2 or (hits >= 1 and digits > 0.05) or digits > 0.3
 
 
+def _short_code(scan: _Scan) -> str | None:
+    """The language of a short prompt one of whose lines opens like code; None if none."""
+    if len(scan.lines) > lx.SHORT_LINES:
+        return None
+    if any(mark in scan.text for mark in lx.FIM_MARKS):
+        return _code_language(scan)[0] or "code"
+    for line in scan.lines:
+        stripped = line.strip()
+        for pattern, language in lx.CODE_OPENERS:
+            if pattern.match(stripped):
+                return language
+    return None
+
+
 def _content_type(view: PromptView, scan: _Scan, asks: _Asks) -> tuple[str, str | None]:
     code, code_strength = _code_language(scan)
     data, data_lines = _data_format(scan)
@@ -321,6 +335,8 @@ def _content_type(view: PromptView, scan: _Scan, asks: _Asks) -> tuple[str, str 
         return "data", data
     if code and code_strength >= 2:
         return "code", code
+    if not view.chat and (short := _short_code(scan)) is not None:
+        return "code", code or short
     if asks.format:
         return "data", asks.format
     if asks.code:

@@ -363,3 +363,25 @@ def gated(key: str, markers: tuple[str, ...]) -> tuple[tuple[str, str, str], ...
 LANGUAGE_MARKS = tuple(t for name, (_, ms) in LANGUAGES.items() for t in gated(name, ms))
 MATH_PHRASE_MARKS = gated("math", MATH_PHRASES)
 GATES = "".join(sorted({g for _, _, g in (*LANGUAGE_MARKS, *MATH_PHRASE_MARKS) if g}))
+
+# A short completion prompt (a few lines: what an editor sends with a signature, an import
+# or a fill-in-the-middle prefix) is code when one of its lines opens like code. Case
+# matters: prose says "Imports of steel", code "import numpy". (line pattern, language)
+SHORT_LINES = 8
+CODE_OPENERS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(pattern), language)
+    for pattern, language in (
+        (r"(?:async )?def \w+\s*\(|class \w+\s*[:(]|from [\w.]+ import |import \w[\w.]*(?: as \w+)?\s*$|@\w+\s*$|if __name__ ==", "python"),  # noqa: E501
+        (r"def \w+(?:\(|\s*$)|require ['\"]|end\s*$", "ruby"),
+        (r"function\*?\s*\w*\s*\(|(?:export )?(?:const|let|var) \w+\s*=|export (?:default|const|function)|\w+\s*=>", "javascript"),  # noqa: E501
+        (r"interface \w+\s*\{|type \w+\s*=", "typescript"),
+        (r"func (?:\(\w+ \*?\w+\) )?\w+\s*\(|package \w+\s*$", "go"),
+        (r"(?:pub )?fn \w+|use \w+(?:::\w+)+|impl\b.*\{|(?:pub )?struct \w+\s*\{", "rust"),
+        (r"#include\s*[<\"]|(?:int|void|char|static|template)\b[^;=]*\(.*\)\s*\{|template\s*<", "c"),  # noqa: E501
+        (r"(?:public|private|protected) (?:static |final |abstract )*(?:class|interface|void|\w+(?:<[^>]*>)?\s+\w+\s*\()", "java"),  # noqa: E501
+        (r"#!/", "shell"),
+        (r"<!DOCTYPE html|<html\b|<div\b|<\?php", "html"),
+    )
+)  # fmt: skip
+# fill-in-the-middle markers (Qwen, StarCoder, CodeLlama, CodeGemma): code, whatever is around
+FIM_MARKS = ("<|fim_prefix|>", "<fim_prefix>", "<PRE>", "<|fim_begin|>")

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["PromptView", "view_of"]
+__all__ = ["PromptView", "is_infill", "view_of"]
 
 MAX_CHARS = 256 * 1024  # what we keep of a prompt at most: time and memory stay bounded
 HEAD_CHARS = 4096  # a long prompt keeps its head (the instruction) and its tail
@@ -89,10 +89,32 @@ def _chat_view(messages: list[Any], tools: bool) -> PromptView:
     )
 
 
+def is_infill(body: Any) -> bool:
+    """A fill-in-the-middle request (``/infill``: a prefix and a suffix around the cursor)."""
+    return (
+        isinstance(body, dict)
+        and "messages" not in body
+        and ("input_prefix" in body or "input_suffix" in body)
+    )
+
+
+def _infill_text(body: dict[str, Any]) -> str:
+    """What the model reads of a fill-in-the-middle request: the context files, the prefix,
+    the prompt and the suffix."""
+    extra = body.get("input_extra")
+    chunks = extra if isinstance(extra, list) else []
+    parts = [c.get("text") for c in chunks if isinstance(c, dict)]
+    parts += [body.get(k) for k in ("input_prefix", "prompt", "input_suffix")]
+    return "\n".join(p for p in parts if isinstance(p, str) and p)
+
+
 def view_of(body: Any) -> PromptView:
-    """The prompt of a chat or completion request body (or of a workload line)."""
+    """The prompt of a chat, completion or infill request body (or of a workload line)."""
     if not isinstance(body, dict):
         return PromptView("", "", "", 0, False, chat=False)
+    if is_infill(body):
+        text = _bounded(_infill_text(body))
+        return PromptView(text, text, "", 0, False, chat=False)
     tools = bool(body.get("tools")) or bool(body.get("functions"))
     messages = body.get("messages")
     if isinstance(messages, list):

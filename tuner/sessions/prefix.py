@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from tuner.classify.prompt import is_infill
 from tuner.records import requested_tokens
 
 __all__ = ["BLOCK_CHARS", "MAX_BLOCKS", "Prompt", "prompt_of", "prompt_text"]
@@ -51,6 +52,9 @@ def prompt_text(body: dict[str, Any]) -> str:
         tools = body.get("tools")
         head = json.dumps(tools, sort_keys=True) + "\x1d" if tools else ""
         return head + "".join(_message_text(m) for m in messages)
+    if is_infill(body):  # rendered context files first, then the prefix: what a slot caches
+        extra = json.dumps(body.get("input_extra"), sort_keys=True) if "input_extra" in body else ""
+        return extra + "".join(str(body.get(k) or "") for k in ("input_prefix", "prompt"))
     prompt = body.get("prompt")
     return prompt if isinstance(prompt, str) else json.dumps(prompt)
 
