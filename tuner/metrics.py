@@ -13,6 +13,8 @@ Names follow Prometheus conventions (``_total`` counters, base units in seconds)
     tuner_session_trials_total{class_key}         kept turns that ran a trial in place
     tuner_draft_tokens_total{class_key,variant}
     tuner_draft_accepted_tokens_total{class_key,variant}
+    tuner_requests_abandoned_total{endpoint}      clients that hung up before their answer's end
+    tuner_abandoned_tokens_total{endpoint}        tokens those generated (where the server said)
     tuner_request_duration_seconds{endpoint}      histogram: arrival to last byte
     tuner_proxy_overhead_seconds                  histogram: time added before the upstream send
     tuner_gate_wait_seconds{class_key}            histogram: waiting for another variant (CPU gate)
@@ -38,7 +40,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from tuner.consumers import ConsumersCollector
-from tuner.records import RecordStore, RequestRecord
+from tuner.records import CLIENT_GONE, RecordStore, RequestRecord
 from tuner.upstream.client import UpstreamClient
 
 __all__ = ["Metrics", "RequestMetrics"]
@@ -119,6 +121,19 @@ class RequestMetrics:
             ["class_key"],
             registry=r,
         )
+        self.abandoned = Counter(
+            "tuner_requests_abandoned",
+            "Requests whose client hung up before the answer's end (their generation is "
+            "cancelled upstream)",
+            ["endpoint"],
+            registry=r,
+        )
+        self.abandoned_tokens = Counter(
+            "tuner_abandoned_tokens",
+            "Tokens generated for clients that hung up, where the server reported them",
+            ["endpoint"],
+            registry=r,
+        )
         self.drafted = Counter("tuner_draft_tokens", "Tokens drafted", arm, registry=r)
         self.accepted = Counter(
             "tuner_draft_accepted_tokens", "Drafted tokens accepted", arm, registry=r
@@ -190,6 +205,10 @@ class RequestMetrics:
         if record.batch is not None:
             self.batch.observe(record.batch)
         t = record.timings
+        if record.error is not None and record.error.startswith(CLIENT_GONE):
+            self.abandoned.labels(record.endpoint).inc()
+            if t is not None:
+                self.abandoned_tokens.labels(record.endpoint).inc(t.predicted_n or 0)
         if t is None:
             return
         self.generated.labels(*arm).inc(t.predicted_n or 0)

@@ -26,6 +26,7 @@ from tuner.consumers import Consumer
 from tuner.logs import get_logger
 
 __all__ = [
+    "CLIENT_GONE",
     "RecordSource",
     "RecordStore",
     "RequestRecord",
@@ -35,6 +36,9 @@ __all__ = [
 ]
 
 log = get_logger(__name__)
+
+# a record's error where its client closed the connection before its answer's end
+CLIENT_GONE = "client disconnected"
 
 
 class Timings(BaseModel):

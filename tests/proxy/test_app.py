@@ -429,3 +429,43 @@ async def test_each_routed_request_records_its_variants_batch(
     assert backend.running == {}
     waited = [r.wait_ms for r in records if r.variant == "none"]
     assert (waited[0] is not None and waited[0] > 0) if gated else waited == [None]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_n_choices_are_one_request_each_joined_into_one_answer(
+    proxy: httpx.AsyncClient, fake: FakeLlamaServer, store: RecordStore, stream: bool
+) -> None:
+    """Neither engine needs to take ``n``: each choice is a request of its own, recorded."""
+    body = {**COMPLETION, "prompt": ["One", "Two"], "n": 2, "stream": stream}
+    response = await proxy.post("/v1/completions", json=body)
+    assert response.status_code == 200
+    assert [r["body"]["prompt"] for r in fake.requests] == ["One", "One", "Two", "Two"]
+    assert all("n" not in r["body"] for r in fake.requests)
+    if stream:
+        events = [e[6:] for e in response.text.split("\n\n") if e.startswith("data: ")]
+        assert events.count("[DONE]") == 1
+        indexes = {c["index"] for e in events[:-1] for c in json.loads(e)["choices"]}
+        assert indexes == {0, 1, 2, 3}
+    else:
+        answer = response.json()
+        assert [c["index"] for c in answer["choices"]] == [0, 1, 2, 3]
+        assert answer["usage"]["total_tokens"] == 4 * 11
+    await store.flush()
+    ids = sorted(r.id for r in store.recent)
+    head = response.headers["x-request-id"]
+    assert ids == sorted([head, f"{head}.1", f"{head}.2", f"{head}.3"])
+
+
+async def test_fields_the_engines_read_otherwise_are_sent_as_both_read_them(
+    proxy: httpx.AsyncClient, fake: FakeLlamaServer
+) -> None:
+    """``max_completion_tokens`` goes as ``max_tokens`` too (ik_llama.cpp reads only that);
+    ``best_of`` and ``suffix`` are dropped (mainline ignores them, ik_llama.cpp refuses)."""
+    chat = {k: v for k, v in CHAT.items() if k != "max_tokens"}
+    await proxy.post("/v1/chat/completions", json={**chat, "max_completion_tokens": 3})
+    assert fake.requests[-1]["body"]["max_tokens"] == 3
+    await proxy.post("/v1/completions", json={**COMPLETION, "best_of": 1, "suffix": "x"})
+    assert not {"best_of", "suffix"} & fake.requests[-1]["body"].keys()
+    echoed = await proxy.post("/v1/completions", json={**COMPLETION, "echo": True})
+    assert echoed.json()["choices"][0]["text"] == "Once" + "Hello there"
+    assert "echo" not in fake.requests[-1]["body"]

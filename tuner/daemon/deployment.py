@@ -103,6 +103,7 @@ def deploy(topology: Topology) -> Deployment:
         keep=replayer.submit if replayer else None,
         public_models=topology.public_models,
         engine=engine,
+        infill=topology.infill,
     )
     return Deployment(topology, backend, services, collectors, tuning)
 

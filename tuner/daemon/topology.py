@@ -15,13 +15,14 @@ which way it serves.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Literal
 
 import httpx
 
 from tuner.daemon.plan import TuningPlan, plan_tuning, sized, tuning_config
+from tuner.model.gguf_facts import read_facts
 from tuner.proxy.app import Lifecycle
 from tuner.settings import Settings
 from tuner.tuning.variants import BASELINE
@@ -62,6 +63,7 @@ class Topology:
     plan: TuningPlan | None = None  # None: the daemon proxies without tuning
     # how the replayer reaches an instance's tokenizer (the pool's), where not over HTTP
     tokenizer: httpx.BaseTransport | None = None
+    infill: bool | None = None  # the model has fill-in-the-middle tokens (None: not known)
 
 
 def topology_for(settings: Settings, progress: Progress) -> Topology:
@@ -75,10 +77,12 @@ def topology_for(settings: Settings, progress: Progress) -> Topology:
     settings = sized(settings, prepared)
     plan = plan_tuning(settings, prepared, config) if config is not None else None
     if plan is None:
-        return _plain(settings, prepared)
-    if plan.mode == "pool":
-        return _pool(settings, prepared, plan)
-    return _router(settings, prepared, plan)
+        built = _plain(settings, prepared)
+    elif plan.mode == "pool":
+        built = _pool(settings, prepared, plan)
+    else:
+        built = _router(settings, prepared, plan)
+    return replace(built, infill=read_facts(prepared.model).fim)
 
 
 def _client(settings: Settings, url: str, **kw: object) -> UpstreamClient:
@@ -132,7 +136,9 @@ def _router(settings: Settings, prepared: Prepared, plan: TuningPlan) -> Topolog
         return kill_instance(supervisor.pid, preset)
 
     url = f"http://127.0.0.1:{port}"
-    client = _client(settings, url, routes_models=True, kept=BASELINE.name, force_stop=force_stop)
+    client = _client(
+        settings, url, routes_models=True, kept=BASELINE.name, force_stop=force_stop, direct=True
+    )
     caps = prepared.capabilities
     assert plan.presets is not None  # a router plan writes its presets
     argv = router_argv(prepared.binary, settings, caps, plan.presets, plan.capacity, port)

@@ -78,6 +78,7 @@ class ModelFacts:
     add_eos: bool | None
     vocab_digest: str
     tokens: tuple[str, ...]
+    fim: bool = False  # fill-in-the-middle tokens: llama-server's /infill can serve it
 
     @property
     def is_moe(self) -> bool:
@@ -188,7 +189,32 @@ def read_facts(path: Path) -> ModelFacts:
         add_eos=bool(add_eos) if add_eos is not None else None,
         vocab_digest=hashlib.sha256("\x00".join(tokens).encode()).hexdigest()[:16],
         tokens=tokens,
+        fim=has_fim(meta, tokens),
     )
+
+
+# the token texts llama.cpp takes for fill-in-the-middle where the metadata names none
+_FIM_TEXTS = {
+    "pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<PRE>", "\u2581<PRE>",
+            "<|fim\u2581begin|>", "<|code_prefix|>"),
+    "suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<SUF>", "\u2581<SUF>",
+            "<|fim\u2581hole|>", "<|code_suffix|>"),
+    "mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<MID>", "\u2581<MID>",
+            "<|fim\u2581end|>", "<|code_middle|>"),
+}  # fmt: skip
+
+
+def has_fim(meta: dict[str, Any], tokens: tuple[str, ...]) -> bool:
+    """Whether a model has a prefix, a suffix and a middle token, named in its metadata or
+    found in its vocabulary as llama.cpp finds them (it refuses ``/infill`` without them).
+
+    >>> has_fim({}, ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")), has_fim({}, ("a",))
+    (True, False)
+    """
+    if all(f"tokenizer.ggml.fim_{k}_token_id" in meta for k in _FIM_TEXTS):
+        return True
+    vocabulary = set(tokens)
+    return all(not vocabulary.isdisjoint(texts) for texts in _FIM_TEXTS.values())
 
 
 @dataclass(frozen=True, slots=True)

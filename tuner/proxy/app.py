@@ -1,13 +1,15 @@
 """The OpenAI-compatible proxy app (Starlette).
 
-Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST
-/completion`` (llama.cpp's native endpoint), ``GET /v1/models``, ``GET /health``
-(liveness) and ``GET /ready`` (upstream ready). Bodies are validated just
-enough for a clear 400, the ``model`` field is pointed at the served model,
-unknown fields pass through, and responses go back byte for byte; streams are
-relayed chunk by chunk. Each request leaves a ``RequestRecord`` (with
-llama-server's ``timings``) in the ``RecordStore``; recording never waits on
-disk.
+Routes: the generation ones, classified and tuned (``POST /v1/chat/completions``,
+``/v1/completions``, llama.cpp's ``/completion`` and ``/infill``), llama-server's others
+answered by the instance that always runs (``tuner.proxy.passthrough``), ``GET
+/v1/models``, ``GET /health`` (liveness) and ``GET /ready`` (upstream ready). Bodies are
+validated just enough for a clear 400, fields the engines read otherwise are sent as both
+read them (``tuner.proxy.fields``), several choices are one request each
+(``tuner.proxy.choices``), unknown fields pass through, and responses go back byte for
+byte; streams are relayed chunk by chunk. A client that leaves cancels its request
+(``tuner.proxy.departure``). Each request leaves a ``RequestRecord`` (with llama-server's
+``timings``) in the ``RecordStore``; recording never waits on disk.
 """
 
 from __future__ import annotations
@@ -36,14 +38,18 @@ from tuner.logs import get_logger
 from tuner.metrics import Metrics, RequestMetrics
 from tuner.proxy.auth import BearerAuth, KeyRing
 from tuner.proxy.backend import Backend, BackendSlot, Routing
+from tuner.proxy.choices import Plan, join_streams, join_whole, plan
+from tuner.proxy.departure import CLIENT_GONE, CLIENT_GONE_STATUS, ClientGone, unless_gone
+from tuner.proxy.fields import normalize
 from tuner.proxy.openai_errors import (
     OpenAIError,
     error_for_exception,
     translate_upstream_error,
 )
+from tuner.proxy.passthrough import GETS, POSTS, passthrough
 from tuner.proxy.relay import Drain, RelayResponse, error_response, forward
 from tuner.proxy.trace import Trace
-from tuner.proxy.validation import CHAT, COMPLETIONS, NATIVE, parse_body, validate
+from tuner.proxy.validation import CHAT, COMPLETIONS, INFILL, NATIVE, parse_body, validate
 from tuner.records import RecordStore
 from tuner.sessions.prefix import prompt_of
 
@@ -158,16 +164,8 @@ class _Handlers:
 
             try:
                 raw = await self.read_body(request)
-                body = parse_body(raw)
-                trace.note_body(body)
-                validate(endpoint, body, backend.upstream.modalities)
-                if self.classifier is not None:
-                    found = self.classifier(body)
-                    trace.class_key, trace.features = found.key, found.features.as_dict()
-                if backend.router is not None:
-                    session = request.headers.get("x-session-id")
-                    raw = self._route(backend, trace, body, session) or raw
-                response = await self._send(backend, trace, body, raw, hold)
+                sent = self._prepare(request, backend, trace, raw, hold)
+                response = await unless_gone(request.receive, sent, _discard)
                 if isinstance(response, RelayResponse):
                     response.close_hooks += [release, hold.release]  # until it ends
                     handed_over = True
@@ -176,6 +174,9 @@ class _Handlers:
                 error = error_for_exception(exc)
                 trace.finish(error.status, error=error.message)
                 return error_response(error, request_id)
+            except ClientGone:
+                trace.finish(CLIENT_GONE_STATUS, error=CLIENT_GONE)
+                return Response(status_code=CLIENT_GONE_STATUS)
             finally:
                 if not handed_over:
                     await release()
@@ -183,6 +184,36 @@ class _Handlers:
                 structlog.contextvars.unbind_contextvars("request_id")
 
         return handler
+
+    def _prepare(
+        self, request: Request, backend: Backend, trace: Trace, raw: bytes, hold: _Hold
+    ) -> Awaitable[Response]:
+        """Read, check, classify and route the request: what sends it (as one request, or
+        one per choice)."""
+        endpoint = trace.endpoint
+        body = parse_body(raw)
+        trace.note_body(body)
+        validate(endpoint, body, backend.upstream.modalities)
+        if endpoint == INFILL and backend.infill is False:  # ik_llama.cpp would crash on it
+            raise RequestError(
+                "/infill needs a model with fill-in-the-middle tokens (a code model); the served"
+                " model has none",
+                code="not_supported",
+            )
+        if normalize(endpoint, body):
+            raw = _encode(body)
+        choices = plan(endpoint, body)
+        if self.classifier is not None:
+            found = self.classifier(body)
+            trace.class_key, trace.features = found.key, found.features.as_dict()
+        if backend.router is not None:
+            session = request.headers.get("x-session-id")
+            raw = self._route(backend, trace, body, session) or raw
+        if choices is None:
+            return self._send(backend, trace, body, raw, hold)
+        for each in choices.bodies:  # the routed model (a router's preset)
+            each.update({"model": body["model"]} if "model" in body else {})
+        return self._send_choices(backend, trace, choices, hold)
 
     def _route(
         self, backend: Backend, trace: Trace, body: dict[str, Any], session: str | None
@@ -234,6 +265,66 @@ class _Handlers:
             self._keep_answer(backend, trace, body)
         raise AssertionError("unreachable: the second try returns")
 
+    async def _send_choices(
+        self, backend: Backend, trace: Trace, choices: Plan, hold: _Hold
+    ) -> Response:
+        """One request per choice, each routed as this one was, joined into one answer
+        (``tuner.proxy.choices``); each has its own record, ``<id>.<index>`` past the first.
+        Where one fails, its error is the answer."""
+        traces = [trace]
+        for index, body in enumerate(choices.bodies[1:], 1):
+            traces.append(self._retrace(trace, body, f"{trace.request_id}.{index}"))
+            traces[-1].variant, traces[-1].role = trace.variant, trace.role
+            traces[-1].trial, traces[-1].session = trace.trial, trace.session
+        for each, body in zip(traces, choices.bodies, strict=True):
+            self._keep_answer(backend, each, body)
+        holds = [hold, *(_Hold(backend) for _ in choices.bodies[1:])]
+        try:
+            answers = await asyncio.gather(
+                *(
+                    self._send_one(backend, t, b, h)
+                    for t, b, h in zip(traces, choices.bodies, holds, strict=True)
+                )
+            )
+        except BaseException:
+            for extra in holds[1:]:
+                await extra.release()
+            raise
+        relays = [a for a in answers if isinstance(a, RelayResponse)]
+        failed = next((a for a in answers if a.status_code >= 400), None)
+        if failed is not None or not relays:
+            for relay in relays:
+                await relay.close()
+            for extra in holds[1:]:
+                await extra.release()
+            if failed is not None:
+                return failed
+            headers = _answer_headers(answers[0])
+            joined = join_whole([bytes(a.body) for a in answers], choices.echoes)
+            return Response(joined, media_type="application/json", headers=headers)
+        streams = [relay.body_iterator for relay in relays]
+        stream = RelayResponse(
+            join_streams(streams, choices.echoes),  # type: ignore[arg-type]
+            status_code=200,
+            media_type="text/event-stream",
+            headers=_answer_headers(relays[0]),
+        )
+        for relay, sub in zip(relays, streams, strict=True):
+            stream.close_hooks += [sub.aclose, *relay.close_hooks]  # type: ignore[attr-defined]
+        stream.close_hooks += [extra.release for extra in holds[1:]]
+        return stream
+
+    async def _send_one(
+        self, backend: Backend, trace: Trace, body: dict[str, Any], hold: _Hold
+    ) -> Response:
+        """``_send``, its errors answered and recorded on its own trace."""
+        try:
+            return await self._send(backend, trace, body, _encode(body), hold)
+        except TunerError as exc:
+            error = error_for_exception(exc)
+            trace.finish(error.status, error=error.message)
+            return error_response(error, trace.request_id)
+
     @staticmethod
     def _second_try(backend: Backend, trace: Trace, response: Response) -> Routing | None:
         """Where a routed request's variant failed on the server before any byte went back
@@ -247,9 +338,10 @@ class _Handlers:
         reason = trace.error or f"status {response.status_code}"
         return fallback(trace.variant, trace.request_id, reason, trace.class_key)
 
-    def _retrace(self, failed: Trace, body: dict[str, Any]) -> Trace:
-        """A new trace for the second try (the failed one is recorded as it was)."""
-        trace = Trace(self.records, failed.endpoint, failed.request_id)
+    def _retrace(self, failed: Trace, body: dict[str, Any], request_id: str | None = None) -> Trace:
+        """A new trace for the second try (the failed one is recorded as it was), or for
+        another choice of the same request (``request_id``)."""
+        trace = Trace(self.records, failed.endpoint, request_id or failed.request_id)
         trace.note_body(body)
         trace.class_key, trace.features = failed.class_key, failed.features
         trace.prompt_chars, trace.engine = failed.prompt_chars, failed.engine
@@ -265,7 +357,7 @@ class _Handlers:
         if routed.model is None:
             return None
         body["model"] = routed.model
-        return json.dumps(body, ensure_ascii=False).encode()
+        return _encode(body)
 
     async def models(self, request: Request) -> Response:
         backend = self.backend
@@ -304,6 +396,22 @@ class _Handlers:
             status_code=503,
             headers={"retry-after": "2"},
         )
+
+
+def _encode(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, ensure_ascii=False).encode()
+
+
+def _answer_headers(response: Response) -> dict[str, str]:
+    """What an answer says of itself (its request, class, variant), less its body's."""
+    own = ("content-length", "content-type")
+    return {k: v for k, v in response.headers.items() if k not in own}
+
+
+async def _discard(response: Response) -> None:
+    """A response made for a client that left: a stream gives its upstream back."""
+    if isinstance(response, RelayResponse):
+        await response.close()
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -361,14 +469,18 @@ def create_app(
             await records.stop()
             await handlers.backend.upstream.aclose()
 
+    other = passthrough(lambda: handlers.backend.upstream)
     routes = [
         Route(CHAT, handlers.generation(CHAT), methods=["POST"]),
         Route(COMPLETIONS, handlers.generation(COMPLETIONS), methods=["POST"]),
         Route(NATIVE, handlers.generation(NATIVE), methods=["POST"]),
+        Route(INFILL, handlers.generation(INFILL), methods=["POST"]),
         Route("/v1/models", handlers.models, methods=["GET"]),
         Route("/health", handlers.health, methods=["GET"]),
         Route("/ready", handlers.ready, methods=["GET"]),
         Route("/metrics", exposition, methods=["GET"]),
+        *(Route(path, other, methods=["POST"]) for path in POSTS),
+        *(Route(path, other, methods=["GET"]) for path in GETS),
     ]
     ring = KeyRing(api_keys)
     middleware = [Middleware(BearerAuth, ring=ring)]

@@ -59,6 +59,7 @@ class Backend:
     keep: Keep | None = None
     public_models: Sequence[str] = ()
     engine: str | None = None
+    infill: bool | None = None  # the model has fill-in-the-middle tokens (None: not known)
     in_flight: int = 0  # requests begun on it that have not ended
     # per variant, routed requests sent to it that have not ended: its instance's batch
     running: dict[str, int] = field(default_factory=dict)

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -38,6 +38,7 @@ from tuner.proxy.quirks import (
 )
 from tuner.proxy.sse import ModelRename, TimingsSniffer
 from tuner.proxy.trace import Trace
+from tuner.records import CLIENT_GONE
 from tuner.upstream.client import UpstreamClient, UpstreamDisconnected, UpstreamResponse
 
 __all__ = ["Drain", "RelayResponse", "error_response", "forward"]
@@ -45,8 +46,11 @@ __all__ = ["Drain", "RelayResponse", "error_response", "forward"]
 log = get_logger(__name__)
 
 
-def error_response(error: OpenAIError, request_id: str | None = None) -> JSONResponse:
-    headers = error.headers()
+def error_response(
+    error: OpenAIError, request_id: str | None = None, more: Mapping[str, str] | None = None
+) -> JSONResponse:
+    """The error's JSON answer; ``more``: headers it carries besides (the class it was in)."""
+    headers = {**(more or {}), **error.headers()}
     if request_id:
         headers["x-request-id"] = request_id
     return JSONResponse(error.body(), status_code=error.status, headers=headers)
@@ -78,10 +82,11 @@ PROBE_TIMEOUT_S = 5.0
 
 
 async def _open(
-    upstream: UpstreamClient, path: str, raw: bytes
+    upstream: UpstreamClient, path: str, raw: bytes, instance: str | None
 ) -> tuple[UpstreamResponse, bytes | None]:
-    """The upstream response, and its body where it was read (an error answer)."""
-    response = await upstream.open("POST", path, content=raw)
+    """The upstream response, and its body where it was read (an error answer); ``instance``:
+    the router preset whose instance a whole answer goes to straight."""
+    response = await upstream.open("POST", path, content=raw, instance=instance)
     for pause in RESEND_AFTER_S:
         if response.status_code != 500:
             return response, None
@@ -91,7 +96,7 @@ async def _open(
             return response, data
         log.info("upstream_resend", path=path, pause_s=pause, reason=data.decode(errors="replace"))
         await asyncio.sleep(pause)
-        response = await upstream.open("POST", path, content=raw)
+        response = await upstream.open("POST", path, content=raw, instance=instance)
     return response, None
 
 
@@ -114,11 +119,29 @@ async def forward(
     trace.t_send = time.perf_counter()
     stall = _Stall.of(upstream, sent)
     try:
-        response, data = await _whole_characters(stall, trace.endpoint, body, raw)
+        # a whole answer goes straight to its instance: the router would not cancel it
+        instance = None if trace.stream else stall.preset
+        response, data = await _whole_characters(stall, trace.endpoint, body, raw, instance)
     except UpstreamStalled as exc:  # nothing went back: the proxy may send it elsewhere
         error = error_for_exception(exc)
         trace.finish(error.status, error=error.message)
         return error_response(error, trace.request_id)
+    try:
+        return await _answer(response, data, trace, drain, rename, stall)
+    except asyncio.CancelledError:  # the client left: the connection goes, and its task
+        await response.abort()
+        raise
+
+
+async def _answer(
+    response: UpstreamResponse,
+    data: bytes | None,
+    trace: Trace,
+    drain: Drain,
+    rename: ModelRename | None,
+    stall: _Stall,
+) -> Response:
+    """The client's response to an upstream one: an error, a whole answer, or a relay."""
     trace.t_headers = time.perf_counter()
     headers = {"x-request-id": trace.request_id}
     if trace.variant is not None:
@@ -134,7 +157,7 @@ async def forward(
             await response.aclose()
         error = translate_upstream_error(response.status_code, data)
         trace.finish(error.status, error=error.message)
-        return error_response(error, trace.request_id)
+        return error_response(error, trace.request_id, headers)
 
     content_type = response.content_type
     if not content_type.startswith("text/event-stream"):
@@ -143,8 +166,9 @@ async def forward(
         if (
             response.status_code == 200
             and content_type.startswith("application/json")
-            and not (data.rstrip().endswith(b"}"))
-        ):  # a whole JSON answer ends with its object's brace; a cut one seldom does
+            and not data.rstrip().endswith((b"}", b"]"))
+        ):  # a whole JSON answer ends with its object's brace (a list of prompts on the
+            # native endpoint: an array's bracket); a cut one seldom does
             failure = _disconnected("the answer was cut short")
             trace.finish(failure.status, error=failure.message)
             return error_response(failure, trace.request_id)
@@ -181,15 +205,20 @@ class RelayResponse(StreamingResponse):
         try:
             await super().__call__(scope, receive, send)
         finally:
-            with anyio.CancelScope(shield=True):
-                for hook in self.close_hooks:
-                    await hook()
+            await self.close()
+
+    async def close(self) -> None:
+        """Run the clean-up (once): also for a stream never sent, its client gone."""
+        hooks, self.close_hooks = self.close_hooks, []
+        with anyio.CancelScope(shield=True):
+            for hook in hooks:
+                await hook()
 
 
 async def _abandon(response: UpstreamResponse, trace: Trace) -> None:
     """If the relay never ran: give the connection back and record the request anyway."""
     await response.aclose()
-    trace.finish(response.status_code, error="client disconnected before the stream started")
+    trace.finish(response.status_code, error=f"{CLIENT_GONE} before the stream started")
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,11 +270,11 @@ _BACKGROUND: set[asyncio.Task[None]] = set()  # unloads in flight (kept from the
 
 
 async def _whole_characters(
-    stall: _Stall, path: str, body: dict[str, Any], raw: bytes
+    stall: _Stall, path: str, body: dict[str, Any], raw: bytes, instance: str | None
 ) -> tuple[UpstreamResponse, bytes | None]:
     """``_watched``; where the engine failed on a reply that ends inside a character, the
     same request again a token shorter (``quirks``)."""
-    response, data = await _watched(stall, path, raw)
+    response, data = await _watched(stall, path, raw, instance)
     for _ in range(CUT_CHARACTER_TRIES):
         if not cut_character(response.status_code, data):
             break
@@ -254,7 +283,7 @@ async def _whole_characters(
             break
         log.info("upstream_resend_shorter", reason="the reply ended inside a character")
         body, raw = shorter, json.dumps(shorter, ensure_ascii=False).encode()
-        response, data = await _watched(stall, path, raw)
+        response, data = await _watched(stall, path, raw, instance)
     if cut_character(response.status_code, data) and one_token(body):
         log.info("upstream_answer_empty", reason="the one token ends inside a character")
         answer = empty_answer(path, body)
@@ -264,18 +293,20 @@ async def _whole_characters(
     return response, data
 
 
-async def _watched(stall: _Stall, path: str, raw: bytes) -> tuple[UpstreamResponse, bytes | None]:
+async def _watched(
+    stall: _Stall, path: str, raw: bytes, instance: str | None
+) -> tuple[UpstreamResponse, bytes | None]:
     """``_open``, watched: a router instance that has not started its answer within
     ``PROBE_AFTER_S`` (or the stall bound, if shorter) is probed, and again each time that
     passes; one that does not answer the probe is stuck (a whole answer sends no byte
     before it is done, so silence alone proves nothing): the request, which has nothing
     back yet, ends as ``UpstreamStalled`` and the preset is reloaded."""
     if stall.seconds is None or stall.preset is None:
-        return await _open(stall.upstream, path, raw)
+        return await _open(stall.upstream, path, raw, instance)
     started = time.perf_counter()
     every = min(PROBE_AFTER_S, stall.seconds)
     probe_s = min(PROBE_TIMEOUT_S, every)
-    task = asyncio.ensure_future(_open(stall.upstream, path, raw))
+    task = asyncio.ensure_future(_open(stall.upstream, path, raw, instance))
     try:
         while True:
             done, _ = await asyncio.wait({task}, timeout=every)
@@ -320,7 +351,7 @@ async def _relay(
     "proxy error" line), or the daemon's drain bound has passed. A stream cut upstream is
     recorded as a 502 with the reason, so it teaches the tuner nothing."""
     sniffer = TimingsSniffer()
-    error: str | None = "client disconnected"
+    error: str | None = CLIENT_GONE
     status = response.status_code
     try:
         failure: OpenAIError | None = None
@@ -355,7 +386,7 @@ async def _relay(
         with anyio.CancelScope(shield=True):
             await response.aclose()
         sniffer.close()
-        if sniffer.done and error == "client disconnected":
+        if sniffer.done and error == CLIENT_GONE:
             # the client had the whole answer and closed at [DONE], before upstream's own
             # end of the response reached us (the official SDK does): not a disconnect
             error = None

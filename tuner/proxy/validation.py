@@ -13,13 +13,14 @@ from typing import Any
 from tuner.errors import RequestError
 from tuner.proxy.grammar import grammar_error
 
-__all__ = ["ENDPOINTS", "Endpoint", "parse_body", "validate"]
+__all__ = ["ENDPOINTS", "INFILL", "Endpoint", "parse_body", "validate", "validate_route"]
 
 Endpoint = str
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 NATIVE = "/completion"
-ENDPOINTS: tuple[Endpoint, ...] = (CHAT, COMPLETIONS, NATIVE)
+INFILL = "/infill"
+ENDPOINTS: tuple[Endpoint, ...] = (CHAT, COMPLETIONS, NATIVE, INFILL)
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -151,6 +152,10 @@ _COMMON: dict[str, tuple[Any, str]] = {
     "top_p": (lambda v: _is_number(v) and 0 <= v <= 1, "a number between 0 and 1"),
     "n": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
     "seed": (_is_int, "an integer"),
+    "echo": (lambda v: isinstance(v, bool), "a boolean"),
+    "best_of": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+    "suffix": (lambda v: isinstance(v, str), "a string"),
+    "user": (lambda v: isinstance(v, str), "a string"),
     "stop": (
         lambda v: (
             isinstance(v, str) or (isinstance(v, list) and all(isinstance(s, str) for s in v))
@@ -194,6 +199,8 @@ def validate(
     """
     if endpoint == CHAT:
         _check_messages(body.get("messages"), modalities)
+    elif endpoint == INFILL:
+        _check_infill(body)
     else:
         _check_prompt(body.get("prompt"), endpoint)
     for field, (check, expected) in _COMMON.items():
@@ -206,3 +213,81 @@ def validate(
     grammar = body.get("grammar")
     if isinstance(grammar, str) and (problem := grammar_error(grammar)):
         raise RequestError(f"'grammar' does not parse: {problem}", param="grammar")
+
+
+def _text_or_list(v: object) -> bool:
+    return isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str | int) for x in v))
+
+
+def _extra_chunk(chunk: object) -> bool:
+    return isinstance(chunk, dict) and isinstance(chunk.get("text", ""), str)
+
+
+# route -> field -> (check, what it must be, required); what the engines would answer a 500
+_ROUTES: dict[str, dict[str, tuple[Any, str, bool]]] = {
+    "/tokenize": {"content": (_text_or_list, "a string or an array", False)},
+    "/detokenize": {
+        "tokens": (lambda v: isinstance(v, list) and all(map(_is_int, v)), "an array of ids", True)
+    },
+    "/apply-template": {},
+    "/embeddings": {},
+    "/rerank": {
+        "query": (lambda v: isinstance(v, str), "a string", True),
+        "documents": (
+            lambda v: isinstance(v, list) and all(isinstance(d, str) for d in v),
+            "an array of strings",
+            True,
+        ),
+    },
+}
+_ROUTE_ALIASES = {
+    "/embedding": "/embeddings",
+    "/v1/embeddings": "/embeddings",
+    "/reranking": "/rerank",
+    "/v1/rerank": "/rerank",
+}
+_EMBEDDED = ("input", "content")
+
+
+def _check_fields(body: dict[str, Any], fields: dict[str, tuple[Any, str, bool]]) -> None:
+    for field, (check, expected, required) in fields.items():
+        if field not in body:
+            if required:
+                raise RequestError(f"'{field}' is required", param=field)
+            continue
+        if not check(body[field]):
+            raise RequestError(
+                f"'{field}' must be {expected}, not {_kind(body[field])}", param=field
+            )
+
+
+def _check_infill(body: dict[str, Any]) -> None:
+    """``/infill``: a prefix and a suffix (strings), context chunks, an optional prompt."""
+    text = (lambda v: isinstance(v, str), "a string", False)
+    extra = (
+        lambda v: isinstance(v, list) and all(map(_extra_chunk, v)),
+        'an array of {"filename": ..., "text": ...}',
+        False,
+    )
+    _check_fields(
+        body, {"input_prefix": text, "input_suffix": text, "input_extra": extra, "prompt": text}
+    )
+
+
+def validate_route(path: str, body: dict[str, Any]) -> None:
+    """Raise ``RequestError`` for what a route that generates nothing cannot take."""
+    route = _ROUTE_ALIASES.get(path, path)
+    _check_fields(body, _ROUTES.get(route, {}))
+    if route == "/apply-template":
+        _check_messages(body.get("messages"), None)
+    if route == "/embeddings":
+        given = [k for k in _EMBEDDED if k in body]
+        if not given:
+            raise RequestError("'input' is required", param="input")
+        if not _text_or_list(body[given[0]]) and not (
+            isinstance(body[given[0]], list) and all(_text_or_list(x) for x in body[given[0]])
+        ):
+            raise RequestError(
+                f"'{given[0]}' must be a string, an array of strings or of token ids",
+                param=given[0],
+            )

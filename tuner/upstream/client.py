@@ -23,6 +23,7 @@ import httpx
 from tuner.errors import UpstreamError, UpstreamNotReady, UpstreamTimeout
 from tuner.logs import get_logger
 from tuner.upstream.health import Health
+from tuner.upstream.instances import RouterInstances
 
 __all__ = ["UpstreamClient", "UpstreamDisconnected", "UpstreamResponse"]
 
@@ -77,6 +78,13 @@ class UpstreamResponse:
         except (TimeoutError, httpx.HTTPError, aiohttp.ClientError) as exc:
             raise UpstreamDisconnected(f"{type(exc).__name__}: {exc}") from exc
 
+    async def abort(self) -> None:
+        """Close the connection with the answer unread: the server stops generating it."""
+        if isinstance(self._response, aiohttp.ClientResponse):
+            self._closed = True
+            self._response.close()
+        await self.aclose()
+
     async def aclose(self) -> None:
         """Give the connection back; safe to call more than once."""
         if self._closed:
@@ -103,6 +111,7 @@ class UpstreamClient:
         health: Health | None = None,
         kept: str | None = None,
         force_stop: Callable[[str], bool] | None = None,
+        direct: bool = False,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.read_timeout_s = read_timeout_s
@@ -123,6 +132,8 @@ class UpstreamClient:
             connect=5.0, read=read_timeout_s, write=60.0, pool=read_timeout_s
         ).as_dict()
         self.http = httpx.AsyncClient(base_url=self.base_url, transport=self._transport)
+        # a router's presets' own addresses: whole answers go there (``instances``)
+        self.instances = RouterInstances(self.http) if direct else None
         self._session: aiohttp.ClientSession | None = None
         self.model_ids: tuple[str, ...] = (default_model,) if default_model else ()
         # Input kinds the model accepts beyond text (from /props); None when unknown.
@@ -193,8 +204,10 @@ class UpstreamClient:
         *,
         content: bytes | None = None,
         params: dict[str, str] | None = None,
+        instance: str | None = None,
     ) -> UpstreamResponse:
-        """Send a request and return the response with its body still streaming."""
+        """Send a request and return the response with its body still streaming; with
+        ``instance`` (a router's preset), straight to its instance where it runs."""
         if not self.health.ready:
             raise UpstreamNotReady()
         headers = {"accept-encoding": "identity"}
@@ -203,6 +216,13 @@ class UpstreamClient:
         outgoing = _Outgoing(method, self.base_url + path, content, params, headers)
         if self._given is not None:
             return await self._open_httpx(outgoing)
+        if instance is not None and self.instances is not None:
+            url = await self.instances.url(instance)
+            if url is not None:
+                try:
+                    return await self._open_aiohttp(outgoing._replace(url=url + path))
+                except UpstreamNotReady:  # it stopped or moved: the router knows where
+                    self.instances.forget(instance)
         return await self._open_aiohttp(outgoing)
 
     async def _open_httpx(self, out: _Outgoing) -> UpstreamResponse:

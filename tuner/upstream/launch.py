@@ -75,7 +75,8 @@ def http_flags(caps: Capabilities) -> list[str]:
 
 def serving_flags(settings: Settings, caps: Capabilities) -> list[str]:
     """What every model server the daemon starts shares, a router's instances included
-    (their presets' ``[*]``): the context, metrics, HTTP threads and CPU threads."""
+    (their presets' ``[*]``): the context, metrics, HTTP threads, chat templates and CPU
+    threads."""
     out = ["--ctx-size", str(settings.ctx_size)]
     if caps.metrics:
         out.append("--metrics")
@@ -83,6 +84,10 @@ def serving_flags(settings: Settings, caps: Capabilities) -> list[str]:
     if caps.engine == "ik_llama.cpp" and caps.has_flag("--no-context-shift"):
         # mainline's default: a prompt longer than the context is refused, not cut
         out.append("--no-context-shift")
+    if caps.has_flag("--jinja"):
+        # the chat template's own tools and tool_choice (mainline's default; ik_llama.cpp
+        # refuses both without it)
+        out.append("--jinja")
     if settings.threads is not None:
         out += ["--threads", str(settings.threads)]
     return out
