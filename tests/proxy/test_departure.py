@@ -75,6 +75,21 @@ async def test_a_client_gone_before_its_answer_cancels_the_upstream_request(
     await upstream.aclose()
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_client_gone_cancels_every_choice_of_its_request(
+    store: RecordStore, stream: bool
+) -> None:
+    hanging = _Hanging()
+    upstream = UpstreamClient("http://fake", transport=httpx.MockTransport(hanging.handle))
+    upstream.health.answering(True)
+    app = create_app(Backend(upstream), store)
+    receive, send = _client_leaving_after(0.05, {**BODY, "n": 3, "stream": stream})
+    await asyncio.wait_for(app(post_scope(spec_version="2.3"), receive, send), timeout=5)
+    assert (hanging.started, hanging.cancelled) == (3, 3)
+    assert app.state.handlers.in_flight == 0
+    await upstream.aclose()
+
+
 async def test_a_client_gone_while_waiting_at_the_gate_leaves_the_queue(
     store: RecordStore,
 ) -> None:

@@ -279,14 +279,17 @@ class _Handlers:
         for each, body in zip(traces, choices.bodies, strict=True):
             self._keep_answer(backend, each, body)
         holds = [hold, *(_Hold(backend) for _ in choices.bodies[1:])]
+        sends = [
+            asyncio.ensure_future(self._send_one(backend, t, b, h))
+            for t, b, h in zip(traces, choices.bodies, holds, strict=True)
+        ]
         try:
-            answers = await asyncio.gather(
-                *(
-                    self._send_one(backend, t, b, h)
-                    for t, b, h in zip(traces, choices.bodies, holds, strict=True)
-                )
-            )
-        except BaseException:
+            answers = await asyncio.gather(*sends)
+        except BaseException:  # the client left: what was sent goes, what is sent stops
+            for send in sends:
+                send.cancel()
+                if send.done() and not send.cancelled() and send.exception() is None:
+                    await _discard(send.result())
             for extra in holds[1:]:
                 await extra.release()
             raise
