@@ -196,11 +196,11 @@ def read_facts(path: Path) -> ModelFacts:
 # the token texts llama.cpp takes for fill-in-the-middle where the metadata names none
 _FIM_TEXTS = {
     "pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<PRE>", "\u2581<PRE>",
-            "<|fim\u2581begin|>", "<|code_prefix|>"),
+            "<|fim\u2581begin|>", "<\uff5cfim\u2581begin\uff5c>", "<|code_prefix|>"),
     "suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<SUF>", "\u2581<SUF>",
-            "<|fim\u2581hole|>", "<|code_suffix|>"),
+            "<|fim\u2581hole|>", "<\uff5cfim\u2581hole\uff5c>", "<|code_suffix|>"),
     "mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<MID>", "\u2581<MID>",
-            "<|fim\u2581end|>", "<|code_middle|>"),
+            "<|fim\u2581end|>", "<\uff5cfim\u2581end\uff5c>", "<|code_middle|>"),
 }  # fmt: skip
 
 
