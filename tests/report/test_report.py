@@ -165,6 +165,26 @@ def test_damaged_state_files_are_reported_not_raised(tmp_path: Path) -> None:
     assert done.returncode == 2 and "tuner: error: cannot read the Optuna studies" in done.stderr
 
 
+def test_abandoned_requests_are_counted_from_the_records(tmp_path: Path) -> None:
+    from tuner.records import CLIENT_GONE, RequestRecord
+
+    def record(n: int, error: str | None, tokens: int | None) -> str:
+        timings = {"predicted_n": tokens} if tokens is not None else None
+        return RequestRecord(
+            id=f"r{n}", ts=0.0, endpoint="/v1/completions", stream=True, status=200,
+            error=error, proxy_ms=1.0, timings=timings,
+        ).model_dump_json()  # fmt: skip
+
+    (tmp_path / "records").mkdir()
+    lines = [record(0, CLIENT_GONE, None), record(1, f"{CLIENT_GONE} before the stream", 7),
+             record(2, None, 9), record(3, "upstream died", 3)]  # fmt: skip
+    (tmp_path / "records" / "records-0.jsonl").write_text("\n".join(lines) + "\n")
+    report = load_report(tmp_path)
+    assert (report.abandoned, report.abandoned_tokens) == (2, 7)
+    assert json.loads(as_json(report))["overall"]["abandoned"] == 2
+    assert "abandoned: 2 requests" in as_table(report)
+
+
 def test_odd_documents_do_not_crash() -> None:
     odd = {"classes": {"x": {"policy": {"speedup": "fast", "since": None}, "arms": {}}}}
     report = build_report(odd)

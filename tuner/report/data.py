@@ -9,7 +9,7 @@ readers never block the daemon).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from tuner.classify.classes import ROOT
 from tuner.engines.choice import CHOICE_FILE, load_choice
 from tuner.errors import TunerError
+from tuner.records import CLIENT_GONE, RequestRecord, read_records
 from tuner.report.outlook import Outlook
 from tuner.stats import Z90, Interval, ratio_interval, wilson
 from tuner.tuning.runtime.policy_file import POLICY_FILE, read_document, study_scope
@@ -124,6 +125,10 @@ class Report:
     fleet: dict[str, Any] | None = None  # read from a fleet's database (``report.fleet``)
     engines: dict[str, Any] | None = None  # TUNER_ENGINE=auto: the engines measured, the choice
     outlook: Outlook | None = None  # no policies yet: what the daemon will start with
+    # requests in the kept records whose client hung up (cancelled upstream), and the tokens
+    # generated for them where the server said
+    abandoned: int = 0
+    abandoned_tokens: int = 0
 
     @property
     def requests(self) -> int:
@@ -162,7 +167,12 @@ class Report:
             "build": self.build,
             "hardware": self.hardware,
             "saved": self.saved,
-            "overall": {"requests": self.requests, "expected_speedup": self.expected_speedup},
+            "overall": {
+                "requests": self.requests,
+                "expected_speedup": self.expected_speedup,
+                "abandoned": self.abandoned,
+                "abandoned_tokens": self.abandoned_tokens,
+            },
             "single": self.single,
             "quarantine": self.quarantine,
             "classes": [row.public() for row in self.classes],
@@ -306,7 +316,20 @@ def load_report(state_dir: Path) -> Report:
     report = build_report(document, str(state_dir))
     # the engine the policies were learned on; without policies yet, the one chosen
     engine = report.engine or (choice.engine if choice else None)
-    return dataclasses.replace(report, engines=engines, engine=engine)
+    abandoned, tokens = abandoned_requests(read_records(state_dir / "records"))
+    return dataclasses.replace(
+        report, engines=engines, engine=engine, abandoned=abandoned, abandoned_tokens=tokens
+    )
+
+
+def abandoned_requests(records: Iterable[RequestRecord]) -> tuple[int, int]:
+    """How many requests their clients hung up on, and the tokens generated for them."""
+    count = tokens = 0
+    for record in records:
+        if record.error is not None and record.error.startswith(CLIENT_GONE):
+            count += 1
+            tokens += (record.timings.predicted_n or 0) if record.timings else 0
+    return count, tokens
 
 
 def load_history(state_dir: Path, class_key: str) -> list[TrialRecord]:

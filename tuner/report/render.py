@@ -147,6 +147,7 @@ def _header(report: Report) -> list[str]:
             f"no policies yet in {report.state_dir}: the daemon writes them there once it "
             "has served requests with tuning on (TUNER_TUNE=true)",
             *(_outlook(report.outlook) if report.outlook else []),
+            *_abandoned(report),
         ]
     expected = report.expected_speedup
     traffic = sum(1 for row in report.classes if row.requests)
@@ -187,6 +188,16 @@ def _header(report: Report) -> list[str]:
         f"traffic: {report.requests} requests in {traffic} classes; expected speedup of the "
         "current policies over no speculation (traffic-weighted): "
         + (f"{expected:.2f}x" if expected is not None else "-"),
+        *_abandoned(report),
+    ]
+
+
+def _abandoned(report: Report) -> list[str]:
+    if not report.abandoned:
+        return []
+    return [
+        f"abandoned: {report.abandoned} requests whose client hung up (cancelled upstream), "
+        f"{report.abandoned_tokens} tokens generated for them"
     ]
 
 
