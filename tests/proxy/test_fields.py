@@ -52,3 +52,10 @@ def test_a_length_is_sent_as_both_engines_read_it_and_a_set_one_wins() -> None:
     assert not normalize(CHAT, kept) and kept["max_tokens"] == 9
     native = {"prompt": "x", "max_completion_tokens": 4}
     assert not normalize(NATIVE, native) and "max_tokens" not in native
+
+
+def test_an_infill_without_a_prompt_gets_mainlines_empty_one() -> None:
+    body = {"input_prefix": "def f(", "input_suffix": ")"}
+    assert normalize("/infill", body) and body["prompt"] == ""
+    given = {"input_prefix": "a", "prompt": "b"}
+    assert not normalize("/infill", given) and given["prompt"] == "b"

@@ -18,6 +18,7 @@ from typing import Any
 __all__ = ["FIELDS", "Field", "Treatment", "normalize", "table_markdown"]
 
 CHAT, COMPLETIONS, NATIVE = "/v1/chat/completions", "/v1/completions", "/completion"
+INFILL = "/infill"
 OPENAI = frozenset({CHAT, COMPLETIONS})
 GENERATION = frozenset({CHAT, COMPLETIONS, NATIVE})
 CHAT_ONLY, COMPLETIONS_ONLY = frozenset({CHAT}), frozenset({COMPLETIONS})
@@ -127,12 +128,16 @@ _LENGTHS = ("max_tokens", "n_predict")
 
 
 def normalize(endpoint: str, body: dict[str, Any]) -> bool:
-    """Apply the table's one-body treatments to ``body`` in place (``LENGTH``, ``DROPPED``);
-    whether anything changed. ``CHOICES`` and ``ECHO`` are ``tuner.proxy.choices``'s."""
+    """Apply the table's one-body treatments to ``body`` in place (``LENGTH``, ``DROPPED``,
+    and ``/infill``'s prompt, which ik_llama.cpp requires); whether anything changed.
+    ``CHOICES`` and ``ECHO`` are ``tuner.proxy.choices``'s."""
     changed = False
     length = body.get("max_completion_tokens")
     if length is not None and endpoint in OPENAI and not any(k in body for k in _LENGTHS):
         body["max_tokens"] = length
+        changed = True
+    if endpoint == INFILL and "prompt" not in body:
+        body["prompt"] = ""  # mainline's default; ik_llama.cpp refuses an infill without one
         changed = True
     if endpoint == COMPLETIONS:
         for name in ("best_of", "suffix"):
