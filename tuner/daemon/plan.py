@@ -104,12 +104,12 @@ class TuningPlan:
         return self.capacity == 1
 
 
-def sized(settings: Settings, prepared: Prepared) -> Settings:
+def sized(settings: Settings, prepared: Prepared, facts: ModelFacts | None = None) -> Settings:
     """The settings with ``ctx_size`` resolved for this model and machine where it is 0
-    (``capacity.context_size``)."""
+    (``capacity.context_size``); ``facts``: the model's, where the caller has read them."""
     if settings.ctx_size:
         return settings
-    facts = read_facts(prepared.model)
+    facts = facts or read_facts(prepared.model)
     ctx = context_size(facts, 0, gpu=prepared.gpu, limit=settings.max_instances)
     log.info("context_size", ctx_size=ctx, trained=facts.context_length)
     return settings.model_copy(update={"ctx_size": ctx})
@@ -196,10 +196,12 @@ def tuning_config(settings: Settings) -> TuningConfig:
     return config
 
 
-def plan_tuning(settings: Settings, prepared: Prepared, config: TuningConfig) -> TuningPlan | None:
-    """The tuning plan for this build, or None when tuning is not possible (logged)."""
+def plan_tuning(
+    settings: Settings, prepared: Prepared, config: TuningConfig, facts: ModelFacts
+) -> TuningPlan | None:
+    """The tuning plan for this build (``facts``: its model's), or None when tuning is not
+    possible (logged)."""
     caps, model, draft = prepared.capabilities, prepared.model, prepared.draft
-    facts = read_facts(model)
     draft_facts = read_facts(draft) if draft else None
     kind = draft_kind(draft_facts)
     if caps.router and caps.has_flag("--spec-type"):
