@@ -87,3 +87,16 @@ async def test_slots_and_unknown_routes_are_404s_naming_the_route(
     for path in ("/slots", "/nope"):
         response = await proxy.get(path)
         assert response.status_code == 404 and path in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [({"input_prefix": 5}, "input_prefix"), ({"input_extra": "x"}, "input_extra"),
+     ({"input_suffix": "s", "prompt": ["a"]}, "prompt")],
+)  # fmt: skip
+async def test_a_malformed_infill_is_a_400_naming_the_field(
+    proxy: httpx.AsyncClient, fake: FakeLlamaServer, body: dict[str, object], param: str
+) -> None:
+    response = await proxy.post("/infill", json=body)
+    assert response.status_code == 400 and response.json()["error"]["param"] == param
+    assert fake.requests == []

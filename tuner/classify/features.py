@@ -314,11 +314,12 @@ def _is_math(scan: _Scan) -> bool:
 
 
 def _short_code(scan: _Scan) -> str | None:
-    """The language of a short prompt one of whose lines opens like code; None if none."""
+    """The language of a short prompt one of whose lines opens like code (``code`` for a
+    fill-in-the-middle prompt, whose language the caller's scan may know); None if none."""
     if len(scan.lines) > lx.SHORT_LINES:
         return None
     if any(mark in scan.text for mark in lx.FIM_MARKS):
-        return _code_language(scan)[0] or "code"
+        return "code"
     for line in scan.lines:
         stripped = line.strip()
         for pattern, language in lx.CODE_OPENERS:

@@ -274,8 +274,6 @@ class _Handlers:
         traces = [trace]
         for index, body in enumerate(choices.bodies[1:], 1):
             traces.append(self._retrace(trace, body, f"{trace.request_id}.{index}"))
-            traces[-1].variant, traces[-1].role = trace.variant, trace.role
-            traces[-1].trial, traces[-1].session = trace.trial, trace.session
         for each, body in zip(traces, choices.bodies, strict=True):
             self._keep_answer(backend, each, body)
         holds = [hold, *(_Hold(backend) for _ in choices.bodies[1:])]
@@ -290,32 +288,12 @@ class _Handlers:
                 send.cancel()
                 if send.done() and not send.cancelled() and send.exception() is None:
                     await _discard(send.result())
+            for each in traces[1:]:  # the first is the handler's to record
+                each.finish(CLIENT_GONE_STATUS, error=CLIENT_GONE)
             for extra in holds[1:]:
                 await extra.release()
             raise
-        relays = [a for a in answers if isinstance(a, RelayResponse)]
-        failed = next((a for a in answers if a.status_code >= 400), None)
-        if failed is not None or not relays:
-            for relay in relays:
-                await relay.close()
-            for extra in holds[1:]:
-                await extra.release()
-            if failed is not None:
-                return failed
-            headers = _answer_headers(answers[0])
-            joined = join_whole([bytes(a.body) for a in answers], choices.echoes)
-            return Response(joined, media_type="application/json", headers=headers)
-        streams = [relay.body_iterator for relay in relays]
-        stream = RelayResponse(
-            join_streams(streams, choices.echoes),  # type: ignore[arg-type]
-            status_code=200,
-            media_type="text/event-stream",
-            headers=_answer_headers(relays[0]),
-        )
-        for relay, sub in zip(relays, streams, strict=True):
-            stream.close_hooks += [sub.aclose, *relay.close_hooks]  # type: ignore[attr-defined]
-        stream.close_hooks += [extra.release for extra in holds[1:]]
-        return stream
+        return await _join(answers, choices, holds[1:])
 
     async def _send_one(
         self, backend: Backend, trace: Trace, body: dict[str, Any], hold: _Hold
@@ -342,13 +320,16 @@ class _Handlers:
         return fallback(trace.variant, trace.request_id, reason, trace.class_key)
 
     def _retrace(self, failed: Trace, body: dict[str, Any], request_id: str | None = None) -> Trace:
-        """A new trace for the second try (the failed one is recorded as it was), or for
-        another choice of the same request (``request_id``)."""
+        """A new trace for the second try (the failed one is recorded as it was; its routing
+        replaces the one copied), or for another choice of the same request (``request_id``),
+        routed alike."""
         trace = Trace(self.records, failed.endpoint, request_id or failed.request_id)
         trace.note_body(body)
         trace.class_key, trace.features = failed.class_key, failed.features
         trace.prompt_chars, trace.engine = failed.prompt_chars, failed.engine
         trace.active = failed.active
+        trace.variant, trace.role, trace.trial = failed.variant, failed.role, failed.trial
+        trace.session = failed.session
         return trace
 
     @staticmethod
@@ -399,6 +380,34 @@ class _Handlers:
             status_code=503,
             headers={"retry-after": "2"},
         )
+
+
+async def _join(answers: Sequence[Response], choices: Plan, extra: Sequence[_Hold]) -> Response:
+    """The choices' answers as one (``extra``: the holds of all but the first, which are
+    released with the answer); the first error among them, where one failed."""
+    relays = [a for a in answers if isinstance(a, RelayResponse)]
+    failed = next((a for a in answers if a.status_code >= 400), None)
+    if failed is not None or not relays:
+        for relay in relays:
+            await relay.close()
+        for hold in extra:
+            await hold.release()
+        if failed is not None:
+            return failed
+        headers = _answer_headers(answers[0])
+        joined = join_whole([bytes(a.body) for a in answers], choices.echoes)
+        return Response(joined, media_type="application/json", headers=headers)
+    streams = [relay.body_iterator for relay in relays]
+    stream = RelayResponse(
+        join_streams(streams, choices.echoes),  # type: ignore[arg-type]
+        status_code=200,
+        media_type="text/event-stream",
+        headers=_answer_headers(relays[0]),
+    )
+    for relay, sub in zip(relays, streams, strict=True):
+        stream.close_hooks += [sub.aclose, *relay.close_hooks]  # type: ignore[attr-defined]
+    stream.close_hooks += [hold.release for hold in extra]
+    return stream
 
 
 def _encode(body: dict[str, Any]) -> bytes:
@@ -472,7 +481,7 @@ def create_app(
             await records.stop()
             await handlers.backend.upstream.aclose()
 
-    other = passthrough(lambda: handlers.backend.upstream)
+    other = passthrough(lambda: handlers.backend.upstream, handlers.read_body)
     routes = [
         Route(CHAT, handlers.generation(CHAT), methods=["POST"]),
         Route(COMPLETIONS, handlers.generation(COMPLETIONS), methods=["POST"]),

@@ -57,8 +57,7 @@ def plan(endpoint: str, body: dict[str, Any]) -> Plan | None:
     n = n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else 1
     prompts = _prompts(endpoint, body)
     echo = endpoint == COMPLETIONS and body.get("echo") is True
-    several = isinstance(body.get("prompt"), list) and len(prompts) > 1
-    if n == 1 and not several and not echo and not isinstance(body.get("prompt"), list):
+    if n == 1 and not echo and not isinstance(body.get("prompt"), list):
         return None
     if n * len(prompts) > MAX_CHOICES:
         raise RequestError(

@@ -10,7 +10,6 @@ it. ``normalize`` applies the rows that change a body; pure.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -123,7 +122,6 @@ FIELDS: tuple[Field, ...] = (
        why="one slot per instance on ik_llama.cpp: only -1 and 0 mean anything there"),
 )  # fmt: skip
 
-BY_NAME: Mapping[str, Field] = {f.name: f for f in FIELDS}
 _LENGTHS = ("max_tokens", "n_predict")
 
 

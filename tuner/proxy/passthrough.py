@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from starlette.requests import Request
 from starlette.responses import Response
 
-from tuner.errors import RequestError, TunerError
+from tuner.errors import TunerError
 from tuner.proxy.openai_errors import OpenAIError, error_for_exception, translate_upstream_error
 from tuner.proxy.relay import error_response
 from tuner.proxy.validation import parse_body, validate_route
@@ -38,9 +38,9 @@ POSTS = (
     "/v1/rerank",
 )
 GETS = ("/props",)
-MAX_BODY = 16 * 1024 * 1024
 
 Handler = Callable[[Request], Awaitable[Response]]
+ReadBody = Callable[[Request], Awaitable[bytes]]  # the app's, bounded as every route's
 
 
 def _instance(upstream: UpstreamClient) -> str | None:
@@ -50,10 +50,7 @@ def _instance(upstream: UpstreamClient) -> str | None:
     return upstream.kept or upstream.resolve_model(None)
 
 
-async def _body(request: Request, instance: str | None) -> bytes:
-    raw = await request.body()
-    if len(raw) > MAX_BODY:
-        raise RequestError(f"the request body is larger than {MAX_BODY} bytes", status=413)
+def _body(request: Request, raw: bytes, instance: str | None) -> bytes:
     body = parse_body(raw)
     validate_route(request.url.path, body)
     if instance is None:
@@ -62,7 +59,7 @@ async def _body(request: Request, instance: str | None) -> bytes:
     return json.dumps(body, ensure_ascii=False).encode()
 
 
-def passthrough(upstream_of: Callable[[], UpstreamClient]) -> Handler:
+def passthrough(upstream_of: Callable[[], UpstreamClient], read_body: ReadBody) -> Handler:
     """The handler of every route in ``POSTS`` and ``GETS``, on the upstream serving now."""
 
     async def handler(request: Request) -> Response:
@@ -70,7 +67,7 @@ def passthrough(upstream_of: Callable[[], UpstreamClient]) -> Handler:
         instance = _instance(upstream)
         try:
             if request.method == "POST":
-                content = await _body(request, instance)
+                content = _body(request, await read_body(request), instance)
                 response = await upstream.open("POST", request.url.path, content=content)
             else:
                 params = dict(request.query_params)

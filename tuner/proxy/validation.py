@@ -200,7 +200,7 @@ def validate(
     if endpoint == CHAT:
         _check_messages(body.get("messages"), modalities)
     elif endpoint == INFILL:
-        _check_infill(body)
+        _check_fields(body, _ROUTES[INFILL])
     else:
         _check_prompt(body.get("prompt"), endpoint)
     for field, (check, expected) in _COMMON.items():
@@ -223,11 +223,21 @@ def _extra_chunk(chunk: object) -> bool:
     return isinstance(chunk, dict) and isinstance(chunk.get("text", ""), str)
 
 
+_INFILL_TEXTS = ("input_prefix", "input_suffix", "prompt")
 # route -> field -> (check, what it must be, required); what the engines would answer a 500
 _ROUTES: dict[str, dict[str, tuple[Any, str, bool]]] = {
     "/tokenize": {"content": (_text_or_list, "a string or an array", False)},
     "/detokenize": {
         "tokens": (lambda v: isinstance(v, list) and all(map(_is_int, v)), "an array of ids", True)
+    },
+    # a prefix and a suffix, context chunks, an optional prompt
+    INFILL: {
+        **{k: (lambda v: isinstance(v, str), "a string", False) for k in _INFILL_TEXTS},
+        "input_extra": (
+            lambda v: isinstance(v, list) and all(map(_extra_chunk, v)),
+            'an array of {"filename": ..., "text": ...}',
+            False,
+        ),
     },
     "/apply-template": {},
     "/embeddings": {},
@@ -259,19 +269,6 @@ def _check_fields(body: dict[str, Any], fields: dict[str, tuple[Any, str, bool]]
             raise RequestError(
                 f"'{field}' must be {expected}, not {_kind(body[field])}", param=field
             )
-
-
-def _check_infill(body: dict[str, Any]) -> None:
-    """``/infill``: a prefix and a suffix (strings), context chunks, an optional prompt."""
-    text = (lambda v: isinstance(v, str), "a string", False)
-    extra = (
-        lambda v: isinstance(v, list) and all(map(_extra_chunk, v)),
-        'an array of {"filename": ..., "text": ...}',
-        False,
-    )
-    _check_fields(
-        body, {"input_prefix": text, "input_suffix": text, "input_extra": extra, "prompt": text}
-    )
 
 
 def validate_route(path: str, body: dict[str, Any]) -> None:
